@@ -1,0 +1,113 @@
+"""Every path inside a sweep folder, owned by one object.
+
+A sweep folder looks like this::
+
+    SWEEP_DIR/
+      sweep.json                  what was asked: command line, overrides, when (one entry per `sweep` call)
+      skipped.jsonl               cells refused before submission, with the reason (one JSON object a line)
+      cells/<cell_id>/cell.yaml   the cell's resolved config (written before submission)
+      cells/<cell_id>/record.json the probe's record (written atomically by rank 0 inside the job)
+      cells/<cell_id>/attempts.jsonl  one line per submission of the cell: job id, attempt, time
+      jobs/<job_id>/              submitit's files for one job: pickles, stdout/stderr of each task
+      cells.csv, ...              the report's tables (see analysis/)
+
+Nothing else in the toolkit builds a path into a sweep folder by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+RECORD_NAME = "record.json"
+CELL_CONFIG_NAME = "cell.yaml"
+
+
+@dataclass(frozen=True)
+class SweepPaths:
+    """The layout of one sweep folder."""
+
+    root: Path
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "root", Path(self.root).absolute())
+
+    @property
+    def sweep_log(self) -> Path:
+        return self.root / "sweep.json"
+
+    @property
+    def skipped(self) -> Path:
+        return self.root / "skipped.jsonl"
+
+    @property
+    def cells_dir(self) -> Path:
+        return self.root / "cells"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.root / "jobs"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / ".submit.lock"
+
+    def cell_dir(self, cell_id: str) -> Path:
+        return self.cells_dir / cell_id
+
+    def cell_config(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / CELL_CONFIG_NAME
+
+    def record(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / RECORD_NAME
+
+    def attempts(self, cell_id: str) -> Path:
+        return self.cell_dir(cell_id) / "attempts.jsonl"
+
+    def submitit_folder(self) -> Path:
+        """Folder pattern handed to submitit; ``%j`` becomes the job id (``ARRAYID_TASK`` for arrays)."""
+        return self.jobs_dir / "%j"
+
+    def job_dir(self, job_id: str) -> Path:
+        return self.jobs_dir / job_id
+
+    def cell_ids(self) -> list[str]:
+        """Ids of every cell written into this sweep, sorted."""
+        if not self.cells_dir.is_dir():
+            return []
+        return sorted(p.name for p in self.cells_dir.iterdir() if (p / CELL_CONFIG_NAME).is_file())
+
+    def output(self, name: str) -> Path:
+        return self.root / name
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    """Write JSON so that a reader sees the old file or the whole new one, never half of it.
+
+    The data goes to a temporary file in the same folder, is flushed to disk, and is renamed over the target;
+    rename is atomic on POSIX filesystems and on NFS for files in one directory.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(payload, f, indent=2, sort_keys=True, default=str)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def append_jsonl(path: Path, payload: Any) -> None:
+    """Append one JSON line; a single ``write`` of a short line in append mode does not interleave."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    line = json.dumps(payload, sort_keys=True, default=str) + "\n"
+    with open(path, "a") as f:
+        f.write(line)

@@ -1,0 +1,163 @@
+"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+
+Each YAML file under ``conf/<group>/`` names its schema in its defaults list (``- /schema/<group>@_here_``), so a
+misspelt key or a value of the wrong type fails when the config is composed, on the user's machine, not on the
+cluster an hour later. Cross-field rules that need more than one group (bf16 on a V100, ZeRO on one GPU) live in
+``orchestrator.cells``, where a cell is judged as a whole.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+
+@dataclass
+class ModelConfig:
+    """A GPT-NeoX model and the training run it stands for (the run whose time we estimate)."""
+
+    name: str = MISSING
+    """Short name used in tables and cell folders, e.g. ``pythia-1b``."""
+    num_layers: int = MISSING
+    hidden_size: int = MISSING
+    num_heads: int = MISSING
+    vocab_size: int = MISSING
+    """Padded vocabulary size, as in the model's published config."""
+    intermediate_size: Optional[int] = None
+    """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model."""
+    rotary_pct: float = 0.25
+    """Fraction of each head's dimensions that get rotary position embeddings."""
+    seq_length: int = 2048
+    global_batch_size: int = 1024
+    """Sequences per optimizer step across all GPUs."""
+    train_steps: int = 143_000
+    """Optimizer steps of the full training run."""
+    lr: float = 1e-3
+    num_parameters: Optional[int] = None
+    """Published parameter count; tests check it against the architecture."""
+
+
+@dataclass
+class GpuConfig:
+    """One accelerator type: what it holds, how fast it can go, and what it costs."""
+
+    name: str = MISSING
+    accelerator: str = "cuda"
+    """``cuda`` for NVIDIA GPUs, ``cpu`` to run the probe on host cores (one process per requested "GPU")."""
+    architecture: str = MISSING
+    """volta, ampere, ada, hopper or cpu; decides bf16 and TF32 support."""
+    memory_gib: float = MISSING
+    peak_tflops_bf16: Optional[float] = None
+    """Dense tensor-core peak, no sparsity; ``None`` where the GPU has no bf16."""
+    peak_tflops_fp16: Optional[float] = None
+    peak_tflops_tf32: Optional[float] = None
+    peak_tflops_fp32: Optional[float] = None
+    """Non-tensor fp32 peak."""
+    supports_bf16: bool = True
+    supports_tf32: bool = True
+    board_power_w: Optional[float] = None
+    purchase_price_usd: Optional[float] = None
+    cloud_usd_per_gpu_hour: Optional[float] = None
+
+
+@dataclass
+class MethodConfig:
+    """The optimisation settings of one cell: how the model is trained on its GPUs."""
+
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage, 0 (plain data parallel) to 3."""
+    offload_optimizer: bool = False
+    """Keep optimizer states (and the step) on the CPU; needs ZeRO stage 1, 2 or 3."""
+    offload_params: bool = False
+    """Keep parameters on the CPU between uses; needs ZeRO stage 3."""
+    activation_checkpointing: bool = False
+    precision: str = "bf16"
+    """bf16, fp16 (dynamic loss scaling) or fp32."""
+    micro_batch_size: Any = "auto"
+    """Sequences per GPU per forward pass: a positive integer, or ``auto`` for the largest that fits."""
+    compile: bool = False
+    """Wrap the model in ``torch.compile``."""
+    tf32: bool = True
+    """Allow TF32 matmuls (Ampere and newer)."""
+    attention: str = "sdpa"
+    """Attention implementation: sdpa, eager, or flash_attention_2 when flash-attn is installed."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where cells run: this machine (``local``) or a SLURM cluster."""
+
+    backend: str = "local"
+    """``local`` runs cells one after another on this machine through submitit; ``slurm`` submits with sbatch."""
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    constraint: Optional[str] = None
+    """A SLURM constraint added to every job (``--constraint``)."""
+    time_limit_min: int = 60
+    gpus_per_node: int = 8
+    """Most GPUs one node of this cluster has; a cell asking for more per node is refused."""
+    cpus_per_gpu: int = 4
+    mem_gb_per_gpu: Optional[int] = None
+    gres_by_gpu: dict[str, str] = field(default_factory=dict)
+    """GPU config name → gres type, e.g. ``a100-80gb: a100`` requests ``--gres=gpu:a100:N``."""
+    constraint_by_gpu: dict[str, str] = field(default_factory=dict)
+    """GPU config name → constraint, for clusters that select GPU types by feature instead of gres type."""
+    array_parallelism: int = 16
+    """At most this many tasks of one array job run at once."""
+    max_array_size: int = 1000
+    """The cluster's MaxArraySize; larger groups are split into several array jobs."""
+    setup: list[str] = field(default_factory=list)
+    """Shell lines run before the probe starts (``module load``, environment activation)."""
+    env: dict[str, str] = field(default_factory=dict)
+    """Environment variables exported in the job (NCCL settings and the like)."""
+    template: str = "default.sh.j2"
+    """The sbatch preamble template under ``sbatch_templates/``."""
+
+
+@dataclass
+class ProbeConfig:
+    """How long and how carefully the probe measures a cell."""
+
+    warmup_steps: int = 2
+    """Optimizer steps run before timing starts (compilation and allocator warm-up)."""
+    min_steps: int = 5
+    """Timed optimizer steps before the stopping rule is consulted."""
+    max_steps: int = 50
+    target_ci_pct: float = 2.0
+    """Stop once the 95% confidence half-width of the mean step time is under this % of the mean."""
+    time_budget_s: float = 300.0
+    """Wall-clock budget for the timed steps of one cell."""
+    memory_limit_gib: Optional[float] = None
+    """Treat a micro-batch whose peak memory exceeds this as out of memory (a limit imposed on the probe)."""
+    seed: int = 0
+
+
+@dataclass
+class Config:
+    """One cell of the grid: a model on ``num_gpus`` GPUs of one type with one method."""
+
+    model: ModelConfig = MISSING
+    gpu: GpuConfig = MISSING
+    method: MethodConfig = MISSING
+    cluster: ClusterConfig = MISSING
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
+    num_gpus: int = 1
+    num_nodes: int = 1
+    """Nodes the cell's GPUs are spread over; ``num_gpus`` must be a multiple of it."""
+    name: str = "gpudays"
+    """Name of the sweep, used for job names."""
+
+
+def register_configs() -> None:
+    """Register the schemas so that ``conf/`` files can validate against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="schema/model", name="model", node=ModelConfig, package="model")
+    cs.store(group="schema/gpu", name="gpu", node=GpuConfig, package="gpu")
+    cs.store(group="schema/method", name="method", node=MethodConfig, package="method")
+    cs.store(group="schema/cluster", name="cluster", node=ClusterConfig, package="cluster")
+    cs.store(group="schema/probe", name="probe", node=ProbeConfig, package="probe")
