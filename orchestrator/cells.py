@@ -1,0 +1,249 @@
+"""A cell of the grid: its identity and whether it can run at all.
+
+Pure functions over a resolved config (a plain dict, as ``OmegaConf.to_container(cfg, resolve=True)`` gives).
+The rules follow the $100K paper's validity rules (bf16 only on Ampere or newer; no sharding on one GPU unless
+offloading; offloading requires sharding) plus what the batch arithmetic and the cluster's shape demand.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+# The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
+# measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
+IDENTITY_MODEL_KEYS = (
+    "name",
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "vocab_size",
+    "intermediate_size",
+    "rotary_pct",
+    "seq_length",
+    "global_batch_size",
+)
+IDENTITY_METHOD_KEYS = (
+    "zero_stage",
+    "offload_optimizer",
+    "offload_params",
+    "activation_checkpointing",
+    "precision",
+    "micro_batch_size",
+    "compile",
+    "tf32",
+    "attention",
+)
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+ZERO_STAGES = (0, 1, 2, 3)
+BACKENDS = ("local", "slurm")
+ACCELERATORS = ("cuda", "cpu")
+
+
+def identity(cell: dict[str, Any]) -> dict[str, Any]:
+    """The settings that define what a cell measures, in a canonical flat form."""
+    ident: dict[str, Any] = {f"model.{k}": cell["model"].get(k) for k in IDENTITY_MODEL_KEYS}
+    ident["gpu"] = cell["gpu"]["name"]
+    ident["num_gpus"] = int(cell["num_gpus"])
+    ident["num_nodes"] = int(cell["num_nodes"])
+    ident.update({f"method.{k}": cell["method"].get(k) for k in IDENTITY_METHOD_KEYS})
+    return ident
+
+
+def cell_id(cell: dict[str, Any]) -> str:
+    """A short stable hash of the cell's identity: the same settings give the same id in any sweep, any order."""
+    canonical = json.dumps(identity(cell), sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:12]
+
+
+def settings(cell: dict[str, Any]) -> dict[str, Any]:
+    """The flat, human-facing settings of a cell, as they appear in records and tables."""
+    out: dict[str, Any] = {
+        "model": cell["model"]["name"],
+        "gpu": cell["gpu"]["name"],
+        "num_gpus": int(cell["num_gpus"]),
+        "num_nodes": int(cell["num_nodes"]),
+    }
+    out.update({k: cell["method"].get(k) for k in IDENTITY_METHOD_KEYS})
+    return out
+
+
+def label(cell: dict[str, Any]) -> str:
+    """A short readable name for messages: ``pythia-1b a100-80gb x4 zero1 bf16``."""
+    m = cell["method"]
+    parts = [cell["model"]["name"], f"{cell['gpu']['name']} x{cell['num_gpus']}"]
+    if int(cell["num_nodes"]) > 1:
+        parts.append(f"on {cell['num_nodes']} nodes")
+    parts.append(f"zero{m['zero_stage']}")
+    if m["offload_optimizer"]:
+        parts.append("offload-opt")
+    if m["offload_params"]:
+        parts.append("offload-params")
+    if m["activation_checkpointing"]:
+        parts.append("ckpt")
+    parts.append(str(m["precision"]))
+    parts.append(f"mb={m['micro_batch_size']}")
+    if m["compile"]:
+        parts.append("compile")
+    return " ".join(parts)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why a cell cannot run, and what would be accepted instead."""
+
+    key: str
+    """The config key at fault, e.g. ``method.precision``."""
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.key}: {self.reason}"
+
+
+def parse_micro_batch(value: Any) -> int | str | None:
+    """``auto`` or a positive integer; ``None`` for anything else."""
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit() and int(value) > 0:
+        return int(value)
+    return None
+
+
+# Values that end up in #SBATCH lines or job names: SLURM's own syntax (constraints use & | [ ] ( ) * and commas)
+# but nothing a shell would act on: no quotes, $, `, ;, <, >, backslashes, whitespace other than space, newlines.
+_SBATCH_VALUE = re.compile(r"^[A-Za-z0-9_.,:+=@/%&|!*()\[\]-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.j2$")
+
+
+def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
+    """Strings that reach the sbatch script: refuse what could run as shell code or break the script."""
+    cluster = cell["cluster"]
+    errors: list[Refusal] = []
+    if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", str(cell["name"])):
+        errors.append(Refusal("name", f"{cell['name']!r}: a sweep name is a folder and job name; use letters, digits, _ . -"))
+    fields: list[tuple[str, Any]] = []
+    fields += [(f"cluster.{k}", cluster[k]) for k in ("partition", "account", "qos", "constraint")]
+    fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster["gres_by_gpu"].items()]
+    fields += [(f"cluster.constraint_by_gpu.{k}", v) for k, v in cluster["constraint_by_gpu"].items()]
+    for key, value in fields:
+        if value is not None and not _SBATCH_VALUE.match(str(value)):
+            errors.append(
+                Refusal(
+                    key,
+                    f"{value!r} has characters SLURM names never need (quotes, spaces, $, ;, `, newlines...); "
+                    "use letters, digits and _ . , : + = @ / % & | ! * ( ) [ ] -",
+                )
+            )
+    for name, value in cluster["env"].items():
+        if not _ENV_NAME.match(str(name)):
+            errors.append(Refusal(f"cluster.env.{name}", "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"))
+        if any(ch in str(value) for ch in "\n\r\0"):
+            errors.append(Refusal(f"cluster.env.{name}", "contains a newline or NUL; use a single-line value"))
+    for i, line in enumerate(cluster["setup"]):
+        if any(ch in str(line) for ch in "\n\r\0"):
+            errors.append(
+                Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
+            )
+    if not _TEMPLATE_NAME.match(str(cluster["template"])):
+        errors.append(Refusal("cluster.template", f"{cluster['template']!r}: use a file name under sbatch_templates/ ending in .j2"))
+    return errors
+
+
+def check_values(cell: dict[str, Any]) -> list[Refusal]:
+    """Values outside their allowed sets: these are input errors, not impossible cells."""
+    m, gpu, cluster = cell["method"], cell["gpu"], cell["cluster"]
+    errors: list[Refusal] = []
+
+    def one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
+        if value not in allowed:
+            errors.append(Refusal(key, f"{value!r} is not accepted; use one of {', '.join(map(str, allowed))}"))
+
+    one_of("method.precision", m["precision"], PRECISIONS)
+    one_of("method.attention", m["attention"], ATTENTIONS)
+    one_of("method.zero_stage", m["zero_stage"], ZERO_STAGES)
+    one_of("cluster.backend", cluster["backend"], BACKENDS)
+    one_of("gpu.accelerator", gpu["accelerator"], ACCELERATORS)
+    if parse_micro_batch(m["micro_batch_size"]) is None:
+        errors.append(
+            Refusal("method.micro_batch_size", f"{m['micro_batch_size']!r} is not accepted; use auto or an integer > 0")
+        )
+    for key in ("num_gpus", "num_nodes"):
+        if int(cell[key]) < 1:
+            errors.append(Refusal(key, f"{cell[key]} is not accepted; use an integer >= 1"))
+    for key in ("time_limit_min", "gpus_per_node", "cpus_per_gpu", "array_parallelism", "max_array_size"):
+        if int(cluster[key]) < 1:
+            errors.append(Refusal(f"cluster.{key}", f"{cluster[key]} is not accepted; use an integer >= 1"))
+    errors.extend(check_scheduler_strings(cell))
+    return errors
+
+
+def check_runnable(cell: dict[str, Any]) -> list[Refusal]:
+    """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first."""
+    m, gpu, model, cluster = cell["method"], cell["gpu"], cell["model"], cell["cluster"]
+    num_gpus, num_nodes = int(cell["num_gpus"]), int(cell["num_nodes"])
+    out: list[Refusal] = []
+    on_cuda = gpu["accelerator"] == "cuda"
+
+    if m["precision"] == "bf16" and not gpu["supports_bf16"]:
+        out.append(Refusal("method.precision", f"{gpu['name']} has no bf16; use method.precision=fp16 or fp32"))
+    if m["precision"] == "fp16" and not on_cuda:
+        out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
+    if m["tf32"] and on_cuda and not gpu["supports_tf32"]:
+        out.append(Refusal("method.tf32", f"{gpu['name']} has no TF32 (Ampere or newer); use method.tf32=false"))
+    if m["attention"] == "flash_attention_2" and not on_cuda:
+        out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
+    if m["offload_optimizer"] and m["zero_stage"] == 0:
+        out.append(Refusal("method.offload_optimizer", "offloading needs sharding; use method.zero_stage=1, 2 or 3"))
+    if m["offload_params"] and m["zero_stage"] != 3:
+        out.append(Refusal("method.offload_params", "parameter offload needs method.zero_stage=3"))
+    if num_gpus == 1 and m["zero_stage"] > 0 and not (m["offload_optimizer"] or m["offload_params"]):
+        out.append(
+            Refusal(
+                "method.zero_stage",
+                "sharding over one GPU only adds overhead; use method.zero_stage=0, or offload "
+                "(method.offload_optimizer=true)",
+            )
+        )
+
+    if num_gpus % num_nodes:
+        out.append(Refusal("num_gpus", f"{num_gpus} GPUs cannot be split evenly over {num_nodes} nodes"))
+    elif num_gpus // num_nodes > cluster["gpus_per_node"]:
+        out.append(
+            Refusal(
+                "num_gpus",
+                f"{num_gpus // num_nodes} GPUs per node, but a node of this cluster has "
+                f"{cluster['gpus_per_node']} (cluster.gpus_per_node); use num_nodes="
+                f"{-(-num_gpus // cluster['gpus_per_node'])} or more",
+            )
+        )
+    if cluster["backend"] == "local" and num_nodes > 1:
+        out.append(Refusal("num_nodes", "cluster=local runs on this machine only; use num_nodes=1 or cluster=slurm"))
+
+    global_batch = int(model["global_batch_size"])
+    if global_batch % num_gpus:
+        out.append(
+            Refusal("num_gpus", f"the global batch of {global_batch} sequences does not split over {num_gpus} GPUs")
+        )
+    else:
+        per_gpu = global_batch // num_gpus
+        micro = parse_micro_batch(m["micro_batch_size"])
+        if isinstance(micro, int) and per_gpu % micro:
+            divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
+            out.append(
+                Refusal(
+                    "method.micro_batch_size",
+                    f"{micro} does not divide the per-GPU batch of {per_gpu} sequences "
+                    f"({global_batch} / {num_gpus} GPUs); use auto or one of {divisors}",
+                )
+            )
+    return out
