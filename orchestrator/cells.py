@@ -130,7 +130,9 @@ def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
     cluster = cell["cluster"]
     errors: list[Refusal] = []
     if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", str(cell["name"])):
-        errors.append(Refusal("name", f"{cell['name']!r}: a sweep name is a folder and job name; use letters, digits, _ . -"))
+        errors.append(
+            Refusal("name", f"{cell['name']!r}: a sweep name is a folder and job name; use letters, digits, _ . -")
+        )
     fields: list[tuple[str, Any]] = []
     fields += [(f"cluster.{k}", cluster[k]) for k in ("partition", "account", "qos", "constraint")]
     fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster["gres_by_gpu"].items()]
@@ -146,7 +148,9 @@ def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
             )
     for name, value in cluster["env"].items():
         if not _ENV_NAME.match(str(name)):
-            errors.append(Refusal(f"cluster.env.{name}", "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)"))
+            errors.append(
+                Refusal(f"cluster.env.{name}", "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
+            )
         if any(ch in str(value) for ch in "\n\r\0"):
             errors.append(Refusal(f"cluster.env.{name}", "contains a newline or NUL; use a single-line value"))
     for i, line in enumerate(cluster["setup"]):
@@ -155,7 +159,11 @@ def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
                 Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
             )
     if not _TEMPLATE_NAME.match(str(cluster["template"])):
-        errors.append(Refusal("cluster.template", f"{cluster['template']!r}: use a file name under sbatch_templates/ ending in .j2"))
+        errors.append(
+            Refusal(
+                "cluster.template", f"{cluster['template']!r}: use a file name under sbatch_templates/ ending in .j2"
+            )
+        )
     return errors
 
 

@@ -97,8 +97,12 @@ def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool) -> int:
         for cell in plan.skipped:
             append_jsonl(
                 paths.skipped,
-                {"cell_id": cell.cell_id, "label": cell.label, "overrides": cell.overrides,
-                 "reasons": [str(r) for r in cell.refusals]},
+                {
+                    "cell_id": cell.cell_id,
+                    "label": cell.label,
+                    "overrides": cell.overrides,
+                    "reasons": [str(r) for r in cell.refusals],
+                },
             )
         new: dict[str, dict[str, Any]] = {}
         for cell in plan.cells:
@@ -108,7 +112,9 @@ def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool) -> int:
                 new[cell.cell_id] = cell.config
         known = len(plan.cells) - len(new)
         if known:
-            print(f"{known} cell(s) already in this sweep: not submitted again (use `gpudays resume` to rerun failures)")
+            print(
+                f"{known} cell(s) already in this sweep: not submitted again (use `gpudays resume` to rerun failures)"
+            )
         by_backend: dict[str, dict[str, dict[str, Any]]] = {}
         for cid, cfg in new.items():
             by_backend.setdefault(cfg["cluster"]["backend"], {})[cid] = cfg
@@ -205,8 +211,9 @@ def cmd_report(args: argparse.Namespace) -> int:
             except (RuntimeError, FileNotFoundError, OSError) as e:
                 print(f"  note: scheduler not asked ({e}); states come from records only")
                 states.update({s.cell_id: s.state for s in status.cell_states(paths, query_scheduler=False)})
-    rep = write_report(dirs, Path(args.out) if args.out else None, tokens=args.tokens, plots=not args.no_plots,
-                       states=states)
+    rep = write_report(
+        dirs, Path(args.out) if args.out else None, tokens=args.tokens, plots=not args.no_plots, states=states
+    )
     print(format_table(rep.cells))
     for problem in rep.problems:
         print(f"  problem: {problem}")

@@ -54,7 +54,9 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
-def set_distributed_env(rank: int, world_size: int, local_rank: int, local_world_size: int, addr: str, port: int) -> None:
+def set_distributed_env(
+    rank: int, world_size: int, local_rank: int, local_world_size: int, addr: str, port: int
+) -> None:
     os.environ.update(
         {
             "RANK": str(rank),

@@ -81,7 +81,7 @@ def resources(cell: dict[str, Any]) -> Resources:
         setup=tuple(cluster["setup"]),
         env=tuple(sorted((str(k), str(v)) for k, v in cluster["env"].items())),
         template=cluster["template"],
-        job_name=f"gpudays-{cell['name']}",
+        job_name="gpudays" if cell["name"] == "gpudays" else f"gpudays-{cell['name']}",
     )
 
 
@@ -100,9 +100,7 @@ def render_setup(res: Resources) -> list[str]:
         raise ValueError(
             f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
         ) from e
-    text = template.render(
-        setup=list(res.setup), env=list(res.env), accelerator=res.accelerator
-    )
+    text = template.render(setup=list(res.setup), env=list(res.env), accelerator=res.accelerator)
     return [line for line in text.splitlines() if line.strip()]
 
 

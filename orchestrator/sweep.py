@@ -153,9 +153,7 @@ def _explain(e: Exception, overrides: Sequence[str]) -> str:
     return f"in the cell {' '.join(overrides)}: {msg}"
 
 
-def _explain_key(
-    cfg: DictConfig, key: str, e: Exception, choices: dict[str, str], overrides: Sequence[str]
-) -> str:
+def _explain_key(cfg: DictConfig, key: str, e: Exception, choices: dict[str, str], overrides: Sequence[str]) -> str:
     """Name the bad key, the file it would come from, and the keys accepted there."""
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key) if parent_key else cfg

@@ -1,0 +1,112 @@
+"""Cell identity and the rules that refuse cells before submission."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator import cells
+
+
+def test_cell_id_is_stable_and_ignores_where_and_how_long(make_cell) -> None:
+    a = make_cell("model=pythia-70m", "num_gpus=2")
+    b = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm", "cluster.partition=gpu", "probe=quick")
+    assert cells.cell_id(a) == cells.cell_id(b)
+    assert len(cells.cell_id(a)) == 12
+    assert cells.cell_id(a) == cells.cell_id(make_cell("num_gpus=2", "model=pythia-70m"))
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "num_gpus=4",
+        "method.zero_stage=1",
+        "method.activation_checkpointing=true",
+        "gpu=a100-80gb",
+        "model=pythia-160m",
+        "method.micro_batch_size=4",
+        "num_nodes=2",
+    ],
+)
+def test_cell_id_changes_with_what_is_measured(make_cell, change: str) -> None:
+    base = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm")
+    other = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm", change)
+    assert cells.cell_id(base) != cells.cell_id(other)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        (["gpu=v100-32gb"], "method.precision", "no bf16"),
+        (["gpu=v100-32gb", "method.precision=fp16"], "method.tf32", "no TF32"),
+        (["gpu=cpu", "method.precision=fp16"], "method.precision", "CUDA GPUs only"),
+        (["method.zero_stage=2"], "method.zero_stage", "one GPU"),
+        (["method.offload_optimizer=true"], "method.offload_optimizer", "needs sharding"),
+        (["num_gpus=2", "method.zero_stage=2", "method.offload_params=true"], "method.offload_params", "stage=3"),
+        (["num_gpus=3", "model=pythia-70m", "cluster=slurm", "num_nodes=2"], "num_gpus", "split evenly"),
+        (["num_gpus=16", "gpu=a100-80gb", "cluster=slurm"], "num_gpus", "num_nodes=2"),
+        (["num_gpus=3"], "num_gpus", "does not split"),
+        (["num_gpus=2", "method.micro_batch_size=3"], "method.micro_batch_size", "[1, 2, 4, 8]"),
+        (["num_gpus=2", "num_nodes=2"], "num_nodes", "cluster=slurm"),
+        (["method.attention=flash_attention_2"], "method.attention", "CUDA GPU"),
+    ],
+)
+def test_impossible_cells_are_refused_with_the_key_and_a_way_out(make_cell, overrides, key, fragment) -> None:
+    refusals = cells.check_runnable(make_cell(*overrides))
+    assert any(r.key == key and fragment in r.reason for r in refusals), refusals
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["method.zero_stage=1", "method.offload_optimizer=true"],
+        ["num_gpus=2", "method.zero_stage=3", "method.offload_optimizer=true", "method.offload_params=true"],
+        ["num_gpus=2", "method.micro_batch_size=4"],
+        ["gpu=v100-32gb", "method.precision=fp16", "method.tf32=false", "model=pythia-70m"],
+        ["num_gpus=8", "num_nodes=2", "cluster=slurm", "gpu=h100-80gb", "model=pythia-1b"],
+    ],
+)
+def test_valid_cells_pass(make_cell, overrides) -> None:
+    assert cells.check_runnable(make_cell(*overrides)) == []
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cluster.partition", "gpu; rm -rf ~"),
+        ("cluster.account", "$(whoami)"),
+        ("cluster.qos", "normal\n#SBATCH --uid=0"),
+        ("cluster.constraint", "a100'"),
+        ("name", "../../etc"),
+        ("name", "x`id`"),
+    ],
+)
+def test_hostile_scheduler_strings_are_refused(make_cell, key: str, value: str) -> None:
+    cell = make_cell("cluster=slurm")
+    target = cell
+    *parents, leaf = key.split(".")
+    for p in parents:
+        target = target[p]
+    target[leaf] = value
+    errors = cells.check_values(cell)
+    assert any(r.key == key for r in errors), errors
+
+
+def test_hostile_setup_and_env_are_refused(make_cell) -> None:
+    cell = make_cell("cluster=slurm")
+    cell["cluster"]["setup"] = ["module load cuda", "echo ok\nrm -rf /"]
+    cell["cluster"]["env"] = {"GOOD": "x y $z", "BAD NAME": "1", "NL": "a\nb"}
+    keys = {r.key for r in cells.check_values(cell)}
+    assert keys == {"cluster.setup[1]", "cluster.env.BAD NAME", "cluster.env.NL"}
+
+
+def test_labels_read_well(make_cell) -> None:
+    cell = make_cell(
+        "model=pythia-1b",
+        "gpu=a100-80gb",
+        "num_gpus=8",
+        "num_nodes=2",
+        "cluster=slurm",
+        "method.zero_stage=3",
+        "method.activation_checkpointing=true",
+    )
+    assert cells.label(cell) == "pythia-1b a100-80gb x8 on 2 nodes zero3 ckpt bf16 mb=auto"

@@ -1,0 +1,103 @@
+"""Every config file composes against the schema; bad input is refused with a useful message."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.sweep import CONF_DIR, SweepError, plan
+
+GROUPS = ("model", "gpu", "method", "cluster", "probe")
+
+
+def _choices(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize(("group", "choice"), [(g, c) for g in GROUPS for c in _choices(g)])
+def test_every_config_file_composes(group: str, choice: str, make_cell) -> None:
+    cell = make_cell(f"{group}={choice}")
+    if group in ("model", "gpu"):
+        assert cell[group]["name"] == choice, "a model or GPU file's name must match its file name"
+
+
+def test_groups_hold_what_the_grid_needs() -> None:
+    assert {
+        "pythia-tiny",
+        "pythia-70m",
+        "pythia-160m",
+        "pythia-410m",
+        "pythia-1b",
+        "pythia-1.4b",
+        "pythia-2.8b",
+        "pythia-6.9b",
+        "pythia-12b",
+    } <= set(_choices("model"))
+    assert {"v100-32gb", "rtx3090", "a6000", "a100-40gb", "a100-80gb", "l40s", "h100-80gb", "h200", "cpu"} <= set(
+        _choices("gpu")
+    )
+    assert {"local", "slurm", "example-university"} <= set(_choices("cluster"))
+
+
+@pytest.mark.parametrize("choice", _choices("gpu"))
+def test_every_gpu_figure_cites_a_source(choice: str) -> None:
+    text = (CONF_DIR / "gpu" / f"{choice}.yaml").read_text()
+    header = text.split("name:")[0]
+    assert "#" in header and ("datasheet" in header or "whitepaper" in header or choice == "cpu")
+    for line in text.splitlines():
+        if line.startswith(("purchase_price_usd", "cloud_usd_per_gpu_hour")) and "null" not in line:
+            assert "#" in line, f"{choice}: {line!r} has no source or 'unconfirmed' note"
+
+
+def test_misspelt_key_names_the_file_and_the_accepted_keys() -> None:
+    with pytest.raises(SweepError) as e:
+        plan(["model=pythia-1b", "model.num_layer=3"])
+    msg = str(e.value)
+    assert "model.num_layer" in msg and "conf/model/pythia-1b.yaml" in msg and "num_layers" in msg
+
+
+def test_misspelt_method_key_in_a_sweep() -> None:
+    with pytest.raises(SweepError, match=r"method\.zero_stag.*zero_stage"):
+        plan(["num_gpus=1,2", "method.zero_stag=1"])
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("model=pythia-7b", "pythia-6.9b"),  # lists the models that exist
+        ("gpu=h100", "h100-80gb"),
+        ("cluster=slurmm", "example-university"),
+        ("num_gpus=four", "num_gpus"),
+        ("method.precision=fp8", "bf16, fp16, fp32"),
+        ("method.micro_batch_size=big", "auto or an integer"),
+        ("method.zero_stage=4", "0, 1, 2, 3"),
+    ],
+)
+def test_unknown_choices_and_values_say_what_is_accepted(override: str, expected: str) -> None:
+    with pytest.raises(SweepError) as e:
+        plan([override])
+    assert expected in str(e.value)
+
+
+def test_bad_input_submits_nothing(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "sweep"
+    code = cli.main(["sweep", "-m", "model=pythia-tiny,pythia-7b", "--dir", str(sweep_dir)])
+    assert code == cli.EXIT_BAD_INPUT
+    assert "pythia-7b" in capsys.readouterr().err
+    assert not sweep_dir.exists()
+
+
+def test_a_sweep_of_only_impossible_cells_is_an_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = cli.main(["sweep", "gpu=v100-32gb", "model=pythia-70m", "--dir", str(tmp_path / "s")])
+    out = capsys.readouterr()
+    assert code == cli.EXIT_BAD_INPUT
+    assert "v100-32gb has no bf16" in out.out and "nothing was submitted" in out.err
+    assert not (tmp_path / "s").exists()
+
+
+def test_cfg_job_prints_the_composed_config(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["sweep", "model=pythia-1b", "gpu=h100-80gb", "--cfg", "job"]) == 0
+    out = capsys.readouterr().out
+    assert "hidden_size: 2048" in out and "name: h100-80gb" in out and "hydra:" not in out
