@@ -58,7 +58,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         cfg = sweep_mod.compose_one(overrides or sweep_mod.DEMO_OVERRIDES, search_dirs)
         node: Any = cfg
         if args.cfg == "job":
-            node = OmegaConf.masked_copy(cfg, [k for k in cfg.keys() if k != "hydra"])
+            node = OmegaConf.masked_copy(cfg, [str(k) for k in cfg.keys() if k != "hydra"])
         elif args.cfg == "hydra":
             node = cfg.hydra
         print(OmegaConf.to_yaml(node, resolve=args.resolve))
@@ -196,6 +196,59 @@ def cmd_status(args: argparse.Namespace) -> int:
         time.sleep(args.interval)
 
 
+def cmd_resume(args: argparse.Namespace) -> int:
+    """Resubmit the cells that need it: not ok, not does_not_fit, not pending or running."""
+    from omegaconf import OmegaConf as OC
+
+    from orchestrator import launch, status
+
+    paths = SweepPaths(Path(args.sweep_dir))
+    if not paths.cells_dir.is_dir():
+        _err(f"{paths.root} is not a sweep folder (no cells/ in it)")
+        return EXIT_BAD_INPUT
+    only = set(args.only.split(",")) if args.only else None
+    if only and not only <= set(status.STATES):
+        _err(
+            f"--only {args.only}: unknown state(s) {sorted(only - set(status.STATES))}; use {', '.join(status.STATES)}"
+        )
+        return EXIT_BAD_INPUT
+    with sweep_lock(paths):
+        # Read states inside the lock: a resume that ran while this one waited has made its cells pending.
+        states = status.cell_states(paths)
+        todo = [s for s in states if status.needs_rerun(s.state) and (only is None or s.state in only)]
+        if not todo:
+            print(
+                "nothing to resume: " + (", ".join(f"{k} {v}" for k, v in status.counts(states).items()) or "no cells")
+            )
+            return 0
+        configs: dict[str, dict[str, Any]] = {}
+        for s in todo:
+            cfg = OC.to_container(OC.load(paths.cell_config(s.cell_id)), resolve=True)
+            assert isinstance(cfg, dict)
+            if s.state == "timeout" and (args.time_limit or args.time_factor):
+                old = int(cfg["cluster"]["time_limit_min"])
+                new = args.time_limit or int(round(old * args.time_factor))
+                cfg["cluster"]["time_limit_min"] = max(new, 1)
+                launch.write_cell(paths, s.cell_id, cfg)
+            if s.state == "corrupt":
+                record = paths.record(s.cell_id)
+                record.rename(record.with_name(f"record.corrupt-attempt{s.attempt}.json"))
+            configs[s.cell_id] = cfg
+        print(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
+        slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
+        local = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+        if slurm:
+            subs = launch.submit_slurm(paths, slurm)
+            print(f"submitted {len(subs)} cell(s) as {len({s.job_id.split('_')[0] for s in subs})} array job(s)")
+    if local:
+        launch.submit_local(paths, local)
+    elif args.wait:
+        wait_for(paths)
+    if slurm and not args.wait:
+        return 0
+    return finish(paths, report=True)
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import format_table, write_report
 
@@ -249,6 +302,14 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--watch", action="store_true", help="refresh until no cell is pending or running")
     st.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes with --watch")
     st.set_defaults(func=cmd_status)
+
+    rs = sub.add_parser("resume", help="resubmit only the cells that need it (failed, timed out, lost, ...)")
+    rs.add_argument("sweep_dir")
+    rs.add_argument("--only", help="comma-separated states to resubmit, e.g. timeout,failed")
+    rs.add_argument("--time-limit", type=int, help="new time limit in minutes for cells that timed out")
+    rs.add_argument("--time-factor", type=float, help="multiply the time limit of cells that timed out")
+    rs.add_argument("--wait", action="store_true", help="wait for the resubmitted cells to end, then report")
+    rs.set_defaults(func=cmd_resume)
 
     rp = sub.add_parser("report", help="tables (CSV), plots and report.md from the records of one or more sweeps")
     rp.add_argument("sweep_dirs", nargs="+")

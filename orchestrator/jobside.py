@@ -16,7 +16,7 @@ import platform
 import socket
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 
@@ -75,8 +75,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
 
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
-    cell = OmegaConf.to_container(OmegaConf.load(paths.cell_config(cell_id)), resolve=True)
-    assert isinstance(cell, dict)
+    cell = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(paths.cell_config(cell_id)), resolve=True))
     env = submitit.JobEnvironment()
     rank, world_size, local_rank = env.global_rank, env.num_tasks, env.local_rank
     local_world_size = max(1, world_size // max(1, env.num_nodes))

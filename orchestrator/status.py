@@ -179,8 +179,8 @@ def cell_states(paths: SweepPaths, query_scheduler: bool = True) -> list[CellSta
             continue
         raw = sched.get(job_id or "")
         if raw is None:
-            reason = "no record and unknown to the scheduler" if query_scheduler else "scheduler not asked"
-            out.append(CellState(cid, "lost" if query_scheduler else "pending", attempt, job_id, reason))
+            why = "no record and unknown to the scheduler" if query_scheduler else "scheduler not asked"
+            out.append(CellState(cid, "lost" if query_scheduler else "pending", attempt, job_id, why))
             continue
         state = SACCT_STATE.get(raw.rstrip("+"), "failed")
         reason = f"SLURM state {raw}" if state not in ACTIVE else None
@@ -204,6 +204,11 @@ def _from_record(cid: str, record: dict[str, Any], attempt: int, job_id: str | N
 def counts(states: list[CellState]) -> dict[str, int]:
     c = Counter(s.state for s in states)
     return {k: c[k] for k in STATES if c[k]}
+
+
+def needs_rerun(state: str) -> bool:
+    """Everything but a final good result and a cell still queued or running."""
+    return state not in FINAL_GOOD and state not in ACTIVE
 
 
 def is_done(states: list[CellState]) -> bool:

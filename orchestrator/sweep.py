@@ -17,7 +17,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -198,7 +198,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
         for ov in cell_overrides:
             try:
                 cfg = composer.compose_cell(ov)
-                container = OmegaConf.to_container(cfg, resolve=True)
+                container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
             except SweepError as e:
                 errors.append(str(e))
                 continue
