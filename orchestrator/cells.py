@@ -43,6 +43,7 @@ ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 BACKENDS = ("local", "slurm")
 ACCELERATORS = ("cuda", "cpu")
+PROBE_KINDS = ("deepspeed", "sleep")
 
 
 def identity(cell: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +182,7 @@ def check_values(cell: dict[str, Any]) -> list[Refusal]:
     one_of("method.zero_stage", m["zero_stage"], ZERO_STAGES)
     one_of("cluster.backend", cluster["backend"], BACKENDS)
     one_of("gpu.accelerator", gpu["accelerator"], ACCELERATORS)
+    one_of("probe.kind", cell["probe"]["kind"], PROBE_KINDS)
     if parse_micro_batch(m["micro_batch_size"]) is None:
         errors.append(
             Refusal("method.micro_batch_size", f"{m['micro_batch_size']!r} is not accepted; use auto or an integer > 0")

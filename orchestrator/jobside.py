@@ -69,6 +69,14 @@ def set_distributed_env(
     )
 
 
+def sleep_probe(sleep_s: float) -> dict[str, Any]:
+    """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
+    import time
+
+    time.sleep(sleep_s)
+    return {"status": "ok", "reason": "probe.kind=sleep: nothing measured", "metrics": {}, "environment": {}}
+
+
 def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
     """Measure one cell on this rank; rank 0 writes the record. Returns the cell's status."""
     import submitit
@@ -96,9 +104,12 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
     )
 
     try:
-        from orchestrator.probe import run_probe
+        if cell["probe"]["kind"] == "sleep":
+            result = sleep_probe(float(cell["probe"]["sleep_s"]))
+        else:
+            from orchestrator.probe import run_probe
 
-        result = run_probe(cell, rank, world_size, local_rank)
+            result = run_probe(cell, rank, world_size, local_rank)
     except BaseException as e:  # noqa: BLE001 - the probe reports its own failures; this is the last resort
         result = {
             "status": "failed",

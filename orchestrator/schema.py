@@ -122,6 +122,11 @@ class ClusterConfig:
 class ProbeConfig:
     """How long and how carefully the probe measures a cell."""
 
+    kind: str = "deepspeed"
+    """``deepspeed`` measures; ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
+    cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
+    sleep_s: float = 0.0
+
     warmup_steps: int = 2
     """Optimizer steps run before timing starts (compilation and allocator warm-up)."""
     min_steps: int = 5
