@@ -1,0 +1,256 @@
+"""Pure arithmetic behind the report: parameters, FLOPs, training time, GPU-hours, costs, energy, token budgets.
+
+Every function here takes numbers (or numpy arrays / pandas Series of them, where that is natural) and returns
+numbers; nothing reads files. Sources of the formulas:
+
+- parameters of a GPT-NeoX model (biases, two LayerNorms per layer, untied embeddings):
+  ``P = L*(12h² + 13h) + 2h + 2*V*h`` (matches every published Pythia total);
+- training FLOPs per step with attention (Narayanan et al. 2021, eq. 3; Korthikanti et al. 2022):
+  ``72*B*s*L*h²*(1 + s/(6h) + V/(12*L*h))``; full activation recomputation adds one forward pass (× 4/3);
+- purchase cost and five-year amortisation as in Khandelwal et al. 2024, "$100K or 100 Days" (arXiv 2410.23261).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+SECONDS_PER_DAY = 86_400.0
+SECONDS_PER_HOUR = 3_600.0
+HOURS_PER_YEAR = 365.0 * 24.0
+AMORTISATION_YEARS = 5.0
+"""The $100K paper writes a machine off over five years: ``cost * days / (5 * 365)``."""
+
+BASE_MACHINE_USD: dict[int, float] = {1: 1_000.0, 2: 1_500.0, 4: 7_500.0, 8: 10_500.0}
+"""Price of a machine without its GPUs, by GPU slots (Khandelwal et al. 2024, cost model)."""
+
+RECOMPUTE_FLOPS_FACTOR = 4.0 / 3.0
+"""Full activation checkpointing runs each forward twice: 4 passes' worth of FLOPs instead of 3."""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model arithmetic
+# --------------------------------------------------------------------------------------------------------------
+
+
+def gpt_neox_num_parameters(
+    num_layers: int, hidden_size: int, vocab_size: int, intermediate_size: int | None = None
+) -> int:
+    """Parameters of a GPT-NeoX model with biases, two LayerNorms per layer and untied embeddings.
+
+    Per layer: QKV (3h² + 3h), output projection (h² + h), MLP (2·h·f + f + h), two LayerNorms (4h); with
+    f = 4h that is 12h² + 13h. Plus the final LayerNorm (2h) and input and output embeddings (2·V·h).
+    """
+    h = int(hidden_size)
+    f = int(intermediate_size) if intermediate_size else 4 * h
+    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
+    return int(num_layers) * per_layer + 2 * h + 2 * int(vocab_size) * h
+
+
+def model_flops_per_token(
+    num_layers: float, hidden_size: float, vocab_size: float, seq_length: float, intermediate_size: float | None = None
+) -> float:
+    """Training FLOPs (forward and backward) per token, attention scores and logits included.
+
+    Forward per token and layer: 2·(4h² + 2·h·f) for the weight matmuls and 4·s·h for QKᵀ and attention×V;
+    logits 2·V·h; backward doubles it. With f = 4h this equals Narayanan et al.'s
+    ``72·L·h²·(1 + s/(6h) + V/(12·L·h))`` per token.
+    """
+    h = float(hidden_size)
+    f = float(intermediate_size) if intermediate_size else 4.0 * h
+    forward = float(num_layers) * (2.0 * (4.0 * h * h + 2.0 * h * f) + 4.0 * float(seq_length) * h)
+    return 3.0 * (forward + 2.0 * float(vocab_size) * h)
+
+
+def narayanan_flops_per_step(
+    batch_sequences: float, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int
+) -> float:
+    """Model FLOPs of one training step in the closed form of Narayanan et al. (2021), for checking."""
+    b, s, L, h, v = float(batch_sequences), float(seq_length), float(num_layers), float(hidden_size), float(vocab_size)
+    return 72.0 * b * s * L * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * L * h))
+
+
+def hardware_flops_factor(activation_checkpointing: bool) -> float:
+    """FLOPs actually executed per model FLOP: 4/3 with full activation recomputation, else 1."""
+    return RECOMPUTE_FLOPS_FACTOR if activation_checkpointing else 1.0
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Token budgets
+# --------------------------------------------------------------------------------------------------------------
+
+_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
+
+
+@dataclass(frozen=True)
+class TokenBudget:
+    """How many tokens the estimated training run sees.
+
+    ``kind`` is ``model`` (each model's own run: train_steps × global batch × sequence length),
+    ``per_parameter`` (``value`` tokens per parameter, e.g. 20 for Chinchilla) or ``absolute`` (``value`` tokens).
+    """
+
+    kind: str = "model"
+    value: float | None = None
+
+    def describe(self) -> str:
+        """A short human label, e.g. ``20 tokens per parameter``."""
+        if self.kind == "per_parameter":
+            return f"{self.value:g} tokens per parameter"
+        if self.kind == "absolute":
+            return f"{self.value:.4g} tokens"
+        return "each model's own training run (train_steps x global batch x sequence length)"
+
+
+def parse_token_budget(tokens: str | float | int | None) -> TokenBudget:
+    """Read a token budget: ``None`` (the model's own), ``"20x"`` (× parameters) or ``"300e9"`` / ``"300B"``.
+
+    Suffixes K, M, B (or G) and T multiply by 1e3, 1e6, 1e9 and 1e12.
+    """
+    if tokens is None:
+        return TokenBudget()
+    if isinstance(tokens, (int, float)) and not isinstance(tokens, bool):
+        if tokens <= 0:
+            raise ValueError(f"token budget must be positive, got {tokens!r}")
+        return TokenBudget("absolute", float(tokens))
+    text = str(tokens).strip()
+    if text.lower() in ("", "model", "default"):
+        return TokenBudget()
+    accepted = "accepted: '20x' (tokens per parameter), '300e9', '300B', '1.5T', or nothing for the model's own"
+    if text.lower().endswith("x"):
+        try:
+            multiple = float(text[:-1])
+        except ValueError:
+            raise ValueError(f"cannot read token budget {tokens!r}; {accepted}") from None
+        if multiple <= 0:
+            raise ValueError(f"token budget {tokens!r} must be positive; {accepted}")
+        return TokenBudget("per_parameter", multiple)
+    match = _BUDGET_RE.match(text)
+    if not match or match.group(2).upper() not in _SUFFIX:
+        raise ValueError(f"cannot read token budget {tokens!r}; {accepted}")
+    value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    if value <= 0:
+        raise ValueError(f"token budget {tokens!r} must be positive; {accepted}")
+    return TokenBudget("absolute", value)
+
+
+def train_tokens(budget: TokenBudget, model_tokens: Any, num_parameters: Any) -> Any:
+    """Tokens of the estimated run: the model's own, a multiple of its parameters, or a fixed number."""
+    if budget.kind == "per_parameter":
+        return np.asarray(num_parameters, dtype=float) * float(budget.value or 0.0)
+    if budget.kind == "absolute":
+        return np.full(np.shape(model_tokens), float(budget.value or 0.0)) if np.ndim(model_tokens) else budget.value
+    return np.asarray(model_tokens, dtype=float) if np.ndim(model_tokens) else float(model_tokens)
+
+
+def train_steps_for(tokens: Any, tokens_per_step: Any) -> Any:
+    """Optimizer steps to see ``tokens`` at ``tokens_per_step`` per step, rounded up (a partial step is a step)."""
+    # The tiny epsilon keeps 143000 * 2097152 / 2097152 at 143000 despite float rounding.
+    out = np.ceil(np.asarray(tokens, dtype=float) / np.asarray(tokens_per_step, dtype=float) - 1e-9)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Time, spread, GPU-hours
+# --------------------------------------------------------------------------------------------------------------
+
+
+def time_to_train_days(train_steps: Any, step_time_s: Any) -> Any:
+    """Days of wall-clock time for ``train_steps`` optimizer steps of ``step_time_s`` each."""
+    return np.asarray(train_steps, dtype=float) * np.asarray(step_time_s, dtype=float) / SECONDS_PER_DAY
+
+
+def gpu_hours(num_gpus: Any, train_steps: Any, step_time_s: Any) -> Any:
+    """GPU-hours of the run: every GPU is held for the whole of it."""
+    return (
+        np.asarray(num_gpus, dtype=float)
+        * np.asarray(train_steps, dtype=float)
+        * np.asarray(step_time_s, dtype=float)
+        / SECONDS_PER_HOUR
+    )
+
+
+# Two-sided 95% Student t quantiles for 1..30 degrees of freedom; beyond that the normal 1.96 is close enough.
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+
+def t_quantile_975(dof: int) -> float:
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (table; 1.96 beyond 30)."""
+    if dof < 1:
+        return math.nan
+    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+
+
+def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = None, steps_timed: Any = None) -> Any:
+    """Half-width of the 95% confidence interval of the mean step time, in % of the mean.
+
+    The probe reports it (``step_time_ci95_pct``); where it did not, it is rebuilt from the standard deviation
+    and the number of timed steps with Student's t. Works element-wise on Series; NaN where neither is known.
+    """
+    ci = pd.to_numeric(pd.Series(ci95_pct, dtype="object"), errors="coerce").astype(float)
+    mean = pd.to_numeric(pd.Series(mean_s, dtype="object"), errors="coerce").astype(float)
+    std = pd.to_numeric(pd.Series(std_s, dtype="object"), errors="coerce").astype(float)
+    n = pd.to_numeric(pd.Series(steps_timed, dtype="object"), errors="coerce").astype(float)
+    t = n.map(lambda k: t_quantile_975(int(k) - 1) if k == k and k >= 2 else math.nan)
+    rebuilt = 100.0 * t * std / np.sqrt(n) / mean
+    out = ci.where(ci.notna(), rebuilt)
+    return out
+
+
+def interval(value: Any, halfwidth_pct: Any) -> tuple[Any, Any]:
+    """``value`` minus and plus ``halfwidth_pct`` percent of it (the low end never below zero)."""
+    v = np.asarray(value, dtype=float)
+    hw = np.asarray(halfwidth_pct, dtype=float) / 100.0
+    return np.maximum(v * (1.0 - hw), 0.0), v * (1.0 + hw)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Money and energy
+# --------------------------------------------------------------------------------------------------------------
+
+
+def base_machine_usd(gpus_per_node: Any) -> Any:
+    """Price of the machine(s) holding ``gpus_per_node`` GPUs, without the GPUs.
+
+    The paper prices machines with 1, 2, 4 and 8 slots; other counts take the smallest machine that holds them,
+    and more than 8 take as many 8-slot machines as needed.
+    """
+    n = np.asarray(gpus_per_node, dtype=float)
+    conditions = [n <= 1, n <= 2, n <= 4, n <= 8]
+    choices = [BASE_MACHINE_USD[1], BASE_MACHINE_USD[2], BASE_MACHINE_USD[4], BASE_MACHINE_USD[8]]
+    out = np.select(conditions, choices, default=np.ceil(n / 8.0) * BASE_MACHINE_USD[8])
+    out = np.where(np.isnan(n) | (n < 1), np.nan, out)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def purchase_cost_usd(num_gpus: Any, num_nodes: Any, gpu_price_usd: Any) -> Any:
+    """Cost of buying the cell's hardware: per node a base machine plus its GPUs (the $100K paper's model)."""
+    gpus = np.asarray(num_gpus, dtype=float)
+    nodes = np.maximum(np.asarray(num_nodes, dtype=float), 1.0)
+    per_node = gpus / nodes
+    return nodes * base_machine_usd(per_node) + gpus * np.asarray(gpu_price_usd, dtype=float)
+
+
+def amortised_cost_usd(purchase_usd: Any, days: Any, years: float = AMORTISATION_YEARS) -> Any:
+    """The share of the purchase used up by a run of ``days``, writing the hardware off over ``years``."""
+    return np.asarray(purchase_usd, dtype=float) * np.asarray(days, dtype=float) / (years * 365.0)
+
+
+def cloud_cost_usd(gpu_hours_: Any, usd_per_gpu_hour: Any) -> Any:
+    """Renting: GPU-hours times the hourly price of one GPU."""
+    return np.asarray(gpu_hours_, dtype=float) * np.asarray(usd_per_gpu_hour, dtype=float)
+
+
+def energy_kwh(gpu_hours_: Any, board_power_w: Any) -> Any:
+    """Energy drawn by the GPU boards at their rated power for the whole run (host and cooling not included)."""
+    return np.asarray(gpu_hours_, dtype=float) * np.asarray(board_power_w, dtype=float) / 1000.0

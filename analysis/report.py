@@ -1,0 +1,440 @@
+"""``gpudays report``: from sweep folders to CSV tables, plots and a short report.md.
+
+Files written into the output folder (the first sweep folder unless given):
+
+- ``cells.csv``: one row per cell, every cell of every sweep (merged on the cell id; a cell measured more than
+  once keeps its newest ``ok`` record);
+- ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
+- ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
+- ``scaling.csv``: throughput per GPU against GPU count and nodes for each model × GPU type;
+- ``days_vs_gpus.png``, ``cost_vs_days.png``, ``scaling_efficiency.png``;
+- ``report.md``: the above tied together, the predictor's accuracy, and the problems found.
+
+Schema of ``cells.csv`` (stable; an empty field means unknown or not applicable)
+--------------------------------------------------------------------------------
+
+Identity and settings
+
+- ``sweep``: name of the sweep folder the row comes from. ``cell_id``: stable hash of the cell's settings.
+- ``model``, ``gpu``: config names (``conf/model``, ``conf/gpu``). ``num_gpus``, ``num_nodes``: integers.
+- ``zero_stage`` (0-3), ``offload_optimizer``, ``offload_params``, ``activation_checkpointing``, ``compile``,
+  ``tf32`` (True/False), ``precision`` (bf16, fp16, fp32), ``attention`` (sdpa, eager, flash_attention_2),
+  ``micro_batch_size_setting`` (``auto`` or the sequences per micro-batch asked for).
+
+Outcome
+
+- ``status``: ``ok``; ``does_not_fit`` (not even micro-batch 1 fits) or ``oom``; a failure (``failed``,
+  ``comm_error``, ``compile_error``, ``timeout``...); ``corrupt_record`` (record unreadable); ``no_record`` (no
+  record yet), or the scheduler state passed in. ``reason``: text. ``attempt``: submission number of the record.
+
+Measured by the probe (per GPU unless said otherwise)
+
+- ``micro_batch_size`` (sequences), ``grad_accum_steps``, ``per_gpu_batch_size`` (sequences per optimizer step),
+  ``tokens_per_step`` (tokens per optimizer step, all GPUs), ``steps_timed``.
+- ``step_time_s`` (s per optimizer step, the point estimate), ``step_time_mean_s``, ``step_time_std_s``,
+  ``step_time_iqr_s`` (s), ``step_time_ci95_pct`` (half-width of the 95% confidence interval of the mean, % of it).
+- ``tokens_per_s`` (all GPUs), ``tokens_per_s_per_gpu``; ``model_tflops_per_gpu``, ``hardware_tflops_per_gpu``
+  (TFLOP/s); ``mfu``, ``hfu`` (fractions of the dense peak, 0-1).
+- ``peak_memory_gib`` (peak allocated GPU memory, GiB), ``peak_memory_reserved_gib``, ``host_rss_gib`` (GiB).
+- ``num_parameters`` (count), ``probe_wall_s`` (s the probe ran).
+
+Estimates for the whole training run (cells with status ``ok`` only)
+
+- ``train_tokens`` (tokens of the budget), ``train_steps`` (optimizer steps: the model's ``train_steps`` for its own
+  budget, else budget ÷ ``tokens_per_step`` rounded up).
+- ``time_to_train_days`` = train_steps × step_time_s / 86400 (days); ``time_to_train_days_low`` and ``_high``: the
+  same ∓ ``step_time_ci95_pct`` (rebuilt from std and steps_timed with Student's t when the probe gave none).
+- ``gpu_hours`` = num_gpus × train_steps × step_time_s / 3600 (GPU-hours).
+- ``cloud_usd_per_gpu_hour`` (USD, from ``conf/gpu``); ``cost_usd_cloud`` = gpu_hours × that (USD).
+- ``machine_price_usd`` (USD): buying the cell's hardware, per node a base machine ($1,000 / 1,500 / 7,500 /
+  10,500 for 1 / 2 / 4 / 8 GPU slots) plus its GPUs at ``purchase_price_usd``; ``cost_usd_amortised`` =
+  machine_price_usd × time_to_train_days / (5 × 365) (USD; the "$100K or 100 Days" paper's five-year write-off).
+- ``board_power_w`` (W per GPU, from ``conf/gpu``); ``energy_kwh`` = gpu_hours × board_power_w / 1000 (kWh; GPU
+  boards at rated power, host and cooling not included).
+
+Predicted (see ``analysis/predict.py``; calibrated on the same report's ``ok`` records where there are any)
+
+- ``predicted_fits``: whether the cell's smallest micro-batch is predicted to fit (True/False);
+  ``measured_fits``: True for ``ok``, False for ``does_not_fit``/``oom``, empty otherwise; ``fit_agrees``.
+- ``predicted_micro_batch_size``: the micro-batch the predictions below are for (the measured one where there is
+  one). ``predicted_peak_memory_gib`` (GiB per GPU), ``memory_error_pct`` = 100 × (predicted ÷ measured − 1) (%).
+- ``predicted_step_time_s`` (s), ``step_time_error_pct`` = 100 × (predicted ÷ measured − 1) (%).
+
+Provenance
+
+- ``hostnames`` (space-separated), ``device_name``, ``torch_version``, ``deepspeed_version``, ``slurm_job_id``,
+  ``started_at``, ``finished_at`` (ISO 8601).
+
+The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
+``cells_compared`` (measured cells of that model × GPU × count), ``cost_basis`` and ``cost_usd`` (the cost the
+frontier is drawn on: ``cost_usd_cloud``, or ``gpu_hours`` where no cloud price is known and ``cost_usd`` is
+empty), ``speedup`` and ``ideal_speedup`` (ratios to the smallest GPU count measured), ``scaling_efficiency``
+(speedup ÷ ideal) and ``marginal_speedup_per_added_gpu`` (throughput gained per GPU added since the next smaller
+count, in units of the smallest count's throughput per GPU).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis import tables
+from analysis.estimates import TokenBudget, parse_token_budget
+from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
+from analysis.records import RESULT_STATUSES, Catalog, load_cells
+
+CELLS_COLUMNS: tuple[str, ...] = (
+    "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
+    "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
+    "micro_batch_size_setting", "compile", "tf32", "attention",
+    "status", "reason", "attempt",
+    "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
+    "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",
+    "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+    "peak_memory_gib", "peak_memory_reserved_gib", "host_rss_gib", "num_parameters", "probe_wall_s",
+    "train_tokens", "train_steps", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high",
+    "gpu_hours", "cloud_usd_per_gpu_hour", "cost_usd_cloud", "machine_price_usd", "cost_usd_amortised",
+    "board_power_w", "energy_kwh",
+    "predicted_fits", "measured_fits", "fit_agrees", "predicted_micro_batch_size", "predicted_peak_memory_gib",
+    "memory_error_pct", "predicted_step_time_s", "step_time_error_pct",
+    "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
+)  # fmt: skip
+"""Columns of cells.csv, in order (documented in this module's docstring)."""
+
+CSV_FLOAT_FORMAT = "%.10g"
+MAX_MARKDOWN_ROWS = 60
+MAX_MARKDOWN_PROBLEMS = 200
+
+
+@dataclass
+class Report:
+    """What :func:`write_report` produced. ``cells`` also carries the model and GPU inputs (``model_*``,
+    ``gpu_*`` columns) that :func:`analysis.predict.calibrate` reads; cells.csv holds :data:`CELLS_COLUMNS`."""
+
+    cells: pd.DataFrame
+    best: pd.DataFrame
+    frontier: pd.DataFrame
+    scaling: pd.DataFrame
+    problems: list[str]
+    files: list[Path]
+    calibration: Calibration = field(default_factory=Calibration)
+    budget: TokenBudget = field(default_factory=TokenBudget)
+    out_dir: Path | None = None
+    skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """Cells the sweeps refused before submission (``skipped.jsonl``): sweep, cell_id, label, reasons."""
+
+
+def calibration_from(sweep_dirs: Sequence[Path], catalog: Catalog | None = None) -> Calibration:
+    """Calibrate the predictor on the measured records of some sweeps (none measured: an empty calibration)."""
+    frame = load_cells([Path(d) for d in sweep_dirs], catalog=catalog).frame
+    if frame.empty or "step_time_s" not in frame.columns:
+        return Calibration()
+    return calibrate(frame)
+
+
+def build_tables(
+    frame: pd.DataFrame, budget: TokenBudget, margin: float = DEFAULT_MARGIN, problems: list[str] | None = None
+) -> tuple[pd.DataFrame, Calibration]:
+    """Estimates, calibration and predictions for the loaded cells; sorted, with stable dtypes."""
+    problems = problems if problems is not None else []
+    frame = frame.reindex(columns=list(dict.fromkeys([*CELLS_COLUMNS, *frame.columns])))
+    cells = tables.add_estimates(frame, budget)
+    try:
+        calibration = calibrate(cells)
+    except (ValueError, np.linalg.LinAlgError) as exc:  # a calibration failure must not cost the report
+        problems.append(f"calibration failed ({exc}); predictions use the uncalibrated defaults")
+        calibration = Calibration()
+    cells = tables.add_predictions(cells, calibration, margin)
+    cells = tables.normalise_dtypes(cells)
+    order = pd.to_numeric(cells["num_parameters"], errors="coerce")
+    cells = (
+        cells.assign(_order=order)
+        .sort_values(["_order", "model", "gpu", "num_gpus", "num_nodes", "cell_id"], kind="stable", na_position="last")
+        .drop(columns="_order")
+        .reset_index(drop=True)
+    )
+    return cells, calibration
+
+
+def write_report(
+    sweep_dirs: Sequence[Path],
+    out_dir: Path | None = None,
+    tokens: str | None = None,
+    plots: bool = True,
+    states: Mapping[str, str] | None = None,
+    *,
+    margin: float = DEFAULT_MARGIN,
+    catalog: Catalog | None = None,
+) -> Report:
+    """Read the sweeps' records and write cells.csv, best.csv, frontier.csv, scaling.csv, plots and report.md.
+
+    ``tokens``: ``None`` for each model's own training run, ``"20x"`` for 20 tokens per parameter, or a count
+    such as ``"300e9"`` / ``"300B"`` (a bad value raises ``ValueError`` before anything is read). ``states`` maps
+    cell ids to scheduler states, shown as the status of cells that have no record yet. Bad input (a missing,
+    empty or corrupt sweep, record or config, an unknown GPU) never stops the report: it is listed in
+    ``Report.problems`` and in report.md. ``margin`` is the share of GPU memory the fit prediction keeps free.
+    """
+    budget = parse_token_budget(tokens)
+    sweep_dirs = [Path(d) for d in sweep_dirs]
+    if not sweep_dirs and out_dir is None:
+        raise ValueError("write_report needs at least one sweep folder, or an out_dir to write an empty report to")
+    loaded = load_cells(sweep_dirs, states=states, catalog=catalog)
+    problems = list(loaded.problems)
+    cells, calibration = build_tables(loaded.frame, budget, margin, problems)
+    best = tables.best_cells(cells)
+    front = tables.frontier(cells)
+    scale = tables.scaling(cells)
+
+    target = Path(out_dir) if out_dir is not None else sweep_dirs[0]
+    target.mkdir(parents=True, exist_ok=True)
+    files = [
+        _write_csv(cells.reindex(columns=list(CELLS_COLUMNS)), target / "cells.csv"),
+        _write_csv(best, target / "best.csv"),
+        _write_csv(front, target / "frontier.csv"),
+        _write_csv(scale, target / "scaling.csv"),
+    ]
+    plot_files: list[Path] = []
+    if plots:
+        try:
+            from analysis.plots import write_plots
+
+            plot_files = write_plots(cells, best, front, scale, target)
+        except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
+            problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
+    files.extend(plot_files)
+    report = Report(cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped)
+    markdown = target / "report.md"
+    markdown.write_text(render_markdown(report, sweep_dirs, plot_files))
+    files.append(markdown)
+    return report
+
+
+def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
+    frame.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
+    return path
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Text output
+# --------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value: Any) -> str:
+    if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
+        return "-"
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (float, np.floating)):
+        v = float(value)
+        if v == 0:
+            return "0"
+        if abs(v) >= 1e4:
+            return f"{v:,.0f}"
+        return f"{v:.4g}"
+    return str(value)
+
+
+TERMINAL_COLUMNS = (
+    "cell_id", "model", "gpu", "num_gpus", "num_nodes", "zero_stage", "activation_checkpointing", "status",
+    "micro_batch_size", "step_time_s", "time_to_train_days", "gpu_hours", "cost_usd_cloud", "peak_memory_gib",
+    "predicted_peak_memory_gib", "predicted_step_time_s",
+)  # fmt: skip
+_SHORT_HEADERS = {
+    "activation_checkpointing": "ckpt",
+    "zero_stage": "zero",
+    "micro_batch_size": "mb",
+    "num_gpus": "gpus",
+    "num_nodes": "nodes",
+    "time_to_train_days": "days",
+    "peak_memory_gib": "mem_gib",
+    "predicted_peak_memory_gib": "pred_mem_gib",
+    "predicted_step_time_s": "pred_step_s",
+}
+
+
+def format_table(df: pd.DataFrame, columns: Sequence[str] | None = None, max_rows: int | None = None) -> str:
+    """A compact plain-text table for the terminal.
+
+    For the cells table a fixed set of the most useful columns is shown (others: pass ``columns``); numbers get
+    four significant digits, missing values a dash. ``max_rows`` cuts long tables and says how many were left out.
+    """
+    if columns is None:
+        columns = [c for c in TERMINAL_COLUMNS if c in df.columns] if "cell_id" in df.columns else list(df.columns)
+        if "cell_id" in df.columns and "reason" in df.columns and df["reason"].notna().any():
+            columns = [*columns, "reason"]
+    shown = df if max_rows is None else df.head(max_rows)
+    header = [_SHORT_HEADERS.get(c, c) for c in columns]
+    body = [[_clip(_fmt(v)) for v in row] for row in shown.reindex(columns=list(columns)).itertuples(index=False)]
+    if not body:
+        return "(no rows)"
+    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
+    numeric = [pd.api.types.is_numeric_dtype(df[c]) if c in df.columns else False for c in columns]
+
+    def line(cells: list[str]) -> str:
+        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
+        return "  ".join(parts).rstrip()
+
+    lines = [line(header), line(["-" * w for w in widths]), *(line(r) for r in body)]
+    if max_rows is not None and len(df) > max_rows:
+        lines.append(f"... {len(df) - max_rows} more rows")
+    return "\n".join(lines)
+
+
+def _clip(text: str, width: int = 70) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def _markdown_table(frame: pd.DataFrame, columns: Sequence[str]) -> str:
+    if frame.empty:
+        return "_none_\n"
+    shown = frame.head(MAX_MARKDOWN_ROWS)
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in shown.reindex(columns=list(columns)).itertuples(index=False):
+        lines.append("| " + " | ".join(_fmt(v).replace("|", "/") for v in row) + " |")
+    if len(frame) > MAX_MARKDOWN_ROWS:
+        lines.append(f"\n_{len(frame) - MAX_MARKDOWN_ROWS} more rows in the CSV._")
+    return "\n".join(lines) + "\n"
+
+
+def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequence[Path]) -> str:
+    """The text of report.md."""
+    cells = report.cells
+    now = _dt.datetime.now(_dt.timezone.utc).replace(microsecond=0).isoformat()
+    out = ["# gpudays report", ""]
+    out.append(f"Generated {now} from {len(sweep_dirs)} sweep folder(s): " + ", ".join(f"`{d}`" for d in sweep_dirs))
+    out.append("")
+    out.append(f"Token budget: {report.budget.describe()}.")
+    out.append("")
+    out.append("## Cells")
+    out.append("")
+    if cells.empty:
+        out.append("No cells were found.")
+    else:
+        counts = cells["status"].fillna("unknown").value_counts()
+        out.append(f"{len(cells)} cells: " + ", ".join(f"{n} {status}" for status, n in counts.items()) + ".")
+        out.append("Every cell, its settings, measurements, estimates and predictions: `cells.csv`.")
+    out.append("")
+    out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
+    out.append("")
+    out.append(
+        _markdown_table(
+            report.best,
+            [
+                "model",
+                "gpu",
+                "num_gpus",
+                "settings",
+                "time_to_train_days",
+                "time_to_train_days_low",
+                "time_to_train_days_high",
+                "gpu_hours",
+                "cost_usd_cloud",
+                "cost_usd_amortised",
+                "energy_kwh",
+            ],
+        )  # fmt: skip
+    )
+    out.append("## Days against cost: the frontier (`frontier.csv`)")
+    out.append("")
+    out.append("Cells no other cell beats on both time to train and cost (cloud cost; GPU-hours where no price).")
+    out.append("")
+    out.append(
+        _markdown_table(
+            report.frontier,
+            ["model", "gpu", "num_gpus", "settings", "time_to_train_days", "cost_basis", "cost_usd", "gpu_hours"],
+        )
+    )
+    out.append("## Scaling (`scaling.csv`)")
+    out.append("")
+    out.append(
+        _markdown_table(
+            report.scaling,
+            [
+                "model",
+                "gpu",
+                "num_gpus",
+                "num_nodes",
+                "tokens_per_s_per_gpu",
+                "speedup",
+                "scaling_efficiency",
+                "marginal_speedup_per_added_gpu",
+            ],
+        )  # fmt: skip
+    )
+    out.extend(_prediction_section(report))
+    if not report.skipped.empty:
+        out.append("## Refused before submission")
+        out.append("")
+        out.append("Cells that cannot run as asked (from each sweep's `skipped.jsonl`), with the reason:")
+        out.append("")
+        out.append(_markdown_table(report.skipped, ["label", "reasons", "cell_id"]))
+    if plot_files:
+        out.append("## Plots")
+        out.append("")
+        out.extend(f"![{p.stem}]({p.name})" for p in plot_files)
+        out.append("")
+    out.append("## Problems")
+    out.append("")
+    if report.problems:
+        out.extend(f"- {p}" for p in report.problems[:MAX_MARKDOWN_PROBLEMS])
+        if len(report.problems) > MAX_MARKDOWN_PROBLEMS:
+            out.append(f"- ... and {len(report.problems) - MAX_MARKDOWN_PROBLEMS} more (see `status` in cells.csv)")
+    else:
+        out.append("None.")
+    out.append("")
+    out.append("## How the figures are made")
+    out.append("")
+    out.append(
+        "Days = training steps × measured step time; the interval is the probe's 95% confidence interval of the "
+        "mean step time. Cloud cost = GPU-hours × the hourly price in `conf/gpu`. Amortised cost = (base machine "
+        "+ GPUs) × days / (5 × 365), the cost model of Khandelwal et al. 2024. Energy = GPU-hours × board power: "
+        "GPUs only, at rated power. Predictions are calibrated on this report's own measured cells, so their "
+        "errors here are in-sample."
+    )
+    out.append("")
+    return "\n".join(out)
+
+
+def _prediction_section(report: Report) -> list[str]:
+    cells = report.cells
+    out = ["## Predicted against measured", ""]
+    if cells.empty:
+        return [*out, "_no cells_", ""]
+    judged = cells["fit_agrees"].dropna()
+    if len(judged):
+        share = 100.0 * float(judged.astype(bool).mean())
+        out.append(
+            f"Fit predicted correctly for {int(judged.astype(bool).sum())} of {len(judged)} cells ({share:.1f}%)."
+        )
+    else:
+        out.append("No measured fit or no-fit yet to compare the prediction with.")
+    out.append("")
+    rows = []
+    for gpu, group in cells[cells["status"].isin(RESULT_STATUSES)].groupby("gpu", sort=True):
+        step_err = pd.to_numeric(group["step_time_error_pct"], errors="coerce").abs().dropna()
+        mem_err = pd.to_numeric(group["memory_error_pct"], errors="coerce").abs().dropna()
+        cal = report.calibration.for_gpu(str(gpu))
+        rows.append(
+            {
+                "gpu": gpu,
+                "cells": len(group),
+                "median_abs_step_time_error_pct": float(step_err.median()) if len(step_err) else np.nan,
+                "median_abs_memory_error_pct": float(mem_err.median()) if len(mem_err) else np.nan,
+                "efficiency": cal.efficiency if cal else np.nan,
+                "fitted_terms": " ".join(cal.fitted_terms) if cal else "uncalibrated",
+            }
+        )
+    if rows:
+        out.append(_markdown_table(pd.DataFrame(rows), list(rows[0])))
+    out.append(
+        "Efficiency: achieved share of the dense peak (TFLOP/s where the device has no published peak, e.g. cpu)."
+    )
+    out.append("")
+    return out

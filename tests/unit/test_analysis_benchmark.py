@@ -1,0 +1,31 @@
+"""The report over 10,000 generated records: prints the time, checks the output, never fails on a slow machine."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "report_10k.py"
+
+
+@pytest.mark.benchmark
+def test_report_over_ten_thousand_records(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    spec = importlib.util.spec_from_file_location("report_10k", BENCHMARK)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    sweep = tmp_path / "sweep"
+    bench.generate(sweep, 10_000)
+    wall_s, cpu_s, rows = bench.time_report(sweep, plots=True)
+    with capsys.disabled():
+        print(f"\nreport over {rows} cell records: {wall_s:.2f} s wall, {cpu_s:.2f} s CPU (goal: under 5 s)")
+    assert rows == 10_000
+    cells = pd.read_csv(sweep / "report" / "cells.csv", usecols=["status", "time_to_train_days"])
+    assert len(cells) == 10_000
+    measured = cells[cells["status"] == "ok"]
+    assert len(measured) > 5_000 and measured["time_to_train_days"].notna().all()
+    assert (sweep / "report" / "cost_vs_days.png").stat().st_size > 10_000
