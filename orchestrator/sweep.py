@@ -49,6 +49,8 @@ class Cell:
     config: dict[str, Any]
     cell_id: str
     refusals: list[Refusal] = field(default_factory=list)
+    prediction: dict[str, Any] = field(default_factory=dict)
+    """Predicted fit, micro-batch, peak memory per GPU (GiB), step time (s), days, GPU-hours (analysis.predict)."""
 
     @property
     def label(self) -> str:
@@ -225,6 +227,45 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
     skipped = [c for c in by_id.values() if c.refusals]
     name = runnable[0].config["name"] if runnable else (skipped[0].config["name"] if skipped else "gpudays")
     return Plan(root, name, list(overrides), runnable, skipped, duplicates, {"sweeper": hydra_cfg})
+
+
+def predict(
+    p: Plan, margin: float | None = None, run_anyway: bool = False, calibrate_from: Sequence[Path] = ()
+) -> None:
+    """Attach a prediction to every runnable cell; those predicted not to fit even at micro-batch 1 are refused.
+
+    The predictor is calibrated on the measured records of ``calibrate_from`` (for instance this sweep's folder,
+    when it already holds records). ``run_anyway`` keeps such cells in the sweep, with the prediction shown.
+    """
+    from analysis.predict import DEFAULT_MARGIN
+    from analysis.predict import plan as predict_plan
+    from analysis.report import calibration_from
+
+    margin = DEFAULT_MARGIN if margin is None else margin
+    existing = [Path(d) for d in calibrate_from if (Path(d) / "cells").is_dir()]
+    calibration = calibration_from(existing) if existing else None
+    frame = predict_plan([c.config for c in p.cells], calibration, margin)
+    for cell, row in zip(p.cells, frame.to_dict(orient="records"), strict=True):
+        cell.prediction = row
+    if run_anyway:
+        return
+    kept: list[Cell] = []
+    for cell in p.cells:
+        if cell.prediction.get("predicted_fits") is False:
+            peak = cell.prediction.get("predicted_peak_memory_gib")
+            usable = float(cell.config["gpu"]["memory_gib"]) * (1 - margin)
+            cell.refusals.append(
+                Refusal(
+                    "prediction",
+                    f"predicted not to fit: about {peak:.1f} GiB per GPU at micro-batch 1, {usable:.1f} GiB usable "
+                    f"({margin:.0%} margin); try more GPUs, a higher ZeRO stage, offload or activation checkpointing, "
+                    "or run it anyway (--run-unfit)",
+                )
+            )
+            p.skipped.append(cell)
+        else:
+            kept.append(cell)
+    p.cells = kept
 
 
 def compose_one(overrides: Sequence[str], search_dirs: Sequence[Path] = ()) -> DictConfig:

@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from orchestrator.schema import register_configs
-from orchestrator.sweep import CONF_DIR, plan
+from orchestrator.sweep import CONF_DIR, plan, predict
 
 
 def test_bare_sweep_is_the_demo_grid() -> None:
@@ -71,3 +71,18 @@ def test_fast_composition_equals_hydra_composition(overrides: list[str]) -> None
         slow = OmegaConf.to_container(compose("config", overrides=overrides), resolve=True)
     GlobalHydra.instance().clear()
     assert fast[0].config == slow
+
+
+def test_cells_predicted_not_to_fit_are_refused_unless_asked_to_run() -> None:
+    overrides = ["gpu=a100-80gb", "model=pythia-12b,pythia-70m", "num_gpus=1"]
+    p = plan(overrides)
+    predict(p)
+    assert [c.config["model"]["name"] for c in p.cells] == ["pythia-70m"]
+    (refused,) = p.skipped
+    assert refused.refusals[0].key == "prediction" and "--run-unfit" in refused.refusals[0].reason
+    assert p.cells[0].prediction["predicted_fits"] is True
+    assert p.cells[0].prediction["predicted_peak_memory_gib"] > 0
+
+    anyway = plan(overrides)
+    predict(anyway, run_anyway=True)
+    assert len(anyway.cells) == 2 and not anyway.skipped
