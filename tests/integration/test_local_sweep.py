@@ -1,0 +1,55 @@
+"""The demo sweep end to end on this machine: Hydra grid -> submitit (local) -> DeepSpeed probe -> cells.csv."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from orchestrator import cli
+from orchestrator.paths import SweepPaths
+
+pytestmark = pytest.mark.deepspeed
+
+
+def test_demo_sweep_measures_four_cells_and_writes_cells_csv(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "demo"
+    code = cli.main(["sweep", "--dir", str(sweep_dir)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    records = {cid: json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()}
+    assert len(records) == 4
+    assert all(r["status"] == "ok" for r in records.values()), {c: r["reason"] for c, r in records.items()}
+
+    table = pd.read_csv(sweep_dir / "cells.csv")
+    assert len(table) == 4 and set(table["cell_id"]) == set(records)
+    for _, row in table.iterrows():
+        rec = records[row["cell_id"]]
+        assert row["status"] == "ok"
+        assert row["num_gpus"] == rec["settings"]["num_gpus"]
+        assert row["activation_checkpointing"] == rec["settings"]["activation_checkpointing"]
+        assert row["step_time_s"] == pytest.approx(rec["metrics"]["step_time_s"])
+        steps = rec["config"]["model"]["train_steps"]
+        assert row["time_to_train_days"] == pytest.approx(steps * rec["metrics"]["step_time_s"] / 86400)
+        assert row["gpu_hours"] == pytest.approx(row["time_to_train_days"] * 24 * row["num_gpus"])
+    two_rank = [r for r in records.values() if r["settings"]["num_gpus"] == 2]
+    assert all(r["environment"]["world_size"] == 2 for r in two_rank)
+
+
+def test_a_second_run_into_the_same_folder_submits_only_new_cells(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "grow"
+    args = ["sweep", "--dir", str(sweep_dir), "probe=quick", "model=pythia-tiny", "gpu=cpu"]
+    assert cli.main([*args, "num_gpus=1"]) == 0
+    paths = SweepPaths(sweep_dir)
+    (first,) = paths.cell_ids()
+    first_record = paths.record(first).read_text()
+    capsys.readouterr()
+    assert cli.main([*args, "num_gpus=1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "1 cell(s) already in this sweep" in out
+    assert len(paths.cell_ids()) == 2
+    assert paths.record(first).read_text() == first_record, "the measured cell was run again"
+    assert len(paths.attempts(first).read_text().splitlines()) == 1
