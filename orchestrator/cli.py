@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import fcntl
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -30,7 +31,11 @@ def _err(msg: str) -> None:
 
 @contextmanager
 def sweep_lock(paths: SweepPaths) -> Iterator[None]:
-    """Only one command submits into a sweep folder at a time, so no cell is submitted twice."""
+    """Only one command submits into a sweep folder at a time, so no cell is submitted twice.
+
+    An flock on ``.submit.lock`` in the folder: held by the process, so a crashed command leaves no stale lock; on
+    NFS, Linux turns it into a lock the server holds (NFSv4, or v3 with lockd), which submit hosts share.
+    """
     paths.root.mkdir(parents=True, exist_ok=True)
     with open(paths.lock, "a+") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
@@ -73,16 +78,31 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         _err("no cell of this sweep can run (reasons above); nothing was submitted")
         return EXIT_BAD_INPUT
     if args.dry_run:
+        from orchestrator import launch
+
+        try:
+            launch.check_slurm({c.cell_id: c.config for c in plan.cells if c.config["cluster"]["backend"] == "slurm"})
+        except launch.SubmissionRefused as e:
+            _err(str(e))
+            return EXIT_BAD_INPUT
         for cell in plan.cells:
             print(f"  would run {cell.cell_id} {cell.label}")
         return 0
-    return submit_plan(plan, wait=args.wait, report=not args.no_report)
+    return submit_plan(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
 
 
-def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool) -> int:
+def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool, interval_s: float = 5.0) -> int:
+    """Write the plan's cells into its folder and submit those that are new; with ``wait``, wait and report."""
     from orchestrator import launch, status
 
     paths = SweepPaths(plan.sweep_dir)
+    slurm_configs = {c.cell_id: c.config for c in plan.cells if c.config["cluster"]["backend"] == "slurm"}
+    try:
+        # Before anything is written: a partition, account or request the cluster refuses stops the sweep here.
+        launch.check_slurm(slurm_configs)
+    except launch.SubmissionRefused as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
     with sweep_lock(paths):
         append_jsonl(
             paths.sweep_log,
@@ -104,6 +124,7 @@ def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool) -> int:
                     "reasons": [str(r) for r in cell.refusals],
                 },
             )
+        # Read inside the lock: a command that held it before this one has recorded its submissions by now.
         new: dict[str, dict[str, Any]] = {}
         for cell in plan.cells:
             already = paths.attempts(cell.cell_id).is_file()
@@ -112,61 +133,124 @@ def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool) -> int:
                 new[cell.cell_id] = cell.config
         known = len(plan.cells) - len(new)
         if known:
-            print(
-                f"{known} cell(s) already in this sweep: not submitted again (use `gpudays resume` to rerun failures)"
-            )
+            print(f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)")
         by_backend: dict[str, dict[str, dict[str, Any]]] = {}
         for cid, cfg in new.items():
             by_backend.setdefault(cfg["cluster"]["backend"], {})[cid] = cfg
         if "slurm" in by_backend:
-            subs = launch.submit_slurm(paths, by_backend["slurm"])
-            arrays = sorted({s.job_id.split("_")[0] for s in subs})
-            print(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
-
-    if "local" in by_backend:
-        cells_local = by_backend["local"]
-        print(f"running {len(cells_local)} cell(s) on this machine, one after another")
-        start = time.monotonic()
-
-        def done(cid: str) -> None:
-            state = {s.cell_id: s for s in status.cell_states(paths, query_scheduler=False)}[cid]
-            step = (state.record or {}).get("metrics", {}).get("step_time_s")
-            step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
-            print(f"  {cid} {state.state}{step_txt} ({time.monotonic() - start:.0f} s){_reason(state)}")
-
-        launch.submit_local(paths, cells_local, on_done=done)
-    elif wait:
-        wait_for(paths)
+            try:
+                subs = launch.submit_slurm(paths, by_backend["slurm"], launch.scheduler_max_array_size())
+            except (subprocess.CalledProcessError, OSError) as e:
+                _submission_failed(paths, e)
+                return 1
+            print(f"submitted {len(subs)} cell(s) to SLURM as {_arrays(subs)}")
+        if "local" in by_backend:
+            # Inside the lock: another command on this folder waits instead of running the same cells.
+            run_local(paths, by_backend["local"])
     if "slurm" in by_backend and not wait:
         print(f"follow it with: gpudays status {paths.root}")
         return 0
+    if wait and not status.is_done(_states_or_records(paths)):
+        wait_for(paths, interval_s)
     return finish(paths, report)
+
+
+def _submission_failed(paths: SweepPaths, e: Exception) -> None:
+    said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
+    if isinstance(said, bytes):
+        said = said.decode(errors="replace")
+    _err(
+        f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; "
+        f"`gpudays resume {paths.root}` submits the others (their state is `new`)."
+    )
+
+
+def _arrays(subs: list[Any]) -> str:
+    arrays = sorted({s.job_id.split("_")[0] for s in subs}, key=lambda j: (len(j), j))
+    return f"{len(arrays)} array job(s): {', '.join(arrays)}"
+
+
+def run_local(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> None:
+    """Run cells on this machine one after another, a line for each as it ends."""
+    from orchestrator import launch, status
+
+    print(f"running {len(configs)} cell(s) on this machine, one after another")
+    start = time.monotonic()
+
+    def done(cid: str) -> None:
+        state = {s.cell_id: s for s in status.cell_states(paths, query_scheduler=False)}[cid]
+        step = (state.record or {}).get("metrics", {}).get("step_time_s")
+        step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
+        print(f"  {cid} {state.state}{step_txt} ({time.monotonic() - start:.0f} s){_reason(state)}")
+
+    launch.submit_local(paths, configs, on_done=done)
 
 
 def _reason(state: Any) -> str:
     return f": {state.reason}" if state.reason and state.state != "ok" else ""
 
 
-def wait_for(paths: SweepPaths, poll_s: float = 5.0) -> None:
+def _console() -> Any:
+    from rich.console import Console
+
+    # Piped or captured output gets a wide fixed width, so that ids and states never wrap.
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 200)
+
+
+def _states_or_records(paths: SweepPaths) -> list[Any]:
+    """Every cell's state; from the records alone (with a note) when the scheduler cannot be asked."""
     from orchestrator import status
 
-    last = ""
-    while True:
-        states = status.cell_states(paths)
-        line = ", ".join(f"{k} {v}" for k, v in status.counts(states).items())
-        if line != last:
-            print(f"  [{time.strftime('%H:%M:%S')}] {line}")
-            last = line
-        if status.is_done(states):
-            return
-        time.sleep(poll_s)
+    try:
+        return status.cell_states(paths)
+    except status.SchedulerUnavailable as e:
+        print(f"  note: the scheduler could not be asked ({e}); states come from the records alone")
+        return status.cell_states(paths, query_scheduler=False)
+
+
+def wait_for(paths: SweepPaths, interval_s: float = 5.0) -> None:
+    """Block until no cell is pending or running, with a progress bar (a line per change when piped)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from orchestrator import status
+
+    console = _console()
+    states = _states_or_records(paths)
+    if status.is_done(states):
+        return
+    if not console.is_terminal:
+        last = ""
+        while not status.is_done(states):
+            line = status.summary_line(states, markup=False)
+            if line != last:
+                print(f"  [{time.strftime('%H:%M:%S')}] {line}", flush=True)
+                last = line
+            time.sleep(interval_s)
+            states = _states_or_records(paths)
+        return
+    with Progress(
+        TextColumn("waiting"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.description}"),
+        console=console,
+    ) as progress:
+        task = progress.add_task(status.summary_line(states), total=len(states))
+        while True:
+            ended = sum(1 for s in states if s.state not in status.ACTIVE)
+            progress.update(task, completed=ended, total=len(states), description=status.summary_line(states))
+            if status.is_done(states):
+                return
+            time.sleep(interval_s)
+            states = _states_or_records(paths)
 
 
 def finish(paths: SweepPaths, report: bool) -> int:
-    """Summarise a finished sweep; exit non-zero if any cell failed (its record says why)."""
+    """Summarise a finished sweep; exit non-zero if any cell failed (its record or ``status`` says why)."""
     from orchestrator import status
 
-    states = status.cell_states(paths)
+    states = _states_or_records(paths)
     if report:
         from analysis.report import format_table, write_report
 
@@ -175,83 +259,171 @@ def finish(paths: SweepPaths, report: bool) -> int:
         for problem in rep.problems:
             print(f"  problem: {problem}")
         print(f"wrote {paths.output('cells.csv')}")
-    bad = [s for s in states if s.state not in status.FINAL_GOOD and s.state not in status.ACTIVE]
+    print(status.summary_line(states, markup=False))
+    bad = [s for s in states if status.needs_rerun(s.state)]
+    if bad:
+        print(f"{len(bad)} cell(s) need a rerun: see `gpudays status {paths.root}`, then `gpudays resume {paths.root}`")
     return 1 if bad else 0
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from orchestrator import status
-
-    paths = SweepPaths(Path(args.sweep_dir))
+def _sweep_paths(arg: str) -> SweepPaths | None:
+    paths = SweepPaths(Path(arg))
     if not paths.cells_dir.is_dir():
         _err(f"{paths.root} is not a sweep folder (no cells/ in it)")
+        return None
+    return paths
+
+
+def _parse_states(arg: str | None, flag: str) -> set[str] | None:
+    """``--only timeout,failed`` -> {"timeout", "failed"}; raises ValueError naming what is accepted."""
+    from orchestrator import status
+
+    if not arg:
+        return None
+    wanted = {s.strip() for s in arg.split(",") if s.strip()}
+    unknown = sorted(wanted - set(status.STATES))
+    if unknown:
+        raise ValueError(f"{flag} {arg}: unknown state(s) {', '.join(unknown)}; use {', '.join(status.STATES)}")
+    return wanted
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """Counts per state and a table of cells (``--watch``: refreshed until no cell is pending or running)."""
+    from rich.console import Group
+    from rich.live import Live
+
+    from orchestrator import status
+
+    paths = _sweep_paths(args.sweep_dir)
+    if paths is None:
         return EXIT_BAD_INPUT
-    while True:
-        states = status.cell_states(paths)
-        print(", ".join(f"{k}: {v}" for k, v in status.counts(states).items()) or "no cells")
-        for s in states:
-            print(f"  {s.cell_id}  {s.state:<12} attempt {s.attempt}  job {s.job_id or '-'}{_reason(s)}")
-        if not args.watch or status.is_done(states):
-            return 0
-        time.sleep(args.interval)
+    try:
+        only = _parse_states(args.state, "--state")
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    console = _console()
+
+    def view(states: list[Any], live: bool = False) -> Any:
+        summary = status.summary_line(states)
+        if args.summary:
+            return summary
+        # A live view fits the terminal: problems and running cells first, the rest cut.
+        rows = max(5, console.height - 8) if live else None
+        return Group(summary, status.table(states, only, max_rows=rows))
+
+    states = _states_or_records(paths)
+    if not args.watch or status.is_done(states) or not console.is_terminal:
+        console.print(view(states))
+        while args.watch and not status.is_done(states):
+            # Not a terminal: a summary line each time something changed.
+            last = status.summary_line(states, markup=False)
+            time.sleep(args.interval)
+            states = _states_or_records(paths)
+            if status.summary_line(states, markup=False) != last:
+                console.print(f"[{time.strftime('%H:%M:%S')}] " + status.summary_line(states))
+        return 0
+    with Live(view(states, live=True), console=console, auto_refresh=False, screen=False) as live:
+        while not status.is_done(states):
+            time.sleep(args.interval)
+            states = _states_or_records(paths)
+            live.update(view(states, live=True), refresh=True)
+    console.print(view(states))
+    return 0
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resubmit the cells that need it: not ok, not does_not_fit, not pending or running."""
-    from omegaconf import OmegaConf as OC
-
     from orchestrator import launch, status
 
-    paths = SweepPaths(Path(args.sweep_dir))
-    if not paths.cells_dir.is_dir():
-        _err(f"{paths.root} is not a sweep folder (no cells/ in it)")
+    paths = _sweep_paths(args.sweep_dir)
+    if paths is None:
         return EXIT_BAD_INPUT
-    only = set(args.only.split(",")) if args.only else None
-    if only and not only <= set(status.STATES):
-        _err(
-            f"--only {args.only}: unknown state(s) {sorted(only - set(status.STATES))}; use {', '.join(status.STATES)}"
-        )
+    try:
+        only = _parse_states(args.only, "--only")
+    except ValueError as e:
+        _err(str(e))
+        return EXIT_BAD_INPUT
+    if args.time_limit is not None and args.time_limit < 1:
+        _err(f"--time-limit {args.time_limit}: give the new limit in whole minutes, 1 or more")
+        return EXIT_BAD_INPUT
+    if args.time_factor is not None and args.time_factor <= 0:
+        _err(f"--time-factor {args.time_factor}: give a factor above 0, e.g. 2 to double the limit")
         return EXIT_BAD_INPUT
     with sweep_lock(paths):
-        # Read states inside the lock: a resume that ran while this one waited has made its cells pending.
-        states = status.cell_states(paths)
+        # States are read inside the lock: cells a concurrent resume has just resubmitted are pending by now.
+        try:
+            states = status.cell_states(paths)
+        except status.SchedulerUnavailable as e:
+            _err(f"cannot tell which cells need a rerun: {e}")
+            return 1
         todo = [s for s in states if status.needs_rerun(s.state) and (only is None or s.state in only)]
         if not todo:
-            print(
-                "nothing to resume: " + (", ".join(f"{k} {v}" for k, v in status.counts(states).items()) or "no cells")
-            )
+            print(f"nothing to resume: {status.summary_line(states, markup=False)}")
             return 0
         configs: dict[str, dict[str, Any]] = {}
         for s in todo:
-            cfg = OC.to_container(OC.load(paths.cell_config(s.cell_id)), resolve=True)
-            assert isinstance(cfg, dict)
-            if s.state == "timeout" and (args.time_limit or args.time_factor):
-                old = int(cfg["cluster"]["time_limit_min"])
-                new = args.time_limit or int(round(old * args.time_factor))
-                cfg["cluster"]["time_limit_min"] = max(new, 1)
-                launch.write_cell(paths, s.cell_id, cfg)
-            if s.state == "corrupt":
-                record = paths.record(s.cell_id)
-                record.rename(record.with_name(f"record.corrupt-attempt{s.attempt}.json"))
-            configs[s.cell_id] = cfg
-        print(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
+            configs[s.cell_id] = _rerun_config(paths, s, args.time_limit, args.time_factor)
         slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
         local = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+        try:
+            launch.check_slurm(slurm)
+        except launch.SubmissionRefused as e:
+            _err(str(e))
+            return EXIT_BAD_INPUT
+        for s in todo:
+            _archive_record(paths, s)
+        print(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
         if slurm:
-            subs = launch.submit_slurm(paths, slurm)
-            print(f"submitted {len(subs)} cell(s) as {len({s.job_id.split('_')[0] for s in subs})} array job(s)")
-    if local:
-        launch.submit_local(paths, local)
-    elif args.wait:
-        wait_for(paths)
+            try:
+                subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size())
+            except (subprocess.CalledProcessError, OSError) as e:
+                _submission_failed(paths, e)
+                return 1
+            print(f"submitted {len(subs)} cell(s) to SLURM as {_arrays(subs)}")
+        if local:
+            run_local(paths, local)
     if slurm and not args.wait:
+        print(f"follow it with: gpudays status {paths.root}")
         return 0
+    if args.wait:
+        wait_for(paths, args.interval)
     return finish(paths, report=True)
+
+
+def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> dict[str, Any]:
+    """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given."""
+    import yaml
+
+    from orchestrator import launch
+
+    cfg = yaml.safe_load(paths.cell_config(s.cell_id).read_text())
+    assert isinstance(cfg, dict)
+    if s.state == "timeout" and (time_limit or time_factor):
+        old = int(cfg["cluster"]["time_limit_min"])
+        new = time_limit or int(round(old * (time_factor or 1)))
+        cfg["cluster"]["time_limit_min"] = max(new, 1)
+        print(f"  {s.cell_id}: time limit {old} -> {cfg['cluster']['time_limit_min']} min")
+        launch.write_cell(paths, s.cell_id, cfg)
+    return cfg
+
+
+def _archive_record(paths: SweepPaths, s: Any) -> None:
+    """Keep the record of the attempt being replaced next to the new one, under the attempt's name."""
+    record = paths.record(s.cell_id)
+    if not record.exists():
+        return
+    kind = "corrupt-attempt" if s.state == "corrupt" else "attempt"
+    target = record.with_name(f"record.{kind}{s.attempt}.json")
+    n = 1
+    while target.exists():
+        n += 1
+        target = record.with_name(f"record.{kind}{s.attempt}.{n}.json")
+    record.rename(target)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
     from analysis.report import format_table, write_report
-
     from orchestrator import status
 
     dirs = [Path(d) for d in args.sweep_dirs]
@@ -295,12 +467,15 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--dry-run", action="store_true", help="plan and check the cells, submit nothing")
     sw.add_argument("--wait", action="store_true", help="on SLURM, wait for the cells to end and write the report")
     sw.add_argument("--no-report", action="store_true", help="do not write cells.csv at the end")
+    sw.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --wait")
     sw.set_defaults(func=cmd_sweep)
 
     st = sub.add_parser("status", help="state of every cell of a sweep (one sacct call)")
     st.add_argument("sweep_dir")
     st.add_argument("--watch", action="store_true", help="refresh until no cell is pending or running")
     st.add_argument("--interval", type=float, default=10.0, help="seconds between refreshes with --watch")
+    st.add_argument("--state", help="show only cells in these states, e.g. failed,timeout")
+    st.add_argument("--summary", action="store_true", help="only the counts per state, no table")
     st.set_defaults(func=cmd_status)
 
     rs = sub.add_parser("resume", help="resubmit only the cells that need it (failed, timed out, lost, ...)")
@@ -309,6 +484,7 @@ def build_parser() -> argparse.ArgumentParser:
     rs.add_argument("--time-limit", type=int, help="new time limit in minutes for cells that timed out")
     rs.add_argument("--time-factor", type=float, help="multiply the time limit of cells that timed out")
     rs.add_argument("--wait", action="store_true", help="wait for the resubmitted cells to end, then report")
+    rs.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --wait")
     rs.set_defaults(func=cmd_resume)
 
     rp = sub.add_parser("report", help="tables (CSV), plots and report.md from the records of one or more sweeps")

@@ -1,10 +1,27 @@
 """What runs inside a job, on every rank: find the other ranks, run the probe, write the record.
 
-submitit starts one process per rank (srun on SLURM, subprocesses locally) and calls ``run_cell`` in each. Ranks
-find each other from the scheduler's environment: rank, world size and local rank from submitit's JobEnvironment
-(SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID on SLURM); the rendezvous address is the node srun was launched from
-(SLURM_LAUNCH_NODE_IPADDR, the batch host, where rank 0 runs), and the port follows from the job id so that two
-jobs on one node do not collide. Nothing here imports torch: the environment must be set before the probe does.
+submitit starts one process per rank (srun on SLURM, subprocesses locally) and calls a ``CellJob`` in each, which
+runs ``run_cell``. Ranks find each other from the scheduler's environment: rank, world size and local rank from
+submitit's JobEnvironment (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID on SLURM); the rendezvous address is the node
+srun was launched from (SLURM_LAUNCH_NODE_IPADDR, the batch host, where rank 0 runs), and the port follows from the
+job id so that two jobs on one node do not collide. Nothing here imports torch: the environment must be set before
+the probe does.
+
+Requeue. ``CellJob`` is a submitit ``Checkpointable``: its ``checkpoint`` hands submitit a fresh submission of
+itself, and submitit's signal handler (``--signal=USR2@SIGNAL_DELAY_S``) saves it and runs ``scontrol requeue``.
+A probe has nothing to resume from, so a requeued cell starts again, under the same job id and attempt number.
+SLURM sends the warning up to 30 s (its check interval) before ``SIGNAL_DELAY_S``, and at once when the limit is
+shorter than that, so the warning alone says little; on it, rank 0 asks SLURM when the job ends and:
+
+- more than ``SIGNAL_DELAY_S`` + 30 s away: the signal is a preemption notice (clusters that send one, with
+  ``PreemptParameters=send_user_signal``): requeue now;
+- otherwise it is the time limit: if ``cluster.max_requeue_on_timeout`` requeues are used up, do nothing, so the
+  cell may still finish, or ends as SLURM's TIMEOUT; else requeue ``REQUEUE_MARGIN_S`` before the end, not at
+  once, so that a cell that finishes in time is not run twice.
+
+On clusters that requeue preempted jobs themselves (``PreemptMode=REQUEUE``) or after a node failure
+(``JobRequeue=1``), SLURM restarts the job without any of this; where ``scontrol requeue`` is refused, the job runs
+on to its limit.
 """
 
 from __future__ import annotations
@@ -13,11 +30,18 @@ import datetime as dt
 import json
 import os
 import platform
+import signal
 import socket
+import subprocess
+import sys
+import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, cast
 
+import submitit
 from omegaconf import OmegaConf
 
 from orchestrator import cells
@@ -25,6 +49,25 @@ from orchestrator.paths import SweepPaths, write_json_atomic
 
 RECORD_SCHEMA_VERSION = 1
 PORT_BASE, PORT_SPAN = 20_000, 20_000
+
+SIGNAL_DELAY_S = 90
+"""``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default)."""
+SLURM_CHECK_INTERVAL_S = 30
+"""slurmctld checks time limits and sends warnings this often, so a warning may come this much early."""
+REQUEUE_MARGIN_S = 15
+"""A timed-out cell asks to be requeued this long before its limit, so the requeue wins over the kill."""
+DEFAULT_MAX_REQUEUE_ON_TIMEOUT = 1
+
+# Set just before submitit's handler requeues the job and exits: that SystemExit must end the process, not
+# become the cell's failure record.
+_requeuing = False
+# Set once the probe has returned: a requeue now would only run a finished cell again.
+_probe_done = False
+
+
+def _say(message: str) -> None:
+    """A line in the job's stderr log (signal handlers included: no logging locks)."""
+    print(f"gpudays: {message}", file=sys.stderr, flush=True)
 
 
 def _now() -> str:
@@ -45,6 +88,7 @@ def scheduler_ids() -> dict[str, str | None]:
         "slurm_array_task_id": "SLURM_ARRAY_TASK_ID",
         "slurm_job_partition": "SLURM_JOB_PARTITION",
         "slurm_job_nodelist": "SLURM_JOB_NODELIST",
+        "slurm_restart_count": "SLURM_RESTART_COUNT",
     }
     return {name: os.environ.get(var) for name, var in keys.items()}
 
@@ -71,16 +115,15 @@ def set_distributed_env(
 
 def sleep_probe(sleep_s: float) -> dict[str, Any]:
     """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
-    import time
-
     time.sleep(sleep_s)
     return {"status": "ok", "reason": "probe.kind=sleep: nothing measured", "metrics": {}, "environment": {}}
 
 
-def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
-    """Measure one cell on this rank; rank 0 writes the record. Returns the cell's status."""
-    import submitit
+def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, int] | None = None) -> str:
+    """Measure one cell on this rank; rank 0 writes the record. Returns the cell's status.
 
+    ``requeues`` (how often this attempt was requeued, and why) goes into the record's environment.
+    """
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
     cell = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(paths.cell_config(cell_id)), resolve=True))
@@ -100,7 +143,13 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
     rank_file = paths.cell_dir(cell_id) / "ranks" / f"attempt{attempt}-rank{rank}.json"
     write_json_atomic(
         rank_file,
-        {"rank": rank, "node": node_name(), "hostname": socket.gethostname(), "pid": os.getpid(), "job_id": env.job_id},
+        {
+            "rank": rank,
+            "node": node_name(),
+            "hostname": socket.gethostname(),
+            "pid": os.getpid(),
+            "job_id": env.job_id,
+        },
     )
 
     try:
@@ -111,6 +160,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
 
             result = run_probe(cell, rank, world_size, local_rank)
     except BaseException as e:  # noqa: BLE001 - the probe reports its own failures; this is the last resort
+        if isinstance(e, SystemExit) and _requeuing:
+            raise  # the job is being requeued: this run ends here, without a record
         result = {
             "status": "failed",
             "reason": f"{type(e).__name__}: {e}".splitlines()[0],
@@ -119,6 +170,9 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
             "environment": {},
         }
 
+    global _probe_done
+    _probe_done = True
+    signal.setitimer(signal.ITIMER_REAL, 0)  # a requeue armed for the time limit is not needed any more
     if rank == 0:
         ranks = []
         for p in sorted(rank_file.parent.glob(f"attempt{attempt}-rank*.json")):
@@ -136,6 +190,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int) -> str:
                 "rank_nodes": [r.get("node") for r in ranks],
                 "world_size": world_size,
                 "python": platform.python_version(),
+                "requeued_after_timeout": (requeues or {}).get("timeout", 0),
+                "requeued_after_preemption": (requeues or {}).get("preemption", 0),
             }
         )
         record = {
@@ -162,3 +218,113 @@ def describe(record: dict[str, Any]) -> str:
     step = (record.get("metrics") or {}).get("step_time_s")
     step_txt = f"{step:.4g} s/step" if isinstance(step, (int, float)) else ""
     return f"{record.get('cell_id')} {record.get('status')} {step_txt} {record.get('reason') or ''}".strip()
+
+
+def seconds_left(job_id: str | None, fallback_end: float) -> float:
+    """Seconds until SLURM ends this job (its EndTime, which a requeue resets); ``fallback_end`` if unknown."""
+    if job_id:
+        try:
+            out = subprocess.run(
+                ["squeue", "-h", "-j", job_id, "-o", "%e"],
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            ).stdout.strip()
+            return dt.datetime.fromisoformat(out.splitlines()[0]).timestamp() - time.time()
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            pass
+    return fallback_end - time.time()
+
+
+class CellJob(submitit.helpers.Checkpointable):
+    """The callable submitted for one attempt of one cell; requeued by submitit on preemption and timeout.
+
+    It pickles to its arguments and requeue counts only, and is pickled again by ``checkpoint`` with the counts
+    raised, so a requeued run knows how many requeues its attempt has used.
+    """
+
+    def __init__(self, sweep_root: str, cell_id: str, attempt: int) -> None:
+        self.sweep_root = sweep_root
+        self.cell_id = cell_id
+        self.attempt = attempt
+        self.requeues: dict[str, int] = {"timeout": 0, "preemption": 0}
+        self._requeue_reason: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_requeue_reason"] = None
+        return state
+
+    def __call__(self) -> str:
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
+            self._guard_time_limit()
+        return run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
+        """Called by submitit's signal handler right before ``scontrol requeue``: the run to start next."""
+        reason = self._requeue_reason or "preemption"
+        self.requeues[reason] = self.requeues.get(reason, 0) + 1
+        self._requeue_reason = None
+        return super().checkpoint(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"CellJob({self.cell_id}, attempt {self.attempt}, requeues {self.requeues})"
+
+    # ---- the time-limit warning (see the module docstring) ----------------------------------------------------
+
+    def _guard_time_limit(self) -> None:
+        """Put a handler in front of submitit's for the warning signal; called after submitit installed its own."""
+        env = submitit.JobEnvironment()
+        warning = env._usr_sig()
+        submitit_handler = signal.getsignal(warning)
+        if not callable(submitit_handler) or env.global_rank != 0:
+            return  # only rank 0 requeues (submitit's rule too); other ranks are ended by SLURM
+        cell = cast(
+            dict[str, Any],
+            OmegaConf.to_container(OmegaConf.load(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id))),
+        )
+        limit_s = 60.0 * float(cell["cluster"]["time_limit_min"])
+        max_timeouts = int(cell["cluster"].get("max_requeue_on_timeout", DEFAULT_MAX_REQUEUE_ON_TIMEOUT))
+        fallback_end = time.time() + limit_s  # the job started a moment before this process
+        job_id = os.environ.get("SLURM_JOB_ID")
+
+        def requeue_now(why: str, signum: int, frame: FrameType | None) -> None:
+            global _requeuing
+            if _probe_done:
+                return
+            self._requeue_reason = why
+            _requeuing = True
+            _say(f"requeuing cell {self.cell_id} (attempt {self.attempt}) after {why}")
+            try:
+                cast(Callable[[int, FrameType | None], None], submitit_handler)(signum, frame)
+            except SystemExit:
+                raise
+            except Exception as e:  # noqa: BLE001 - a refused requeue must not fail the probe it interrupts
+                _say(f"the requeue failed ({type(e).__name__}: {e}); the job runs on")
+                _requeuing = False
+                self._requeue_reason = None
+
+        def on_warning(signum: int, frame: FrameType | None) -> None:
+            if _probe_done:
+                return
+            left_s = seconds_left(job_id, fallback_end)
+            if left_s > SIGNAL_DELAY_S + SLURM_CHECK_INTERVAL_S + 5:
+                requeue_now("preemption", signum, frame)
+                return
+            used = self.requeues.get("timeout", 0)
+            if used >= max_timeouts:
+                _say(
+                    f"{left_s:.0f} s left before the time limit and {used} of cluster.max_requeue_on_timeout="
+                    f"{max_timeouts} requeue(s) used: the cell runs on, and ends as TIMEOUT if it does not finish"
+                )
+                return
+            delay_s = left_s - REQUEUE_MARGIN_S
+            _say(f"{left_s:.0f} s left before the time limit: requeue in {max(delay_s, 0):.0f} s unless finished")
+            if delay_s <= 0:
+                requeue_now("timeout", signum, frame)
+                return
+            signal.signal(signal.SIGALRM, lambda _s, f: requeue_now("timeout", signum, f))
+            signal.setitimer(signal.ITIMER_REAL, delay_s)
+
+        signal.signal(warning, on_warning)

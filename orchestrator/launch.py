@@ -1,28 +1,46 @@
 """Send cells to where they run, through submitit.
 
 On SLURM, cells that ask for the same resources go out as one array job (one sbatch call), split where a group
-would exceed the cluster's MaxArraySize, with ``cluster.array_parallelism`` as the cap on tasks running at once.
-Each rank of a cell is one SLURM task: ``num_gpus / num_nodes`` tasks on each of ``num_nodes`` nodes, started by
-srun. Locally, cells run one after another through submitit's local executor, one process per rank.
+would exceed the cluster's MaxArraySize (``scontrol show config``) or ``cluster.max_array_size``, with
+``cluster.array_parallelism`` as the cap on tasks running at once. Each rank of a cell is one SLURM task:
+``num_gpus / num_nodes`` tasks on each of ``num_nodes`` nodes, started by srun. The submitted callable is a
+``CellJob`` (orchestrator.jobside), which requeues itself on preemption and near its time limit.
+
+Before anything is submitted, ``check_slurm`` asks the cluster whether it would take every resource group as
+configured (``sbatch --test-only`` of the real job script), so a wrong partition, account or QOS, or a request no
+node can meet, stops the sweep with the cells named and nothing submitted.
+
+Locally, cells run one after another through submitit's local executor, one process per rank.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import os
+import re
 import shlex
-from collections.abc import Iterator, Sequence
+import subprocess
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import submitit
-from omegaconf import OmegaConf
+import yaml
 
-from orchestrator.jobside import run_cell
+from orchestrator import cells
+from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths, append_jsonl
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
+REQUEUE_BACKSTOP = 20
+"""submitit's own limit on requeues after a timeout (see submit_slurm)."""
+
+try:  # libyaml's dumper where PyYAML was built with it
+    _YamlDumper: Any = yaml.CSafeDumper
+except AttributeError:  # pragma: no cover - depends on how PyYAML was built
+    _YamlDumper = yaml.SafeDumper
 
 
 @dataclass(frozen=True)
@@ -115,6 +133,8 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "array_parallelism": res.array_parallelism,
         "setup": render_setup(res),
         "stderr_to_stdout": False,
+        # The time-limit warning CellJob acts on (see orchestrator.jobside).
+        "signal_delay_s": SIGNAL_DELAY_S,
     }
     optional = {
         "gres": res.gres,
@@ -130,16 +150,18 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
 
 @dataclass
 class Submission:
-    """One attempt of one cell: which job runs it."""
+    """One attempt of one cell: which job runs it (one line of the cell's attempts.jsonl)."""
 
     cell_id: str
     attempt: int
     job_id: str
     backend: str
+    label: str | None = None
     submitted_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat())
 
 
 def next_attempt(paths: SweepPaths, cell_id: str) -> int:
+    """1 for a cell never submitted, else one more than its submissions so far."""
     path = paths.attempts(cell_id)
     if not path.is_file():
         return 1
@@ -147,12 +169,23 @@ def next_attempt(paths: SweepPaths, cell_id: str) -> int:
 
 
 def write_cell(paths: SweepPaths, cell_id: str, config: dict[str, Any]) -> None:
-    """Write the resolved config a job will read; the same cell always writes the same text."""
+    """Write the resolved config a job will read; the same cell always writes the same text.
+
+    libyaml's dumper, not OmegaConf's, because it is ten times faster and a sweep may write thousands of cells;
+    the config is plain data, so ``OmegaConf.load`` reads back the same values.
+    """
     target = paths.cell_config(cell_id)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = OmegaConf.to_yaml(OmegaConf.create(config))
-    if not target.is_file() or target.read_text() != text:
-        target.write_text(text)
+    text = yaml.dump(config, Dumper=_YamlDumper, sort_keys=False, default_flow_style=False)
+    try:
+        if target.read_text() == text:
+            return
+    except FileNotFoundError:
+        pass
+    # Written whole and renamed, so a job starting now reads the old config or the new one, never half of one.
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -161,30 +194,186 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
 
 
 def group_by_resources(configs: dict[str, dict[str, Any]]) -> dict[Resources, list[str]]:
+    """Cells that ask for the same resources, together: each group becomes one array job."""
     groups: dict[Resources, list[str]] = {}
     for cid, cfg in configs.items():
         groups.setdefault(resources(cfg), []).append(cid)
     return groups
 
 
-def submit_slurm(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> list[Submission]:
-    """One sbatch call (an array job) per resource group and MaxArraySize chunk; returns without waiting."""
+# ---- before submission: does the cluster accept what the cells ask for? ------------------------------------
+
+
+class SubmissionRefused(Exception):
+    """The scheduler would not accept some cells as configured; nothing was submitted. The message says why."""
+
+
+def _run(cmd: Sequence[str], stdin: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError as e:
+        raise SubmissionRefused(
+            f"`{cmd[0]}` is not on PATH: cluster=slurm submits with SLURM's commands (sbatch, sacct, sinfo, scontrol), "
+            "so run gpudays on a machine that has them (a login node), or use cluster=local"
+        ) from e
+    except subprocess.TimeoutExpired as e:
+        raise SubmissionRefused(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
+
+
+def scheduler_max_array_size() -> int | None:
+    """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
+    try:
+        out = _run(["scontrol", "show", "config"], timeout_s=30).stdout
+    except SubmissionRefused:
+        return None
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def _partitions() -> list[str]:
+    result = _run(["sinfo", "-h", "-o", "%R"])
+    if result.returncode != 0:
+        raise SubmissionRefused(f"`sinfo` failed ({result.returncode}): {result.stderr.strip()[:300]}")
+    return sorted(set(result.stdout.split()))
+
+
+def _user() -> str:
+    import pwd
+
+    return os.environ.get("USER") or pwd.getpwuid(os.getuid()).pw_name
+
+
+def _sacctmgr_names(args: Sequence[str]) -> list[str] | None:
+    """First column of a sacctmgr listing; None where accounting cannot be asked (then sbatch alone judges)."""
+    try:
+        result = _run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
+    except SubmissionRefused:
+        return None
+    if result.returncode != 0:
+        return None
+    return sorted({line.split("|")[0] for line in result.stdout.splitlines() if line.strip()})
+
+
+def _what_the_cluster_has() -> str:
+    """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
+    lines = []
+    out = _run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout
+    for line in out.splitlines():
+        part, nodes, cpus, mem, gres, features, limit = (line.split("|") + [""] * 7)[:7]
+        lines.append(
+            f"partition {part}: {nodes} node(s) of {cpus} CPUs, {mem} MB, gres {gres}, features {features}, "
+            f"time limit {limit}"
+        )
+    return "\n    ".join(lines)
+
+
+def check_slurm(configs: dict[str, dict[str, Any]]) -> None:
+    """Ask the cluster, before anything is submitted, whether it would accept every cell as configured.
+
+    One ``sinfo`` for the partition names; one ``sacctmgr`` for the user's accounts and one for the QOS names,
+    where cells name them (some clusters accept any name without enforcing it, and charge nobody); and one
+    ``sbatch --test-only`` of each resource group's real job script, which checks partition, account, QOS, node
+    counts, GPUs, CPUs, memory, features and time limit as a submission would, and submits nothing. Raises
+    SubmissionRefused naming the cells, what was refused and what the cluster has.
+    """
+    groups = group_by_resources(configs)
+    if not groups:
+        return
+    problems: list[str] = []
+    partitions = _partitions()
+    accounts = qos_names = None
+    if any(res.account is not None for res in groups):
+        accounts = _sacctmgr_names(["show", "assoc", "where", f"user={_user()}", "format=account"])
+    if any(res.qos is not None for res in groups):
+        qos_names = _sacctmgr_names(["show", "qos", "format=name"])
+    for res, cell_ids in groups.items():
+        who = _name_cells(cell_ids, configs)
+        wrong = []
+        if res.partition is not None and res.partition not in partitions:
+            wrong.append(
+                f"cluster.partition={res.partition!r} is not a partition here; use one of {', '.join(partitions)}"
+            )
+        if res.account is not None and accounts is not None and res.account not in accounts:
+            wrong.append(
+                f"cluster.account={res.account!r} is not an account of user {_user()}; "
+                f"use one of {', '.join(accounts) or '(none)'}"
+            )
+        if res.qos is not None and qos_names is not None and res.qos not in qos_names:
+            wrong.append(f"cluster.qos={res.qos!r} is not a QOS here; use one of {', '.join(qos_names) or '(none)'}")
+        if wrong:
+            problems.append(f"{who}: " + "; ".join(wrong))
+            continue
+        executor = submitit.SlurmExecutor(folder="/tmp/gpudays-test-only/%j")
+        executor.update_parameters(**slurm_parameters(res))
+        script = executor._make_submission_file_text("true", "test-only")
+        result = _run(["sbatch", "--test-only"], stdin=script)
+        if result.returncode != 0:
+            said = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+            problems.append(f"{who}: the cluster refuses {describe_request(res)}: {said[:400]}")
+    if problems:
+        raise SubmissionRefused(
+            f"{len(problems)} group(s) of cells cannot be submitted as configured; nothing was submitted:\n  "
+            + "\n  ".join(problems)
+            + "\n  This cluster has:\n    "
+            + _what_the_cluster_has()
+        )
+
+
+def describe_request(res: Resources) -> str:
+    """A short account of a resource request, in sbatch's words."""
+    parts = [f"--nodes={res.nodes}", f"--ntasks-per-node={res.tasks_per_node}", f"--cpus-per-task={res.cpus_per_task}"]
+    optional = {
+        "--gres": res.gres,
+        "--constraint": res.constraint,
+        "--partition": res.partition,
+        "--account": res.account,
+        "--qos": res.qos,
+        "--mem": f"{res.mem_gb}GB" if res.mem_gb else None,
+    }
+    parts += [f"{k}={v}" for k, v in optional.items() if v is not None]
+    parts.append(f"--time={res.time_limit_min}")
+    return " ".join(parts)
+
+
+def _name_cells(cell_ids: Sequence[str], configs: dict[str, dict[str, Any]], shown: int = 3) -> str:
+    names = [f"{cid} ({cells.label(configs[cid])})" for cid in cell_ids[:shown]]
+    more = f" and {len(cell_ids) - shown} more" if len(cell_ids) > shown else ""
+    return f"{len(cell_ids)} cell(s) " + ", ".join(names) + more
+
+
+# ---- submission ----------------------------------------------------------------------------------------------
+
+
+def submit_slurm(
+    paths: SweepPaths, configs: dict[str, dict[str, Any]], max_array_size: int | None = None
+) -> list[Submission]:
+    """One sbatch call (an array job) per resource group and array-size chunk; returns without waiting.
+
+    ``max_array_size``: the scheduler's MaxArraySize where known (``scheduler_max_array_size``); a group is split
+    at the smaller of it and ``cluster.max_array_size``. Each cell's attempt is appended to its attempts.jsonl
+    as soon as its array is accepted.
+    """
     out: list[Submission] = []
     for res, cell_ids in group_by_resources(configs).items():
-        executor = submitit.SlurmExecutor(folder=paths.submitit_folder(), max_num_timeout=3)
+        # CellJob decides how often a timed-out cell is requeued; submitit's own count (which calls every
+        # warning of a job under 50 minutes a timeout) is only a backstop against a requeue loop.
+        executor = submitit.SlurmExecutor(folder=paths.submitit_folder(), max_num_timeout=REQUEUE_BACKSTOP)
         executor.update_parameters(**slurm_parameters(res))
-        for chunk in _chunks(cell_ids, max(1, res.max_array_size)):
+        chunk_size = min(res.max_array_size, max_array_size or res.max_array_size)
+        for chunk in _chunks(cell_ids, max(1, chunk_size)):
             attempts = {cid: next_attempt(paths, cid) for cid in chunk}
             with executor.batch():
-                jobs = [executor.submit(run_cell, str(paths.root), cid, attempts[cid]) for cid in chunk]
+                jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
-                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm")
+                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
                 append_jsonl(paths.attempts(cid), sub.__dict__)
                 out.append(sub)
     return out
 
 
-def submit_local(paths: SweepPaths, configs: dict[str, dict[str, Any]], on_done: Any = None) -> list[Submission]:
+def submit_local(
+    paths: SweepPaths, configs: dict[str, dict[str, Any]], on_done: Callable[[str], None] | None = None
+) -> list[Submission]:
     """Run cells on this machine one after another (never side by side: they would measure each other)."""
     out: list[Submission] = []
     for cid, cfg in configs.items():
@@ -195,8 +384,8 @@ def submit_local(paths: SweepPaths, configs: dict[str, dict[str, Any]], on_done:
             params["visible_gpus"] = list(range(res.tasks_per_node))
         executor.update_parameters(**params)
         attempt = next_attempt(paths, cid)
-        job = executor.submit(run_cell, str(paths.root), cid, attempt)
-        sub = Submission(cid, attempt, str(job.job_id), "local")
+        job = executor.submit(CellJob(str(paths.root), cid, attempt))
+        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
         append_jsonl(paths.attempts(cid), sub.__dict__)
         out.append(sub)
         try:

@@ -110,6 +110,9 @@ class ClusterConfig:
     """At most this many tasks of one array job run at once."""
     max_array_size: int = 1000
     """The cluster's MaxArraySize; larger groups are split into several array jobs."""
+    max_requeue_on_timeout: int = 1
+    """How often a cell that reaches its time limit requeues itself (it starts again from scratch, under the
+    same job id) before it ends as ``timeout``; 0 never. Preempted cells requeue without limit."""
     setup: list[str] = field(default_factory=list)
     """Shell lines run before the probe starts (``module load``, environment activation)."""
     env: dict[str, str] = field(default_factory=dict)

@@ -1,0 +1,252 @@
+"""Benchmark: submit a 1,000-cell sweep to the local SLURM cluster, ask its status, and compare with stock Hydra.
+
+With a probe that returns at once (``probe.kind=sleep probe.sleep_s=0``), on the local cluster of
+``gpudays cluster up`` (started here, and stopped again, if it is not up):
+
+1. ``gpudays sweep`` of 1,000 cells in two resource groups (1 and 2 tasks): wall time until the command returns,
+   and the number of sbatch calls (goal: under 10 s, one call per resource group);
+2. ``gpudays status`` on that sweep: wall time, in-process time, and the number of sacct calls (goal: under 2 s,
+   one call), once right after submission and once after the jobs were cancelled (every task then has a state);
+3. the same 1,000 cells submitted by stock Hydra with hydra-submitit-launcher, timed until its sbatch call
+   returns (it then blocks until every job ends; it is stopped there), as a ratio to step 1.
+
+Every call to sbatch, sacct and squeue goes through a logging shim on PATH that runs the real command. The jobs
+of both sweeps are cancelled at the end. Figures are printed, never asserted.
+
+    python benchmarks/submit_1000.py [--cells 1000] [--keep DIR] [--no-hydra]
+
+Step 3 needs the launcher plugin, installed into the project's environment for this benchmark only:
+
+    .venv/bin/pip install hydra-submitit-launcher
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHIMMED = ("sbatch", "sacct", "squeue")
+HYDRA_INSTALL = f"{REPO / '.venv/bin/pip'} install hydra-submitit-launcher"
+
+
+def make_shims(folder: Path, log: Path) -> Path:
+    """sbatch, sacct, squeue shims that log ``name start_s end_s args`` and stdout, and pass the real output on."""
+    shims = folder / "shims"
+    shims.mkdir(parents=True, exist_ok=True)
+    for name in SHIMMED:
+        real = shutil.which(name)
+        if real is None:
+            sys.exit(f"{name} is not on PATH: install SLURM's clients (apt-get install slurm-client)")
+        (shims / name).write_text(
+            "#!/bin/bash\n"
+            "t0=$(date +%s.%N)\n"
+            f'out=$({real} "$@")\n'
+            "rc=$?\n"
+            f'echo "{name} $t0 $(date +%s.%N) rc=$rc $* => ${{out:0:80}}" >> {log}\n'
+            'printf "%s\\n" "$out"\n'
+            "exit $rc\n"
+        )
+        (shims / name).chmod(0o755)
+    return shims
+
+
+def calls(log: Path, name: str, since: int = 0) -> list[list[str]]:
+    """Logged calls of ``name`` after line ``since``: [name, start, end, rc, args...]."""
+    lines = log.read_text().splitlines()[since:] if log.exists() else []
+    return [line.split() for line in lines if line.startswith(name + " ")]
+
+
+def line_count(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def submits(log: Path, since: int = 0) -> list[list[str]]:
+    return [c for c in calls(log, "sbatch", since) if "--test-only" not in c]
+
+
+def overrides(num_cells: int) -> list[str]:
+    """``num_cells`` distinct cells (a cell's identity includes its sequence length) in two resource groups."""
+    half = num_cells // 2
+    return [
+        "cluster=slurm",
+        "model=pythia-tiny",
+        "gpu=cpu",
+        "probe.kind=sleep",
+        "probe.sleep_s=0",
+        "cluster.cpus_per_gpu=1",
+        "cluster.time_limit_min=5",
+        # Few tasks at once: the jobs are cancelled at the end, and the machine stays usable meanwhile.
+        "cluster.array_parallelism=2",
+        "num_gpus=1,2",
+        f"model.seq_length=range(64,{64 + half})",
+    ]
+
+
+def run_timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    start = time.perf_counter()
+    result = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, check=False)
+    return time.perf_counter() - start, result
+
+
+def job_ids(sweep_dir: Path) -> list[str]:
+    from orchestrator import status
+    from orchestrator.paths import SweepPaths
+
+    paths = SweepPaths(sweep_dir)
+    return sorted({a["job_id"].split("_")[0] for c in paths.cell_ids() for a in status.read_attempts(paths, c)})
+
+
+def hydra_stock(work: Path, shim_env: dict[str, str], log: Path, num_cells: int) -> tuple[float, int, str] | None:
+    """Submit the same cells through hydra-submitit-launcher; (seconds to the end of sbatch, sbatch calls, job id)."""
+    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+        print(
+            f"  stock Hydra: skipped, hydra-submitit-launcher is not installed. Install it with:\n    {HYDRA_INSTALL}"
+        )
+        return None
+    app = work / "stock_app.py"
+    app.write_text(
+        "import hydra\n"
+        "from orchestrator.schema import register_configs\n\n"
+        "register_configs()\n\n\n"
+        f"@hydra.main(config_path={str(REPO / 'conf')!r}, config_name='config', version_base='1.3')\n"
+        "def main(cfg):\n"
+        "    return None\n\n\n"
+        "if __name__ == '__main__':\n"
+        "    main()\n"
+    )
+    cmd = [
+        sys.executable,
+        str(app),
+        "-m",
+        "hydra/launcher=submitit_slurm",
+        f"hydra.sweep.dir={work / 'stock'}",
+        "hydra.launcher.timeout_min=5",
+        "hydra.launcher.cpus_per_task=1",
+        "hydra.launcher.array_parallelism=2",
+        *overrides(num_cells),
+    ]
+    since = line_count(log)
+    start = time.perf_counter()
+    start_epoch_s = time.time()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=work,
+        env=shim_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = start + 1200
+        while not submits(log, since):
+            if proc.poll() is not None:
+                print(f"  stock Hydra: exited ({proc.returncode}) before submitting:\n{proc.stderr.read()[-2000:]}")
+                return None
+            if time.perf_counter() > deadline:
+                print("  stock Hydra: no sbatch call within 20 minutes; stopped")
+                return None
+            time.sleep(0.2)
+        (call,) = submits(log, since)[:1]
+        submitted_s = float(call[2]) - start_epoch_s
+    finally:
+        # It would now poll until all jobs end; the figure is taken, so stop it.
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
+    job = call[-1] if call[-1].isdigit() else ""
+    return submitted_s, len(submits(log, since)), job
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cells", type=int, default=1000)
+    parser.add_argument("--keep", help="keep the sweep folders here (default: a temporary folder, deleted)")
+    parser.add_argument("--no-hydra", action="store_true", help="skip the stock Hydra comparison")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(REPO))
+    from orchestrator import status
+    from orchestrator.cluster import LocalCluster
+    from orchestrator.paths import SweepPaths
+
+    cluster = LocalCluster()
+    started_here = not cluster.is_up()
+    if started_here:
+        cluster.up()
+    os.environ.update(cluster.env())
+    work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="gpudays-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    log = work / "slurm-calls.log"
+    shims = make_shims(work, log)
+    env = {**os.environ, **cluster.env(), "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
+    gpudays = [sys.executable, "-m", "orchestrator.cli"]
+    sweep_dir = work / "gpudays"
+    to_cancel: list[str] = []
+    try:
+        print(f"{args.cells} cells, probe.kind=sleep, local cluster {cluster.state_dir}; shim log {log}")
+        since = line_count(log)
+        start_epoch_s = time.time()
+        sweep_s, result = run_timed([*gpudays, "sweep", "--dir", str(sweep_dir), *overrides(args.cells)], env)
+        if result.returncode != 0:
+            print(result.stdout[-3000:], result.stderr[-3000:])
+            return 1
+        to_cancel += job_ids(sweep_dir)
+        cells = len(SweepPaths(sweep_dir).cell_ids())
+        print(f"gpudays sweep: {sweep_s:.2f} s wall for {cells} cells, {len(submits(log, since))} sbatch call(s), "
+              f"{len(calls(log, 'sbatch', since)) - len(submits(log, since))} sbatch --test-only")  # fmt: skip
+        print("  " + result.stdout.strip().splitlines()[-2])
+        checks = calls(log, "sbatch", since)
+        first_s = float(checks[0][1]) - start_epoch_s
+        last_s = float(submits(log, since)[-1][2]) - start_epoch_s
+        print(f"  start to the first sbatch --test-only (start-up, planning): {first_s:.2f} s; from there to the "
+              f"last sbatch returned (checks, cell files, pickles, submission): {last_s - first_s:.2f} s")  # fmt: skip
+
+        def status_figures(when: str) -> None:
+            since = line_count(log)
+            wall_s, result = run_timed([*gpudays, "status", str(sweep_dir), "--summary"], env)
+            sacct_calls = len(calls(log, "sacct", since))
+            squeue_calls = len(calls(log, "squeue", since))
+            os.environ["PATH"] = env["PATH"]
+            start = time.perf_counter()
+            states = status.cell_states(SweepPaths(sweep_dir))
+            inproc_s = time.perf_counter() - start
+            print(f"gpudays status ({when}): {wall_s:.2f} s wall ({inproc_s:.2f} s in-process), "
+                  f"{sacct_calls} sacct call(s), {squeue_calls} squeue call(s): "
+                  f"{status.summary_line(states, markup=False)}")  # fmt: skip
+            if result.returncode != 0:
+                print(result.stderr[-2000:])
+
+        status_figures("just submitted")
+        cluster.run_client(["scancel", *to_cancel], check=False)
+        time.sleep(3)
+        status_figures("after scancel")
+
+        if not args.no_hydra:
+            stock = hydra_stock(work, env, log, args.cells)
+            if stock is not None:
+                stock_s, stock_calls, job = stock
+                if job:
+                    to_cancel.append(job)
+                print(f"stock Hydra + hydra-submitit-launcher: {stock_s:.2f} s until its sbatch returned, "
+                      f"{stock_calls} sbatch call(s); ratio to gpudays sweep: {stock_s / sweep_s:.1f}x")  # fmt: skip
+    finally:
+        if to_cancel:
+            cluster.run_client(["scancel", *to_cancel], check=False)
+        if started_here:
+            cluster.down()
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

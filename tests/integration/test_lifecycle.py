@@ -1,0 +1,185 @@
+"""A sweep's life on the real local SLURM cluster: requests the cluster refuses stop before anything is submitted,
+arrays split at MaxArraySize with one sbatch call each, ``status`` asks sacct once, a preempted cell comes back by
+itself, and two ``resume`` processes on one folder at the same time never submit a cell twice."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator import cli, launch, status
+from orchestrator.cluster import LocalCluster
+from orchestrator.paths import SweepPaths
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+COMMON = ["cluster=slurm", "model=pythia-tiny", "gpu=cpu", "cluster.cpus_per_gpu=1", "probe.kind=sleep"]
+
+
+def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
+        time.sleep(interval_s)
+
+
+@pytest.fixture
+def logged_slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """sbatch, sacct and squeue on PATH as shims that log each call and run the real command; the log file."""
+    calls = tmp_path / "slurm-calls.log"
+    shims = tmp_path / "shims"
+    shims.mkdir()
+    for name in ("sbatch", "sacct", "squeue"):
+        real = shutil.which(name)
+        assert real, f"{name} is not on PATH"
+        shim = shims / name
+        shim.write_text(f'#!/bin/sh\necho "{name} $*" >> {calls}\nexec {real} "$@"\n')
+        shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shims}{os.pathsep}{os.environ['PATH']}")
+    calls.touch()
+    return calls
+
+
+def test_what_the_cluster_refuses_stops_the_sweep_before_anything_is_written(
+    slurm_cluster: LocalCluster, tmp_path: Path, logged_slurm: Path, capsys
+) -> None:
+    cases = {
+        "cluster.partition=gpu-nope": ("'gpu-nope' is not a partition here", "use one of debug, urgent"),
+        "cluster.account=nolab": ("'nolab' is not an account of user", "use one of root"),
+        "cluster.qos=platinum": ("'platinum' is not a QOS here", "use one of normal"),
+        # 8 GPUs on one node of a cluster whose nodes have 4: only the scheduler knows.
+        "gpu=a100-80gb": ("Requested node configuration is not available", "gres gpu:a100:4"),
+    }
+    for override, fragments in cases.items():
+        sweep_dir = tmp_path / override.replace("=", "-")
+        extra = ["num_gpus=8", "model=pythia-70m"] if override.startswith("gpu=") else []
+        code = cli.main(["sweep", "--dir", str(sweep_dir), *COMMON, override, *extra, "model.seq_length=64,65"])
+        err = capsys.readouterr().err
+        assert code == cli.EXIT_BAD_INPUT, override
+        assert "nothing was submitted" in err and "2 cell(s)" in err, err
+        for fragment in fragments:
+            assert fragment in err, (override, err)
+        assert not (sweep_dir / "cells").exists(), "a refused sweep wrote cells"
+    assert "sbatch --test-only" in logged_slurm.read_text()
+    assert all(
+        line.startswith("sbatch --test-only") for line in logged_slurm.read_text().splitlines() if "sbatch" in line
+    )
+
+
+def test_arrays_split_at_max_array_size_one_sbatch_each_and_status_asks_sacct_once(
+    slurm_cluster: LocalCluster, tmp_path: Path, logged_slurm: Path, capsys
+) -> None:
+    assert launch.scheduler_max_array_size() == 1001  # the local cluster's MaxArraySize
+    sweep_dir = tmp_path / "arrays"
+    # Two resource groups (1 and 2 tasks); the 5 one-task cells split into arrays of 2, 2 and 1.
+    code = cli.main(
+        ["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "cluster.max_array_size=2", "probe.sleep_s=0",
+         "model.seq_length=64,65,66,67,68"]
+    )  # fmt: skip
+    assert code == 0
+    code = cli.main(
+        ["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=0", "num_gpus=2", "num_nodes=2"]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "submitted 5 cell(s) to SLURM as 3 array job(s)" in out
+    submits = [
+        line
+        for line in logged_slurm.read_text().splitlines()
+        if line.startswith("sbatch") and "--test-only" not in line
+    ]
+    assert len(submits) == 4, submits
+
+    paths = SweepPaths(sweep_dir)
+    logged_slurm.write_text("")
+    assert cli.main(["status", str(sweep_dir)]) == 0
+    calls = logged_slurm.read_text().splitlines()
+    assert len([c for c in calls if c.startswith("sacct")]) == 1, calls
+    assert len(paths.cell_ids()) == 6
+    # --watch returns once no cell is pending or running; piped, it prints a line each time the counts change.
+    capsys.readouterr()
+    assert cli.main(["status", str(sweep_dir), "--watch", "--interval", "1", "--summary"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-1].endswith("6 cell(s): ok 6"), lines
+    assert {s.state for s in status.cell_states(paths)} == {"ok"}
+
+
+def test_a_preempted_cell_is_requeued_by_the_cluster_and_ends_ok_once(
+    slurm_cluster: LocalCluster, tmp_path: Path
+) -> None:
+    cluster = slurm_cluster
+    sweep_dir = tmp_path / "preempt"
+    # A whole node's CPUs, so that the urgent job below must preempt exactly this cell to run on its node.
+    assert cli.main(["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "cluster.cpus_per_gpu=8",
+                     "probe.sleep_s=10", "model.seq_length=99"]) == 0  # fmt: skip
+    paths = SweepPaths(sweep_dir)
+    (cid,) = paths.cell_ids()
+    job = status.read_attempts(paths, cid)[-1]["job_id"]
+    node = wait_until(
+        lambda: (lambda out: out.split()[1] if out.startswith("RUNNING") else None)(
+            cluster.run_client(["squeue", "-h", "-j", job, "-o", "%T %N"], check=False).strip()
+        ),
+        60,
+        "the cell to start",
+    )
+    cluster.run_client(
+        ["sbatch", "-p", "urgent", "-w", node, "--exclusive", "--time=1", "--output=/dev/null", "--wrap", "sleep 1"]
+    )
+    seen = wait_until(
+        lambda: (lambda s: s if s.state in status.ACTIVE and "PREEMPTED" in (s.reason or "") else None)(
+            status.cell_states(paths)[0]
+        ),
+        60,
+        "status to show the preempted cell waiting to run again",
+    )
+    assert seen.history[0] == "PREEMPTED"
+    final = wait_until(
+        lambda: (lambda s: s if s.state not in status.ACTIVE else None)(status.cell_states(paths)[0]),
+        120,
+        "the preempted cell to end",
+        2,
+    )
+    assert final.state == "ok", final
+    assert final.record is not None and final.record["environment"]["slurm_restart_count"] == "1"
+    assert len(status.read_attempts(paths, cid)) == 1, "SLURM requeued it; gpudays submitted nothing more"
+
+
+def test_two_resumes_at_once_never_submit_a_cell_twice(slurm_cluster: LocalCluster, tmp_path: Path) -> None:
+    sweep_dir = tmp_path / "twice"
+    args = ["--dir", str(sweep_dir), *COMMON, "model.seq_length=70,71,72"]
+    # time.sleep(-1) raises in the job: three cells fail for real.
+    assert cli.main(["sweep", *args, "probe.sleep_s=-1", "--wait", "--interval", "1", "--no-report"]) == 1
+    paths = SweepPaths(sweep_dir)
+    assert {s.state for s in status.cell_states(paths)} == {"failed"}
+    cli.main(["sweep", *args, "probe.sleep_s=0", "--no-report"])  # the fault removed; nothing submitted
+
+    procs = [
+        subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "resume", str(sweep_dir)], cwd=REPO,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]  # fmt: skip
+    outputs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert sum("resubmitting 3 cell(s)" in out for out in outputs) == 1, outputs
+    assert sum("nothing to resume" in out for out in outputs) == 1, outputs
+    for cid in paths.cell_ids():
+        assert [a["attempt"] for a in status.read_attempts(paths, cid)] == [1, 2]
+    states = wait_until(
+        lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 120, "the reruns to end", 1
+    )
+    assert {s.state for s in states} == {"ok"}, [(s.cell_id, s.state, s.reason) for s in states]
+    for cid in paths.cell_ids():
+        assert json.loads(paths.record(cid).read_text())["attempt"] == 2
