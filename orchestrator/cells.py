@@ -193,6 +193,8 @@ def check_values(cell: dict[str, Any]) -> list[Refusal]:
     for key in ("time_limit_min", "gpus_per_node", "cpus_per_gpu", "array_parallelism", "max_array_size"):
         if int(cluster[key]) < 1:
             errors.append(Refusal(f"cluster.{key}", f"{cluster[key]} is not accepted; use an integer >= 1"))
+    if int(cluster.get("max_requeue_on_timeout", 0)) < 0:
+        errors.append(Refusal("cluster.max_requeue_on_timeout", "use 0 (never requeue) or a positive count"))
     errors.extend(check_scheduler_strings(cell))
     return errors
 

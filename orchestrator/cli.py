@@ -413,13 +413,7 @@ def _archive_record(paths: SweepPaths, s: Any) -> None:
     record = paths.record(s.cell_id)
     if not record.exists():
         return
-    kind = "corrupt-attempt" if s.state == "corrupt" else "attempt"
-    target = record.with_name(f"record.{kind}{s.attempt}.json")
-    n = 1
-    while target.exists():
-        n += 1
-        target = record.with_name(f"record.{kind}{s.attempt}.{n}.json")
-    record.rename(target)
+    record.rename(paths.archived_record(s.cell_id, s.attempt, corrupt=s.state == "corrupt"))
 
 
 def cmd_report(args: argparse.Namespace) -> int:

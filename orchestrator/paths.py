@@ -7,6 +7,7 @@ A sweep folder looks like this::
       skipped.jsonl               cells refused before submission, with the reason (one JSON object a line)
       cells/<cell_id>/cell.yaml   the cell's resolved config (written before submission)
       cells/<cell_id>/record.json the probe's record (written atomically by rank 0 inside the job)
+      cells/<cell_id>/record.attempt<N>.json  the record of attempt N, kept when a resume replaced it
       cells/<cell_id>/attempts.jsonl  one line per submission of the cell: job id, attempt, time
       jobs/<job_id>/              submitit's files for one job: pickles, stdout/stderr of each task
       cells.csv, ...              the report's tables (see analysis/)
@@ -64,6 +65,16 @@ class SweepPaths:
 
     def record(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / RECORD_NAME
+
+    def archived_record(self, cell_id: str, attempt: int, corrupt: bool = False) -> Path:
+        """Where the record of an earlier attempt is kept when a new attempt replaces it (never overwritten)."""
+        kind = "corrupt-attempt" if corrupt else "attempt"
+        target = self.cell_dir(cell_id) / f"record.{kind}{attempt}.json"
+        n = 1
+        while target.exists():
+            n += 1
+            target = self.cell_dir(cell_id) / f"record.{kind}{attempt}.{n}.json"
+        return target
 
     def attempts(self, cell_id: str) -> Path:
         return self.cell_dir(cell_id) / "attempts.jsonl"

@@ -25,7 +25,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
 from hydra.errors import HydraException
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import cells as cells_mod
@@ -78,6 +78,32 @@ def _first_choice(override: Override) -> str:
     return f"{override.get_key_element()}={first}"
 
 
+@dataclass
+class _Base:
+    """One Hydra composition shared by every cell with the same config-group choices."""
+
+    cfg: DictConfig
+    choices: dict[str, str]
+    container: dict[str, Any]
+    has_interpolation: bool
+
+
+def _copy_tree(node: Any) -> Any:
+    """A deep copy of plain dicts and lists (several times faster than copy.deepcopy on a config tree)."""
+    if isinstance(node, dict):
+        return {k: _copy_tree(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_copy_tree(v) for v in node]
+    return node
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for key in parents:
+        tree = tree[key]
+    tree[leaf] = _copy_tree(value)
+
+
 class Composer:
     """Composes cell configs against conf/ and the schema, caching by config-group choices."""
 
@@ -90,13 +116,21 @@ class Composer:
         loader = GlobalHydra.instance().config_loader()
         self.parser = OverridesParser.create(config_loader=loader)
         self.groups = set(loader.list_groups(""))
-        self._cache: dict[tuple[str, ...], tuple[DictConfig, dict[str, str]]] = {}
+        self._bases: dict[tuple[str, ...], _Base] = {}
+        self._parsed: dict[str, Override] = {}
+        self._values: dict[tuple[tuple[str, ...], str], Any] = {}
 
     def parse(self, overrides: Sequence[str]) -> list[Override]:
         try:
             return self.parser.parse_overrides(list(overrides))
         except HydraException as e:
             raise SweepError(f"cannot parse the overrides {' '.join(overrides)}: {e}") from e
+
+    def _parse_one(self, text: str) -> Override:
+        # A sweep repeats the same few override strings across all its cells: parse each once.
+        if text not in self._parsed:
+            self._parsed[text] = self.parse([text])[0]
+        return self._parsed[text]
 
     def _is_plain_value(self, o: Override, sweeps_too: bool = False) -> bool:
         """A ``key=value`` override of a config value (not a group choice, not an addition or deletion)."""
@@ -110,14 +144,16 @@ class Composer:
             and (sweeps_too or not o.is_sweep_override())
         )
 
-    def _base(self, structural: tuple[str, ...]) -> tuple[DictConfig, dict[str, str]]:
-        if structural not in self._cache:
+    def _base(self, structural: tuple[str, ...]) -> _Base:
+        if structural not in self._bases:
             cfg = compose(CONFIG_NAME, overrides=[*self.search_overrides, *structural], return_hydra_config=True)
             choices = dict(cfg.hydra.runtime.choices)
             with open_dict(cfg):
                 del cfg["hydra"]
-            self._cache[structural] = (cfg, choices)
-        return self._cache[structural]
+            raw = OmegaConf.to_container(cfg, resolve=False)
+            container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+            self._bases[structural] = _Base(cfg, choices, container, "${" in repr(raw))
+        return self._bases[structural]
 
     def hydra_node(self, overrides: Sequence[str]) -> DictConfig:
         """The hydra node (sweep dir, sweeper params) of a representative config."""
@@ -130,23 +166,44 @@ class Composer:
             raise SweepError(_explain(e, firsts)) from e
         return cfg.hydra
 
-    def compose_cell(self, overrides: Sequence[str]) -> DictConfig:
-        parsed = self.parse(overrides)
-        structural = tuple(o.input_line or "" for o in parsed if not self._is_plain_value(o))
-        try:
-            base, choices = self._base(structural)
-        except (HydraException, OmegaConfBaseException) as e:
-            raise SweepError(_explain(e, overrides)) from e
-        cfg = copy.deepcopy(base)
-        for o in parsed:
-            if not self._is_plain_value(o):
-                continue
+    def _checked_value(self, structural: tuple[str, ...], base: _Base, o: Override, overrides: Sequence[str]) -> Any:
+        """The override's value as the typed config holds it, checked once per distinct override and base."""
+        cache_key = (structural, o.input_line or "")
+        if cache_key not in self._values:
+            cfg = copy.deepcopy(base.cfg)
             key = o.key_or_group
             try:
                 OmegaConf.update(cfg, key, o.value(), merge=True)
             except OmegaConfBaseException as e:
-                raise SweepError(_explain_key(cfg, key, e, choices, overrides)) from e
-        return cfg
+                raise SweepError(_explain_key(cfg, key, e, base.choices, overrides)) from e
+            node = OmegaConf.select(cfg, key)
+            if isinstance(node, (DictConfig, ListConfig)):
+                node = OmegaConf.to_container(node, resolve=True)
+            self._values[cache_key] = node
+        return self._values[cache_key]
+
+    def compose_cell(self, overrides: Sequence[str]) -> dict[str, Any]:
+        """The cell's resolved config as a plain dict, exactly as Hydra would compose it."""
+        parsed = [self._parse_one(text) for text in overrides]
+        structural = tuple(o.input_line or "" for o in parsed if not self._is_plain_value(o))
+        try:
+            base = self._base(structural)
+        except (HydraException, OmegaConfBaseException) as e:
+            raise SweepError(_explain(e, overrides)) from e
+        plain = [o for o in parsed if self._is_plain_value(o)]
+        if base.has_interpolation:
+            # A value may feed an interpolation elsewhere: apply the overrides to the config itself and resolve.
+            cfg = copy.deepcopy(base.cfg)
+            for o in plain:
+                try:
+                    OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+                except OmegaConfBaseException as e:
+                    raise SweepError(_explain_key(cfg, o.key_or_group, e, base.choices, overrides)) from e
+            return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+        cell = _copy_tree(base.container)
+        for o in plain:
+            _set_path(cell, o.key_or_group, self._checked_value(structural, base, o, overrides))
+        return cell
 
 
 def _explain(e: Exception, overrides: Sequence[str]) -> str:
@@ -199,8 +256,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
         duplicates = 0
         for ov in cell_overrides:
             try:
-                cfg = composer.compose_cell(ov)
-                container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+                container = composer.compose_cell(ov)
             except SweepError as e:
                 errors.append(str(e))
                 continue
