@@ -73,7 +73,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     except sweep_mod.SweepError as e:
         _err(str(e))
         return EXIT_BAD_INPUT
+    sweep_mod.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     print_plan(plan)
+    if args.dry_run:
+        print_predictions(plan)
     if not plan.cells:
         _err("no cell of this sweep can run (reasons above); nothing was submitted")
         return EXIT_BAD_INPUT
@@ -85,10 +88,38 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         except launch.SubmissionRefused as e:
             _err(str(e))
             return EXIT_BAD_INPUT
-        for cell in plan.cells:
-            print(f"  would run {cell.cell_id} {cell.label}")
+        print(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
         return 0
     return submit_plan(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+
+
+def print_predictions(plan: sweep_mod.Plan) -> None:
+    """Every cell with its predicted memory, step time and training time (``--dry-run``, ``gpudays plan``)."""
+    import pandas as pd
+
+    from analysis.report import format_table
+
+    rows = []
+    for cell, runs in [(c, "yes") for c in plan.cells] + [(c, "no") for c in plan.skipped if c.prediction]:
+        p = cell.prediction
+        rows.append(
+            {
+                "cell_id": cell.cell_id,
+                "cell": cell.label,
+                "runs": runs,
+                "fits": {True: "yes", False: "NO"}.get(p.get("predicted_fits"), "?"),
+                "mb": p.get("predicted_micro_batch_size"),
+                "mem_gib": p.get("predicted_peak_memory_gib"),
+                "of_gib": cell.config["gpu"]["memory_gib"],
+                "step_s": p.get("predicted_step_time_s"),
+                "days": p.get("predicted_time_to_train_days"),
+                "gpu_hours": p.get("predicted_gpu_hours"),
+            }
+        )
+    if rows:
+        print("predicted (before any measurement; calibrated on this folder's records when it has some):")
+        frame = pd.DataFrame(rows)
+        print(format_table(frame, columns=list(frame.columns)))
 
 
 def submit_plan(plan: sweep_mod.Plan, wait: bool, report: bool, interval_s: float = 5.0) -> int:
@@ -452,12 +483,19 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     sw = sub.add_parser("sweep", help="expand Hydra overrides into cells and run or submit them")
-    sw.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=pythia-70m,pythia-160m num_gpus=1,2")
-    sw.add_argument("-m", "--multirun", action="store_true", help="accepted for Hydra habit: a sweep always expands")
+    pl = sub.add_parser("plan", help="the same as sweep --dry-run: every cell with its prediction, nothing submitted")
+    for sp in (sw, pl):
+        sp.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=pythia-70m,pythia-160m num_gpus=1,2")
+        sp.add_argument(
+            "-m", "--multirun", action="store_true", help="accepted for Hydra habit: a sweep always expands"
+        )
+        sp.add_argument("-cd", "--config-dir", action="append", default=[], help="extra config folder to search")
+        sp.add_argument("--dir", help="the sweep folder (default: hydra.sweep.dir)")
+        sp.add_argument("--margin", type=float, help="share of GPU memory kept free when predicting fit (default 0.10)")
+        sp.add_argument("--run-unfit", action="store_true", help="also run cells predicted not to fit")
+    pl.set_defaults(func=cmd_sweep, dry_run=True, cfg=None, resolve=False, wait=False, no_report=True, interval=5.0)
     sw.add_argument("--cfg", choices=["job", "hydra", "all"], help="print the composed config and exit")
     sw.add_argument("--resolve", action="store_true", help="with --cfg: resolve interpolations")
-    sw.add_argument("-cd", "--config-dir", action="append", default=[], help="extra config folder to search")
-    sw.add_argument("--dir", help="the sweep folder (default: hydra.sweep.dir)")
     sw.add_argument("--dry-run", action="store_true", help="plan and check the cells, submit nothing")
     sw.add_argument("--wait", action="store_true", help="on SLURM, wait for the cells to end and write the report")
     sw.add_argument("--no-report", action="store_true", help="do not write cells.csv at the end")

@@ -101,3 +101,14 @@ def test_cfg_job_prints_the_composed_config(capsys: pytest.CaptureFixture[str]) 
     assert cli.main(["sweep", "model=pythia-1b", "gpu=h100-80gb", "--cfg", "job"]) == 0
     out = capsys.readouterr().out
     assert "hidden_size: 2048" in out and "name: h100-80gb" in out and "hydra:" not in out
+
+
+def test_plan_prints_every_cell_with_its_prediction_and_writes_nothing(tmp_path: Path, capsys) -> None:
+    sweep_dir = tmp_path / "planned"
+    code = cli.main(["plan", "gpu=a100-80gb", "model=pythia-1b,pythia-12b", "num_gpus=8", "--dir", str(sweep_dir)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "pythia-12b a100-80gb x8" in out and "predicted not to fit" in out
+    assert "pythia-1b a100-80gb x8 zero0 bf16 mb=auto   yes   yes" in out
+    assert "1 cell(s) would be submitted" in out
+    assert not sweep_dir.exists()
