@@ -16,7 +16,7 @@ Every formula works element-wise on numpy arrays, so the report predicts thousan
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ import pandas as pd
 from analysis.calibration import Calibration, GpuCalibration, calibrate
 from analysis.estimates import RECOMPUTE_FLOPS_FACTOR
 from analysis.memory import GIB, activation_bytes, buffer_bytes, model_state_bytes, precision_bytes
+from orchestrator.schema import MethodConfig
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",
@@ -66,16 +67,7 @@ or 1 TFLOP/s where none is known), nominal seconds of communication and of offlo
 # Inputs: the flat columns of the cells table, from a table or from one nested cell config
 # --------------------------------------------------------------------------------------------------------------
 
-METHOD_DEFAULTS: dict[str, Any] = {
-    "zero_stage": 0,
-    "offload_optimizer": False,
-    "offload_params": False,
-    "activation_checkpointing": False,
-    "precision": "bf16",
-    "micro_batch_size": "auto",
-    "tf32": True,
-    "attention": "sdpa",
-}
+METHOD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MethodConfig) if f.name != "compile"}
 """orchestrator.schema.MethodConfig's defaults, for old or partial configs that lack a setting."""
 
 MODEL_FIELDS = ("num_layers", "hidden_size", "num_heads", "vocab_size", "intermediate_size", "seq_length",

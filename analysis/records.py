@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from orchestrator.cells import IDENTITY_METHOD_KEYS
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
@@ -43,17 +44,8 @@ RESULT_STATUSES = MEASURED_FITS | MEASURED_DOES_NOT_FIT
 
 SUPPORTED_SCHEMA_VERSION = 1
 
-SETTING_KEYS = (
-    "zero_stage",
-    "offload_optimizer",
-    "offload_params",
-    "activation_checkpointing",
-    "precision",
-    "micro_batch_size",
-    "compile",
-    "tf32",
-    "attention",
-)
+SETTING_KEYS = IDENTITY_METHOD_KEYS
+"""The method settings of a cell, as the orchestrator names them."""
 METRIC_KEYS = (
     "step_time_s",
     "step_time_mean_s",

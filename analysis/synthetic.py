@@ -7,24 +7,16 @@ resolved config, metrics, environment, times), with figures chosen by the caller
 from __future__ import annotations
 
 import json
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from analysis.records import Catalog
 from orchestrator.paths import SweepPaths
+from orchestrator.schema import MethodConfig
 
-METHOD = {
-    "zero_stage": 0,
-    "offload_optimizer": False,
-    "offload_params": False,
-    "activation_checkpointing": False,
-    "precision": "bf16",
-    "micro_batch_size": "auto",
-    "compile": False,
-    "tf32": True,
-    "attention": "sdpa",
-}
-"""conf/method/default.yaml, the base of every synthetic cell."""
+METHOD = {f.name: f.default for f in fields(MethodConfig)}
+"""orchestrator.schema.MethodConfig's defaults (as conf/method/default.yaml), the base of every synthetic cell."""
 
 
 def cell_config(
