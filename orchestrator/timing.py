@@ -1,0 +1,168 @@
+"""Step-time statistics, the rule that decides when the probe has timed enough, and a device-synchronised timer.
+
+The statistics and the stopping rule are pure; ``StepTimer`` is the only part that touches a device.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (any statistics table).
+_T95 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+_Z975 = 1.959964
+
+
+def t_critical_95(df: int) -> float:
+    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom.
+
+    Tabulated up to 30; beyond, the Cornish-Fisher expansion in 1/df, which is within 1e-4 of the exact value there.
+    """
+    if df < 1:
+        raise ValueError(f"t quantile needs at least one degree of freedom, got {df}")
+    if df <= len(_T95):
+        return _T95[df - 1]
+    z = _Z975
+    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+
+
+def _quantile(sorted_values: Sequence[float], q: float) -> float:
+    """Linear-interpolation quantile (numpy's default) of already sorted values."""
+    pos = q * (len(sorted_values) - 1)
+    low = math.floor(pos)
+    high = min(low + 1, len(sorted_values) - 1)
+    return sorted_values[low] + (sorted_values[high] - sorted_values[low]) * (pos - low)
+
+
+@dataclass(frozen=True)
+class StepTimeSummary:
+    """Centre and spread of timed optimizer steps, in seconds."""
+
+    steps: int
+    median_s: float
+    mean_s: float
+    std_s: float
+    """Sample standard deviation (n - 1); 0 for a single step."""
+    iqr_s: float
+    ci95_halfwidth_s: float
+    """Half-width of the 95% confidence interval of the mean (Student's t); infinite for a single step."""
+
+    @property
+    def ci95_pct(self) -> float:
+        """The half-width as a percentage of the mean."""
+        return 100.0 * self.ci95_halfwidth_s / self.mean_s if self.mean_s > 0 else math.inf
+
+    @property
+    def total_s(self) -> float:
+        return self.mean_s * self.steps
+
+    def as_metrics(self) -> dict[str, Any]:
+        """The record's step-time fields; an undefined spread (one step) is None, not infinity, so JSON stays valid."""
+        ci_pct = self.ci95_pct
+        return {
+            "step_time_s": self.median_s,
+            "step_time_mean_s": self.mean_s,
+            "step_time_std_s": self.std_s,
+            "step_time_iqr_s": self.iqr_s,
+            "step_time_ci95_pct": ci_pct if math.isfinite(ci_pct) else None,
+            "steps_timed": self.steps,
+        }
+
+
+def summarize(times_s: Sequence[float]) -> StepTimeSummary:
+    """Median, mean, spread and 95% confidence half-width of the mean of step times."""
+    if not times_s:
+        raise ValueError("no step times to summarise")
+    ordered = sorted(times_s)
+    n = len(ordered)
+    mean = statistics.fmean(ordered)
+    std = statistics.stdev(ordered) if n > 1 else 0.0
+    halfwidth = t_critical_95(n - 1) * std / math.sqrt(n) if n > 1 else math.inf
+    return StepTimeSummary(
+        steps=n,
+        median_s=statistics.median(ordered),
+        mean_s=mean,
+        std_s=std,
+        iqr_s=_quantile(ordered, 0.75) - _quantile(ordered, 0.25),
+        ci95_halfwidth_s=halfwidth,
+    )
+
+
+@dataclass(frozen=True)
+class StoppingRule:
+    """When to stop timing: precise enough, as many steps as allowed, or out of time.
+
+    Consulted after every timed step, on step times that every rank holds identically, so every rank takes the
+    same decision without further communication.
+    """
+
+    min_steps: int
+    """Steps timed before precision may end the timing."""
+    max_steps: int
+    target_ci_pct: float
+    """Stop once the 95% confidence half-width of the mean is under this percentage of the mean."""
+    time_budget_s: float
+    """Budget for the timed steps; the rule stops before a step that would, at the median, overrun it, even
+    before ``min_steps`` (a step slower than the budget is still timed once)."""
+
+    def __post_init__(self) -> None:
+        if self.min_steps < 1 or self.max_steps < self.min_steps:
+            raise ValueError(
+                f"probe.min_steps={self.min_steps}, probe.max_steps={self.max_steps}: need 1 <= min_steps <= max_steps"
+            )
+
+    def decide(self, times_s: Sequence[float]) -> str | None:
+        """The reason to stop now (``max_steps``, ``target_ci``, ``time_budget``), or None to time another step."""
+        n = len(times_s)
+        if n == 0:
+            return None
+        if n >= self.max_steps:
+            return "max_steps"
+        summary = summarize(times_s)
+        if n >= self.min_steps and summary.ci95_pct <= self.target_ci_pct:
+            return "target_ci"
+        if sum(times_s) + summary.median_s > self.time_budget_s:
+            return "time_budget"
+        return None
+
+
+class StepTimer:
+    """Times a region of work on the device, synchronised at both ends.
+
+    On a CUDA device the region is bracketed by CUDA events and the end event is waited for, so the time is the
+    device's, including any host gap between kernels; elsewhere (DeepSpeed's CPU accelerator runs every op
+    synchronously) a monotonic host clock.
+    """
+
+    def __init__(self, use_cuda: bool) -> None:
+        self.use_cuda = use_cuda
+        self._start_wall = 0.0
+        self._events: tuple[Any, Any] | None = None
+
+    def start(self) -> None:
+        if self.use_cuda:
+            import torch
+
+            # Work queued before the region must not be counted in it.
+            torch.cuda.synchronize()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            self._events = (begin, end)
+        self._start_wall = time.perf_counter()
+
+    def stop(self) -> float:
+        """Seconds since ``start``, after the device finished the region's work."""
+        if self.use_cuda and self._events is not None:
+            begin, end = self._events
+            end.record()
+            end.synchronize()
+            return begin.elapsed_time(end) / 1000.0
+        return time.perf_counter() - self._start_wall
