@@ -107,7 +107,7 @@ def print_predictions(plan: sweep_mod.Plan) -> None:
                 "cell_id": cell.cell_id,
                 "cell": cell.label,
                 "runs": runs,
-                "fits": {True: "yes", False: "NO"}.get(p.get("predicted_fits"), "?"),
+                "fits": {True: "yes", False: "NO"}.get(bool(p["predicted_fits"]), "?") if "predicted_fits" in p else "?",
                 "mb": p.get("predicted_micro_batch_size"),
                 "mem_gib": p.get("predicted_peak_memory_gib"),
                 "of_gib": cell.config["gpu"]["memory_gib"],
