@@ -110,6 +110,7 @@ def assert_measured(result: dict[str, Any], cell: dict[str, Any]) -> dict[str, A
     assert m["steps_timed"] >= probe["min_steps"] or m["stop_reason"] == "time_budget"
     assert len(m["step_times_s"]) == m["steps_timed"]
     assert min(m["step_times_s"]) <= m["step_time_s"] <= max(m["step_times_s"])
+    assert len(m["step_cpu_times_s"]) == m["steps_timed"] and m["step_cpu_time_s"] > 0
     assert m["per_gpu_batch_size"] == cell["model"]["global_batch_size"] // cell["num_gpus"]
     assert m["micro_batch_size"] * m["grad_accum_steps"] == m["per_gpu_batch_size"]
     assert m["tokens_per_step"] == cell["model"]["global_batch_size"] * cell["model"]["seq_length"]
@@ -118,7 +119,7 @@ def assert_measured(result: dict[str, Any], cell: dict[str, Any]) -> dict[str, A
     assert m["num_parameters"] == cell["model"]["num_parameters"]
     assert m["mfu"] is None and m["hfu"] is None, "gpu=cpu has no published peak"
     assert m["model_tflops_per_gpu"] > 0
-    # Uniform random tokens: the loss stays near ln(vocab) and must be a number.
+    # Uniform random tokens: a few steps leave the loss near ln(vocab); it must be a number.
     assert math.isfinite(m["final_loss"]) and abs(m["final_loss"] - math.log(cell["model"]["vocab_size"])) < 2
     assert m["peak_memory_allocated_gib"] > 0 and m["host_rss_gib"] > m["peak_memory_allocated_gib"]
     for phase in ("startup_s", "warmup_s", "timed_s"):
