@@ -13,13 +13,12 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 import pytest
+from waiting import wait_until
 
 from orchestrator import cli, status
 from orchestrator.cluster import LocalCluster
@@ -61,16 +60,6 @@ class FaultedSweep:
     seen: dict[str, set[str]] = field(default_factory=dict)
     """Every ``state: reason`` that ``status`` showed for a cell while the faults happened."""
     status_text: str = ""
-
-
-def wait_until(condition: Callable[[], Any], timeout_s: float, what: str, interval_s: float = 0.5) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {timeout_s:.0f} s waiting for {what}"
-        time.sleep(interval_s)
 
 
 def sweep(paths: SweepPaths, overrides: list[str]) -> str:
