@@ -66,7 +66,7 @@ from orchestrator.ds_config import (
     per_gpu_batch_size,
     plan_batch,
 )
-from orchestrator.model import (
+from orchestrator.models.gpt_neox import (
     GIB,
     build_model,
     enable_activation_checkpointing,

@@ -21,6 +21,8 @@ class ModelConfig:
 
     name: str = MISSING
     """Short name used in tables and cell folders, e.g. ``pythia-1b``."""
+    family: str = "gpt_neox"
+    """The architecture family, a module under ``orchestrator/models/`` (``gpt_neox`` for Pythia)."""
     num_layers: int = MISSING
     hidden_size: int = MISSING
     num_heads: int = MISSING
@@ -158,6 +160,20 @@ class Config:
     """Nodes the cell's GPUs are spread over; ``num_gpus`` must be a multiple of it."""
     name: str = "gpudays"
     """Name of the sweep, used for job names."""
+
+
+def to_config(composed: Any) -> Config:
+    """The typed cell: a composed config (DictConfig or plain mapping) as the schema's dataclasses.
+
+    This is the edge: code past it takes ``Config`` (and its ``ModelConfig``, ``MethodConfig``, ...) and reads
+    attributes, never string keys. Values were already checked when Hydra composed the cell.
+    """
+    from omegaconf import OmegaConf
+
+    node = OmegaConf.merge(OmegaConf.structured(Config), composed)
+    typed = OmegaConf.to_object(node)
+    assert isinstance(typed, Config)
+    return typed
 
 
 def register_configs() -> None:

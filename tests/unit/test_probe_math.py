@@ -19,7 +19,7 @@ from orchestrator.ds_config import (
     per_gpu_batch_size,
     plan_batch,
 )
-from orchestrator.model import (
+from orchestrator.models.gpt_neox import (
     GIB,
     activation_bytes_per_sequence,
     build_model_config,
