@@ -66,13 +66,9 @@ from orchestrator.ds_config import (
     per_gpu_batch_size,
     plan_batch,
 )
-from orchestrator.models.gpt_neox import (
-    GIB,
-    build_model,
-    enable_activation_checkpointing,
-    estimate_micro_batch_size,
-    throughput_metrics,
-)
+from orchestrator.engines.deepspeed.memory import GIB, estimate_micro_batch_size
+from orchestrator.models import enable_activation_checkpointing, family_module, throughput_metrics
+from orchestrator.schema import to_config
 from orchestrator.timing import StepTimer, StoppingRule, summarize
 
 STATUSES = ("ok", "does_not_fit", "oom", "comm_error", "compile_error", "failed")
@@ -320,6 +316,7 @@ class _Probe:
 
     def __init__(self, cell: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
         self.cell = cell
+        self.config = to_config(cell)
         self.model_cfg: Mapping[str, Any] = cell["model"]
         self.method: Mapping[str, Any] = cell["method"]
         self.gpu: Mapping[str, Any] = cell["gpu"]
@@ -462,7 +459,9 @@ class _Probe:
         if int(self.method["zero_stage"]) == 3:
             # Parameters go where the config's offload_param says (the host when offloading).
             zero3_init = deepspeed.zero.Init(config_dict_or_path=ds_config)
-        module = build_model(self.model_cfg, str(self.method["attention"]), dtype, self.device, zero3_init)
+        module = family_module(self.config.model.family).build_model(
+            self.config.model, self.config.method.attention, dtype, self.device, zero3_init
+        )
         if self.method["activation_checkpointing"]:
             enable_activation_checkpointing(module)
         module.train()
@@ -584,9 +583,7 @@ class _Probe:
             return None
         global_batch = int(self.model_cfg["global_batch_size"])
         if "micro_batch_estimate" not in self.metrics:
-            self.metrics["micro_batch_estimate"] = estimate_micro_batch_size(
-                self.model_cfg, self.method, self.num_gpus, self.device_memory_gib()
-            )
+            self.metrics["micro_batch_estimate"] = estimate_micro_batch_size(self.config, self.device_memory_gib())
         estimate = self.metrics["micro_batch_estimate"]
         index = max([i for i, c in enumerate(candidates) if c <= estimate] or [0])
         tried: list[dict[str, Any]] = self.metrics.setdefault("search_tried", [])
@@ -731,7 +728,7 @@ class _Probe:
         self.metrics["step_times_s"] = times
         self.metrics["step_cpu_time_s"] = summarize(cpu_times).median_s
         self.metrics["step_cpu_times_s"] = cpu_times
-        self.metrics.update(throughput_metrics(self.model_cfg, self.method, self.gpu, plan, summary.median_s))
+        self.metrics.update(throughput_metrics(self.config, plan.global_batch_size, summary.median_s))
         self.metrics.update(
             {
                 "peak_memory_allocated_gib": peaks[0] / GIB,

@@ -19,18 +19,7 @@ from orchestrator.ds_config import (
     per_gpu_batch_size,
     plan_batch,
 )
-from orchestrator.models.gpt_neox import (
-    GIB,
-    activation_bytes_per_sequence,
-    build_model_config,
-    count_parameters,
-    estimate_micro_batch_size,
-    flops_per_step,
-    model_state_bytes_per_gpu,
-    peak_tflops,
-    reference_flops_per_step,
-    throughput_metrics,
-)
+from orchestrator.engines.deepspeed.memory import GIB
 from orchestrator.probe import MemoryMeter, classify_failure, one_line, short_traceback
 from orchestrator.timing import StoppingRule, summarize, t_critical_95
 
@@ -140,117 +129,7 @@ def test_ds_config_refuses_settings_deepspeed_cannot_run(overrides: dict[str, An
         build_ds_config(method(**overrides), BatchPlan(16, 1, 4), lr=1e-3)
 
 
-# ---- parameters, FLOPs, MFU ------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_parameter_count_matches_the_published_count(name: str) -> None:
-    model = load("model", name)
-    assert count_parameters(model) == model["num_parameters"]
-
-
-def test_parameter_count_matches_the_transformers_model_also_with_a_custom_mlp_width() -> None:
-    from transformers import GPTNeoXForCausalLM
-
-    for width in (None, 96):
-        model = {**load("model", "pythia-tiny"), "intermediate_size": width}
-        module = GPTNeoXForCausalLM(build_model_config(model, "sdpa"))
-        assert sum(p.numel() for p in module.parameters()) == count_parameters(model)
-
-
-def test_model_config_is_pythia_shaped() -> None:
-    config = build_model_config(load("model", "pythia-410m"), "eager")
-    assert config.tie_word_embeddings is False and config.use_parallel_residual is True
-    assert config.intermediate_size == 4 * 1024 and config.num_hidden_layers == 24
-    assert config.rope_parameters["partial_rotary_factor"] == 0.25
-    assert config._attn_implementation == "eager"
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_flops_follow_the_reference_formula(name: str) -> None:
-    model = load("model", name)
-    batch = model["global_batch_size"]
-    assert flops_per_step(model, batch) == pytest.approx(reference_flops_per_step(model, batch), rel=1e-12)
-    h, layers, seq, vocab = model["hidden_size"], model["num_layers"], model["seq_length"], model["vocab_size"]
-    recompute = 96.0 * batch * seq * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
-    assert flops_per_step(model, batch, recompute=True) == pytest.approx(recompute, rel=1e-12)
-
-
-def test_flops_approach_six_n_per_token_when_attention_and_logits_are_small() -> None:
-    # A wide, shallow-context model: the 6N rule of thumb (Kaplan et al.) should hold within a few percent.
-    model = {"num_layers": 48, "hidden_size": 8192, "num_heads": 64, "vocab_size": 1024, "seq_length": 256}
-    tokens = 256
-    ratio = flops_per_step(model, 1) / (6 * count_parameters(model) * tokens)
-    assert 1.0 < ratio < 1.03
-
-
-@pytest.mark.parametrize(
-    ("gpu_name", "overrides", "expected"),
-    [
-        ("h100-80gb", {"precision": "bf16"}, 989.0),
-        ("h100-80gb", {"precision": "fp16"}, 989.0),
-        ("h100-80gb", {"precision": "fp32", "tf32": True}, 494.0),
-        ("h100-80gb", {"precision": "fp32", "tf32": False}, 67.0),
-        ("v100-32gb", {"precision": "fp32", "tf32": True}, None),  # no TF32 before Ampere: the fp32 peak
-        ("cpu", {"precision": "bf16"}, None),
-    ],
-)
-def test_peak_follows_precision_and_tf32(gpu_name: str, overrides: dict[str, Any], expected: float | None) -> None:
-    gpu = load("gpu", gpu_name)
-    got = peak_tflops(gpu, method(**overrides))
-    if gpu_name == "v100-32gb":
-        assert got == gpu["peak_tflops_fp32"]
-    else:
-        assert got == expected
-
-
-def test_throughput_metrics_on_an_h100() -> None:
-    model, gpu = load("model", "pythia-1b"), load("gpu", "h100-80gb")
-    plan = BatchPlan(1024, 8, 8)
-    m = throughput_metrics(model, method(activation_checkpointing=True), gpu, plan, step_time_s=10.0)
-    assert m["tokens_per_step"] == 1024 * 2048
-    assert m["tokens_per_s"] == pytest.approx(1024 * 2048 / 10.0)
-    assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 8)
-    expected_tflops = reference_flops_per_step(model, 1024) / 10.0 / 8 / 1e12
-    assert m["model_tflops_per_gpu"] == pytest.approx(expected_tflops)
-    assert m["mfu"] == pytest.approx(expected_tflops / 989.0)
-    assert m["hfu"] > m["mfu"], "recomputation is hardware work, not model work"
-
-
-def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
-    m = throughput_metrics(load("model", "pythia-tiny"), method(), load("gpu", "cpu"), BatchPlan(16, 1, 4), 0.1)
-    assert m["mfu"] is None and m["hfu"] is None and m["model_tflops_per_gpu"] > 0
-
-
-# ---- memory model ----------------------------------------------------------------------------------------
-
-
-def test_model_states_follow_the_zero_paper() -> None:
-    psi = 1_000_000
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=0), 4) == 16 * psi
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=1), 4) == 4 * psi + 12 * psi / 4
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=2), 4) == 2 * psi + 14 * psi / 4
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=3), 4) == 16 * psi / 4
-    offloaded = method(zero_stage=3, offload_optimizer=True, offload_params=True)
-    assert model_state_bytes_per_gpu(psi, offloaded, 4) == 2 * psi / 4
-
-
-def test_activation_model_orders_the_settings() -> None:
-    model = load("model", "pythia-410m")
-    sdpa = activation_bytes_per_sequence(model, method(attention="sdpa"))
-    assert activation_bytes_per_sequence(model, method(attention="eager")) > sdpa
-    # Checkpointing keeps one layer's activations and each layer's input; the logits stay.
-    assert activation_bytes_per_sequence(model, method(activation_checkpointing=True)) < 0.6 * sdpa
-    assert activation_bytes_per_sequence(model, method(precision="fp32")) == pytest.approx(2 * sdpa)
-
-
-def test_micro_batch_estimate_grows_with_memory_and_never_drops_below_one() -> None:
-    model = load("model", "pythia-1b")
-    small = estimate_micro_batch_size(model, method(), 1, 24.0)
-    large = estimate_micro_batch_size(model, method(), 1, 80.0)
-    assert 1 <= small < large <= 64
-    assert estimate_micro_batch_size(model, method(), 1, 0.5) == 1
-    assert estimate_micro_batch_size(model, method(activation_checkpointing=True), 1, 80.0) > large
+# ---- memory metering ---------------------------------------------------------------------------------
 
 
 def test_memory_meter_sees_a_host_allocation() -> None:
