@@ -1,6 +1,6 @@
 """A cell of the grid: its identity and whether it can run at all.
 
-Pure functions over a resolved config (a plain dict, as ``OmegaConf.to_container(cfg, resolve=True)`` gives).
+Pure functions over a typed cell (``orchestrator.schema.Config``, see ``schema.to_config``).
 The rules follow the $100K paper's validity rules (bf16 only on Ampere or newer; no sharding on one GPU unless
 offloading; offloading requires sharding) plus what the batch arithmetic and the cluster's shape demand.
 """
@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
+
+from orchestrator.schema import Config
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -45,51 +48,60 @@ BACKENDS = ("local", "slurm")
 ACCELERATORS = ("cuda", "cpu")
 PROBE_KINDS = ("deepspeed", "sleep")
 
+TIME_LIMIT_WARNING_S = 90
+"""SLURM signals a job this long before its time limit (``--signal=USR2@90``); the job side requeues or stops then,
+so a probe must be done by the limit minus this."""
+STARTUP_ALLOWANCE_S = 120
+"""Time a measuring probe needs besides its timing budget: process start, imports, engine build, micro-batch
+search and warm-up. A floor for planning, not a promise: a first DeepSpeed op build or a compile adds to it."""
 
-def identity(cell: dict[str, Any]) -> dict[str, Any]:
+
+def identity(cell: Config) -> dict[str, Any]:
     """The settings that define what a cell measures, in a canonical flat form."""
-    ident: dict[str, Any] = {f"model.{k}": cell["model"].get(k) for k in IDENTITY_MODEL_KEYS}
-    ident["gpu"] = cell["gpu"]["name"]
-    ident["num_gpus"] = int(cell["num_gpus"])
-    ident["num_nodes"] = int(cell["num_nodes"])
-    ident.update({f"method.{k}": cell["method"].get(k) for k in IDENTITY_METHOD_KEYS})
+    model, method = asdict(cell.model), asdict(cell.method)
+    ident: dict[str, Any] = {f"model.{k}": model.get(k) for k in IDENTITY_MODEL_KEYS}
+    ident["gpu"] = cell.gpu.name
+    ident["num_gpus"] = cell.num_gpus
+    ident["num_nodes"] = cell.num_nodes
+    ident.update({f"method.{k}": method.get(k) for k in IDENTITY_METHOD_KEYS})
     return ident
 
 
-def cell_id(cell: dict[str, Any]) -> str:
+def cell_id(cell: Config) -> str:
     """A short stable hash of the cell's identity: the same settings give the same id in any sweep, any order."""
     canonical = json.dumps(identity(cell), sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def settings(cell: dict[str, Any]) -> dict[str, Any]:
+def settings(cell: Config) -> dict[str, Any]:
     """The flat, human-facing settings of a cell, as they appear in records and tables."""
     out: dict[str, Any] = {
-        "model": cell["model"]["name"],
-        "gpu": cell["gpu"]["name"],
-        "num_gpus": int(cell["num_gpus"]),
-        "num_nodes": int(cell["num_nodes"]),
+        "model": cell.model.name,
+        "gpu": cell.gpu.name,
+        "num_gpus": cell.num_gpus,
+        "num_nodes": cell.num_nodes,
     }
-    out.update({k: cell["method"].get(k) for k in IDENTITY_METHOD_KEYS})
+    method = asdict(cell.method)
+    out.update({k: method.get(k) for k in IDENTITY_METHOD_KEYS})
     return out
 
 
-def label(cell: dict[str, Any]) -> str:
+def label(cell: Config) -> str:
     """A short readable name for messages: ``pythia-1b a100-80gb x4 zero1 bf16``."""
-    m = cell["method"]
-    parts = [cell["model"]["name"], f"{cell['gpu']['name']} x{cell['num_gpus']}"]
-    if int(cell["num_nodes"]) > 1:
-        parts.append(f"on {cell['num_nodes']} nodes")
-    parts.append(f"zero{m['zero_stage']}")
-    if m["offload_optimizer"]:
+    m = cell.method
+    parts = [cell.model.name, f"{cell.gpu.name} x{cell.num_gpus}"]
+    if cell.num_nodes > 1:
+        parts.append(f"on {cell.num_nodes} nodes")
+    parts.append(f"zero{m.zero_stage}")
+    if m.offload_optimizer:
         parts.append("offload-opt")
-    if m["offload_params"]:
+    if m.offload_params:
         parts.append("offload-params")
-    if m["activation_checkpointing"]:
+    if m.activation_checkpointing:
         parts.append("ckpt")
-    parts.append(str(m["precision"]))
-    parts.append(f"mb={m['micro_batch_size']}")
-    if m["compile"]:
+    parts.append(str(m.precision))
+    parts.append(f"mb={m.micro_batch_size}")
+    if m.compile:
         parts.append("compile")
     return " ".join(parts)
 
@@ -126,18 +138,18 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _TEMPLATE_NAME = re.compile(r"^[A-Za-z0-9_.-]+\.j2$")
 
 
-def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
+def check_scheduler_strings(cell: Config) -> list[Refusal]:
     """Strings that reach the sbatch script: refuse what could run as shell code or break the script."""
-    cluster = cell["cluster"]
+    cluster = cell.cluster
     errors: list[Refusal] = []
-    if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", str(cell["name"])):
+    if not re.match(r"^[A-Za-z0-9_][A-Za-z0-9_.-]*$", str(cell.name)):
         errors.append(
-            Refusal("name", f"{cell['name']!r}: a sweep name is a folder and job name; use letters, digits, _ . -")
+            Refusal("name", f"{cell.name!r}: a sweep name is a folder and job name; use letters, digits, _ . -")
         )
     fields: list[tuple[str, Any]] = []
-    fields += [(f"cluster.{k}", cluster[k]) for k in ("partition", "account", "qos", "constraint")]
-    fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster["gres_by_gpu"].items()]
-    fields += [(f"cluster.constraint_by_gpu.{k}", v) for k, v in cluster["constraint_by_gpu"].items()]
+    fields += [(f"cluster.{k}", getattr(cluster, k)) for k in ("partition", "account", "qos", "constraint")]
+    fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster.gres_by_gpu.items()]
+    fields += [(f"cluster.constraint_by_gpu.{k}", v) for k, v in cluster.constraint_by_gpu.items()]
     for key, value in fields:
         if value is not None and not _SBATCH_VALUE.match(str(value)):
             errors.append(
@@ -147,78 +159,78 @@ def check_scheduler_strings(cell: dict[str, Any]) -> list[Refusal]:
                     "use letters, digits and _ . , : + = @ / % & | ! * ( ) [ ] -",
                 )
             )
-    for name, value in cluster["env"].items():
+    for name, value in cluster.env.items():
         if not _ENV_NAME.match(str(name)):
             errors.append(
                 Refusal(f"cluster.env.{name}", "is not a valid environment variable name ([A-Za-z_][A-Za-z0-9_]*)")
             )
         if any(ch in str(value) for ch in "\n\r\0"):
             errors.append(Refusal(f"cluster.env.{name}", "contains a newline or NUL; use a single-line value"))
-    for i, line in enumerate(cluster["setup"]):
+    for i, line in enumerate(cluster.setup):
         if any(ch in str(line) for ch in "\n\r\0"):
             errors.append(
                 Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
             )
-    if not _TEMPLATE_NAME.match(str(cluster["template"])):
+    if not _TEMPLATE_NAME.match(str(cluster.template)):
         errors.append(
-            Refusal(
-                "cluster.template", f"{cluster['template']!r}: use a file name under sbatch_templates/ ending in .j2"
-            )
+            Refusal("cluster.template", f"{cluster.template!r}: use a file name under sbatch_templates/ ending in .j2")
         )
     return errors
 
 
-def check_values(cell: dict[str, Any]) -> list[Refusal]:
+def check_values(cell: Config) -> list[Refusal]:
     """Values outside their allowed sets: these are input errors, not impossible cells."""
-    m, gpu, cluster = cell["method"], cell["gpu"], cell["cluster"]
+    m, gpu, cluster = cell.method, cell.gpu, cell.cluster
     errors: list[Refusal] = []
 
     def one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
         if value not in allowed:
             errors.append(Refusal(key, f"{value!r} is not accepted; use one of {', '.join(map(str, allowed))}"))
 
-    one_of("method.precision", m["precision"], PRECISIONS)
-    one_of("method.attention", m["attention"], ATTENTIONS)
-    one_of("method.zero_stage", m["zero_stage"], ZERO_STAGES)
-    one_of("cluster.backend", cluster["backend"], BACKENDS)
-    one_of("gpu.accelerator", gpu["accelerator"], ACCELERATORS)
-    one_of("probe.kind", cell["probe"]["kind"], PROBE_KINDS)
-    if parse_micro_batch(m["micro_batch_size"]) is None:
+    one_of("method.precision", m.precision, PRECISIONS)
+    one_of("method.attention", m.attention, ATTENTIONS)
+    one_of("method.zero_stage", m.zero_stage, ZERO_STAGES)
+    one_of("cluster.backend", cluster.backend, BACKENDS)
+    one_of("gpu.accelerator", gpu.accelerator, ACCELERATORS)
+    one_of("probe.kind", cell.probe.kind, PROBE_KINDS)
+    if parse_micro_batch(m.micro_batch_size) is None:
         errors.append(
-            Refusal("method.micro_batch_size", f"{m['micro_batch_size']!r} is not accepted; use auto or an integer > 0")
+            Refusal("method.micro_batch_size", f"{m.micro_batch_size!r} is not accepted; use auto or an integer > 0")
         )
     for key in ("num_gpus", "num_nodes"):
-        if int(cell[key]) < 1:
-            errors.append(Refusal(key, f"{cell[key]} is not accepted; use an integer >= 1"))
+        value = getattr(cell, key)
+        if value < 1:
+            errors.append(Refusal(key, f"{value} is not accepted; use an integer >= 1"))
     for key in ("time_limit_min", "gpus_per_node", "cpus_per_gpu", "array_parallelism", "max_array_size"):
-        if int(cluster[key]) < 1:
-            errors.append(Refusal(f"cluster.{key}", f"{cluster[key]} is not accepted; use an integer >= 1"))
-    if int(cluster.get("max_requeue_on_timeout", 0)) < 0:
+        value = getattr(cluster, key)
+        if value < 1:
+            errors.append(Refusal(f"cluster.{key}", f"{value} is not accepted; use an integer >= 1"))
+    if cluster.max_requeue_on_timeout < 0:
         errors.append(Refusal("cluster.max_requeue_on_timeout", "use 0 (never requeue) or a positive count"))
     errors.extend(check_scheduler_strings(cell))
     return errors
 
 
-def check_runnable(cell: dict[str, Any]) -> list[Refusal]:
+def check_runnable(cell: Config) -> list[Refusal]:
     """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first."""
-    m, gpu, model, cluster = cell["method"], cell["gpu"], cell["model"], cell["cluster"]
-    num_gpus, num_nodes = int(cell["num_gpus"]), int(cell["num_nodes"])
+    m, gpu, model, cluster = cell.method, cell.gpu, cell.model, cell.cluster
+    num_gpus, num_nodes = cell.num_gpus, cell.num_nodes
     out: list[Refusal] = []
-    on_cuda = gpu["accelerator"] == "cuda"
+    on_cuda = gpu.accelerator == "cuda"
 
-    if m["precision"] == "bf16" and not gpu["supports_bf16"]:
-        out.append(Refusal("method.precision", f"{gpu['name']} has no bf16; use method.precision=fp16 or fp32"))
-    if m["precision"] == "fp16" and not on_cuda:
+    if m.precision == "bf16" and not gpu.supports_bf16:
+        out.append(Refusal("method.precision", f"{gpu.name} has no bf16; use method.precision=fp16 or fp32"))
+    if m.precision == "fp16" and not on_cuda:
         out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
-    if m["tf32"] and on_cuda and not gpu["supports_tf32"]:
-        out.append(Refusal("method.tf32", f"{gpu['name']} has no TF32 (Ampere or newer); use method.tf32=false"))
-    if m["attention"] == "flash_attention_2" and not on_cuda:
+    if m.tf32 and on_cuda and not gpu.supports_tf32:
+        out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
+    if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
-    if m["offload_optimizer"] and m["zero_stage"] == 0:
+    if m.offload_optimizer and m.zero_stage == 0:
         out.append(Refusal("method.offload_optimizer", "offloading needs sharding; use method.zero_stage=1, 2 or 3"))
-    if m["offload_params"] and m["zero_stage"] != 3:
+    if m.offload_params and m.zero_stage != 3:
         out.append(Refusal("method.offload_params", "parameter offload needs method.zero_stage=3"))
-    if num_gpus == 1 and m["zero_stage"] > 0 and not (m["offload_optimizer"] or m["offload_params"]):
+    if num_gpus == 1 and m.zero_stage > 0 and not (m.offload_optimizer or m.offload_params):
         out.append(
             Refusal(
                 "method.zero_stage",
@@ -229,26 +241,27 @@ def check_runnable(cell: dict[str, Any]) -> list[Refusal]:
 
     if num_gpus % num_nodes:
         out.append(Refusal("num_gpus", f"{num_gpus} GPUs cannot be split evenly over {num_nodes} nodes"))
-    elif num_gpus // num_nodes > cluster["gpus_per_node"]:
+    elif num_gpus // num_nodes > cluster.gpus_per_node:
         out.append(
             Refusal(
                 "num_gpus",
                 f"{num_gpus // num_nodes} GPUs per node, but a node of this cluster has "
-                f"{cluster['gpus_per_node']} (cluster.gpus_per_node); use num_nodes="
-                f"{-(-num_gpus // cluster['gpus_per_node'])} or more",
+                f"{cluster.gpus_per_node} (cluster.gpus_per_node); use num_nodes="
+                f"{-(-num_gpus // cluster.gpus_per_node)} or more",
             )
         )
-    if cluster["backend"] == "local" and num_nodes > 1:
+    if cluster.backend == "local" and num_nodes > 1:
         out.append(Refusal("num_nodes", "cluster=local runs on this machine only; use num_nodes=1 or cluster=slurm"))
 
-    global_batch = int(model["global_batch_size"])
+    out.extend(_check_time_limit(cell))
+    global_batch = model.global_batch_size
     if global_batch % num_gpus:
         out.append(
             Refusal("num_gpus", f"the global batch of {global_batch} sequences does not split over {num_gpus} GPUs")
         )
     else:
         per_gpu = global_batch // num_gpus
-        micro = parse_micro_batch(m["micro_batch_size"])
+        micro = parse_micro_batch(m.micro_batch_size)
         if isinstance(micro, int) and per_gpu % micro:
             divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
             out.append(
@@ -259,3 +272,26 @@ def check_runnable(cell: dict[str, Any]) -> list[Refusal]:
                 )
             )
     return out
+
+
+def _check_time_limit(cell: Config) -> list[Refusal]:
+    """A measuring probe whose budget plus start-up cannot end before the job's time-limit warning is refused.
+
+    The sleep probe is exempt: sleeping past the limit is how a cluster's timeout handling is checked.
+    """
+    if cell.probe.kind != "deepspeed":
+        return []
+    limit_s = 60 * cell.cluster.time_limit_min
+    needed_s = cell.probe.time_budget_s + STARTUP_ALLOWANCE_S + TIME_LIMIT_WARNING_S
+    if needed_s <= limit_s:
+        return []
+    budget_fits_s = limit_s - STARTUP_ALLOWANCE_S - TIME_LIMIT_WARNING_S
+    lower = f", or lower probe.time_budget_s to {budget_fits_s:g} or less" if budget_fits_s > 0 else ""
+    return [
+        Refusal(
+            "cluster.time_limit_min",
+            f"{cell.cluster.time_limit_min} min cannot hold the probe: probe.time_budget_s={cell.probe.time_budget_s:g}"
+            f" plus about {STARTUP_ALLOWANCE_S} s of start-up and the {TIME_LIMIT_WARNING_S} s warning before the "
+            f"limit need {needed_s:g} s; use cluster.time_limit_min={math.ceil(needed_s / 60)} or more{lower}",
+        )
+    ]

@@ -46,6 +46,7 @@ from omegaconf import OmegaConf
 
 from orchestrator import cells
 from orchestrator.paths import SweepPaths, write_json_atomic
+from orchestrator.schema import to_config
 
 RECORD_SCHEMA_VERSION = 1
 PORT_BASE, PORT_SPAN = 20_000, 20_000
@@ -202,7 +203,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             "status": result.get("status", "failed"),
             "reason": result.get("reason"),
             "traceback": result.get("traceback"),
-            "settings": cells.settings(cell),
+            "settings": cells.settings(to_config(cell)),
             "config": cell,
             "metrics": result.get("metrics") or {},
             "environment": environment,

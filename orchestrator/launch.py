@@ -32,6 +32,7 @@ import yaml
 from orchestrator import cells
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.schema import to_config
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 REQUEUE_BACKSTOP = 20
@@ -336,7 +337,7 @@ def describe_request(res: Resources) -> str:
 
 
 def _name_cells(cell_ids: Sequence[str], configs: dict[str, dict[str, Any]], shown: int = 3) -> str:
-    names = [f"{cid} ({cells.label(configs[cid])})" for cid in cell_ids[:shown]]
+    names = [f"{cid} ({cells.label(to_config(configs[cid]))})" for cid in cell_ids[:shown]]
     more = f" and {len(cell_ids) - shown} more" if len(cell_ids) > shown else ""
     return f"{len(cell_ids)} cell(s) " + ", ".join(names) + more
 
@@ -365,7 +366,7 @@ def submit_slurm(
             with executor.batch():
                 jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
-                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
+                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(to_config(configs[cid])))
                 append_jsonl(paths.attempts(cid), sub.__dict__)
                 out.append(sub)
     return out
@@ -385,7 +386,7 @@ def submit_local(
         executor.update_parameters(**params)
         attempt = next_attempt(paths, cid)
         job = executor.submit(CellJob(str(paths.root), cid, attempt))
-        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
+        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(to_config(cfg)))
         append_jsonl(paths.attempts(cid), sub.__dict__)
         out.append(sub)
         try:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.paths import SweepPaths
+from orchestrator.schema import to_config
 
 # Every state a cell can be in. "new": written into the sweep but never submitted; "corrupt": its record cannot
 # be read (half-written, not JSON, not a record of this cell).
@@ -372,7 +373,7 @@ def _label(paths: SweepPaths, cell_id: str) -> str | None:
     from orchestrator import cells
 
     try:
-        return cells.label(yaml.load(paths.cell_config(cell_id).read_text(), Loader=yaml.CSafeLoader))
+        return cells.label(to_config(yaml.load(paths.cell_config(cell_id).read_text(), Loader=yaml.CSafeLoader)))
     except Exception:  # noqa: BLE001 - a name for display only
         return None
 

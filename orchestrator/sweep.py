@@ -30,7 +30,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import cells as cells_mod
 from orchestrator.cells import Refusal
-from orchestrator.schema import register_configs
+from orchestrator.schema import Config, register_configs, to_config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
@@ -47,6 +47,9 @@ class Cell:
 
     overrides: list[str]
     config: dict[str, Any]
+    """The resolved config as plain data, as written to the cell's cell.yaml."""
+    typed: Config
+    """The same config as the schema's dataclasses: what the code past planning reads."""
     cell_id: str
     refusals: list[Refusal] = field(default_factory=list)
     prediction: dict[str, Any] = field(default_factory=dict)
@@ -54,7 +57,7 @@ class Cell:
 
     @property
     def label(self) -> str:
-        return cells_mod.label(self.config)
+        return cells_mod.label(self.typed)
 
 
 @dataclass
@@ -264,15 +267,16 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
                 errors.append(_explain(e, ov))
                 continue
             assert isinstance(container, dict)
-            bad = cells_mod.check_values(container)
+            typed = to_config(container)
+            bad = cells_mod.check_values(typed)
             if bad:
                 errors.extend(f"in the cell {' '.join(ov)}: {r}" for r in bad)
                 continue
-            cid = cells_mod.cell_id(container)
+            cid = cells_mod.cell_id(typed)
             if cid in by_id:
                 duplicates += 1
                 continue
-            by_id[cid] = Cell(ov, container, cid, cells_mod.check_runnable(container))
+            by_id[cid] = Cell(ov, container, typed, cid, cells_mod.check_runnable(typed))
     GlobalHydra.instance().clear()
     if errors:
         unique = list(dict.fromkeys(errors))
@@ -281,7 +285,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
         raise SweepError(f"{len(unique)} problem(s) in the sweep; nothing was submitted:\n  {shown}{more}")
     runnable = [c for c in by_id.values() if not c.refusals]
     skipped = [c for c in by_id.values() if c.refusals]
-    name = runnable[0].config["name"] if runnable else (skipped[0].config["name"] if skipped else "gpudays")
+    name = runnable[0].typed.name if runnable else (skipped[0].typed.name if skipped else "gpudays")
     return Plan(root, name, list(overrides), runnable, skipped, duplicates, {"sweeper": hydra_cfg})
 
 
@@ -309,7 +313,7 @@ def predict(
     for cell in p.cells:
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
-            usable = float(cell.config["gpu"]["memory_gib"]) * (1 - margin)
+            usable = cell.typed.gpu.memory_gib * (1 - margin)
             cell.refusals.append(
                 Refusal(
                     "prediction",

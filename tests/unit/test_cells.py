@@ -5,14 +5,15 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import cells
+from orchestrator.schema import to_config
 
 
 def test_cell_id_is_stable_and_ignores_where_and_how_long(make_cell) -> None:
     a = make_cell("model=pythia-70m", "num_gpus=2")
     b = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm", "cluster.partition=gpu", "probe=quick")
-    assert cells.cell_id(a) == cells.cell_id(b)
-    assert len(cells.cell_id(a)) == 12
-    assert cells.cell_id(a) == cells.cell_id(make_cell("num_gpus=2", "model=pythia-70m"))
+    assert cells.cell_id(to_config(a)) == cells.cell_id(to_config(b))
+    assert len(cells.cell_id(to_config(a))) == 12
+    assert cells.cell_id(to_config(a)) == cells.cell_id(to_config(make_cell("num_gpus=2", "model=pythia-70m")))
 
 
 @pytest.mark.parametrize(
@@ -30,7 +31,7 @@ def test_cell_id_is_stable_and_ignores_where_and_how_long(make_cell) -> None:
 def test_cell_id_changes_with_what_is_measured(make_cell, change: str) -> None:
     base = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm")
     other = make_cell("model=pythia-70m", "num_gpus=2", "cluster=slurm", change)
-    assert cells.cell_id(base) != cells.cell_id(other)
+    assert cells.cell_id(to_config(base)) != cells.cell_id(to_config(other))
 
 
 @pytest.mark.parametrize(
@@ -48,11 +49,16 @@ def test_cell_id_changes_with_what_is_measured(make_cell, change: str) -> None:
         (["num_gpus=2", "method.micro_batch_size=3"], "method.micro_batch_size", "[1, 2, 4, 8]"),
         (["num_gpus=2", "num_nodes=2"], "num_nodes", "cluster=slurm"),
         (["method.attention=flash_attention_2"], "method.attention", "CUDA GPU"),
+        (["cluster.time_limit_min=5"], "cluster.time_limit_min", "cluster.time_limit_min=9"),
+        (["cluster.time_limit_min=5", "probe=quick"], None, None),
     ],
 )
 def test_impossible_cells_are_refused_with_the_key_and_a_way_out(make_cell, overrides, key, fragment) -> None:
-    refusals = cells.check_runnable(make_cell(*overrides))
-    assert any(r.key == key and fragment in r.reason for r in refusals), refusals
+    refusals = cells.check_runnable(to_config(make_cell(*overrides)))
+    if key is None:
+        assert refusals == [], refusals
+    else:
+        assert any(r.key == key and fragment in r.reason for r in refusals), refusals
 
 
 @pytest.mark.parametrize(
@@ -66,7 +72,7 @@ def test_impossible_cells_are_refused_with_the_key_and_a_way_out(make_cell, over
     ],
 )
 def test_valid_cells_pass(make_cell, overrides) -> None:
-    assert cells.check_runnable(make_cell(*overrides)) == []
+    assert cells.check_runnable(to_config(make_cell(*overrides))) == []
 
 
 @pytest.mark.parametrize(
@@ -87,7 +93,7 @@ def test_hostile_scheduler_strings_are_refused(make_cell, key: str, value: str) 
     for p in parents:
         target = target[p]
     target[leaf] = value
-    errors = cells.check_values(cell)
+    errors = cells.check_values(to_config(cell))
     assert any(r.key == key for r in errors), errors
 
 
@@ -95,7 +101,7 @@ def test_hostile_setup_and_env_are_refused(make_cell) -> None:
     cell = make_cell("cluster=slurm")
     cell["cluster"]["setup"] = ["module load cuda", "echo ok\nrm -rf /"]
     cell["cluster"]["env"] = {"GOOD": "x y $z", "BAD NAME": "1", "NL": "a\nb"}
-    keys = {r.key for r in cells.check_values(cell)}
+    keys = {r.key for r in cells.check_values(to_config(cell))}
     assert keys == {"cluster.setup[1]", "cluster.env.BAD NAME", "cluster.env.NL"}
 
 
@@ -109,4 +115,21 @@ def test_labels_read_well(make_cell) -> None:
         "method.zero_stage=3",
         "method.activation_checkpointing=true",
     )
-    assert cells.label(cell) == "pythia-1b a100-80gb x8 on 2 nodes zero3 ckpt bf16 mb=auto"
+    assert cells.label(to_config(cell)) == "pythia-1b a100-80gb x8 on 2 nodes zero3 ckpt bf16 mb=auto"
+
+
+def test_a_probe_budget_the_time_limit_cannot_hold_names_both_ways_out(make_cell) -> None:
+    # The default probe times for up to 300 s; with 120 s of start-up and the 90 s warning it needs 510 s.
+    (refusal,) = cells.check_runnable(to_config(make_cell("cluster=slurm", "cluster.time_limit_min=7")))
+    assert "510 s" in refusal.reason and "cluster.time_limit_min=9" in refusal.reason
+    assert "probe.time_budget_s to 210" in refusal.reason
+    # A sleep probe may outlive its limit on purpose: that is how timeouts are tested.
+    sleeper = make_cell("cluster=slurm", "cluster.time_limit_min=1", "probe.kind=sleep", "probe.sleep_s=600")
+    assert cells.check_runnable(to_config(sleeper)) == []
+
+
+def test_a_cell_yaml_with_an_unknown_key_is_named(make_cell) -> None:
+    cell = make_cell()
+    cell["method"]["zero_stag"] = 1
+    with pytest.raises(ValueError, match="zero_stag.*accepted: .*zero_stage"):
+        to_config(cell)
