@@ -64,6 +64,11 @@ class GpuConfig:
     board_power_w: Optional[float] = None
     purchase_price_usd: Optional[float] = None
     cloud_usd_per_gpu_hour: Optional[float] = None
+    nvlink_gbytes_s: Optional[float] = None
+    """NVLink bandwidth of one GPU, both directions together, GB/s, as datasheets quote it (900 on an H100 SXM);
+    ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""
+    pcie_gbytes_s: Optional[float] = None
+    """Host link of one GPU, both directions together, GB/s (PCIe x16: 32 gen 3, 64 gen 4, 128 gen 5)."""
 
 
 @dataclass
@@ -122,6 +127,9 @@ class ClusterConfig:
     """Environment variables exported in the job (NCCL settings and the like)."""
     template: str = "default.sh.j2"
     """The sbatch preamble template under ``sbatch_templates/``."""
+    inter_node_gbits_s: Optional[float] = None
+    """Network bandwidth from one node to the others, all its ports together, one direction, Gb/s (InfiniBand
+    HDR is 200 Gb/s a port, NDR 400); ``None`` where unknown. Used only by the analytic parallelism estimates."""
 
 
 @dataclass
