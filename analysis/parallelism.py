@@ -1,0 +1,316 @@
+"""Analytic data × tensor × pipeline layouts (Megatron-style): memory per GPU, step time, and the best layout.
+
+Every figure here is a prediction from formulas, never a measurement. Notation: Ψ parameters, L layers, h hidden
+size, V vocabulary, s sequence length, b micro-batch (sequences), m micro-batches per pipeline per step, and the
+layout d (data) × t (tensor) × p (pipeline) GPUs.
+
+Memory per GPU (bytes):
+- model states of the GPU's share Ψ_gpu = Ψ_stage / t, where a stage holds ⌈L/p⌉ layers and one embedding matrix
+  (both when p = 1): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
+  parallelism; Rajbhandari et al. 2020, via :func:`analysis.memory.model_state_bytes`);
+- activations with tensor-sequence parallelism and fused attention (Korthikanti et al. 2022, "Reducing Activation
+  Recomputation in Large Transformer Models", eq. 2 and §4.2: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
+  not kept by flash/SDPA attention); with full recomputation ``2·s·b·h/t`` a layer plus one layer being rerun.
+  Under 1F1B the first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021, §2.2), the last one
+  micro-batch plus its logits (12 bytes per token and vocabulary entry, split by t).
+
+Step time under 1F1B: (m + p − 1) × (compute + tensor-parallel + pipeline-send time of one micro-batch on one
+stage) + the data-parallel gradient reduction; the bubble is (p − 1)/(m + p − 1) of the step (Narayanan et al.
+2021, eq. 1). Tensor parallelism (kept inside a node) all-reduces the ``2·s·b·h`` bytes of a layer's activations
+twice forward and twice backward (Shoeybi et al. 2019, fig. 4; sequence parallelism replaces each by a
+reduce-scatter and an all-gather of the same volume), three times forward with recomputation; ring all-reduce moves
+2(n − 1)/n of the bytes per GPU. ZeRO-1's reduce-scatter plus all-gather of the 16-bit gradients and parameters
+moves what one all-reduce does. Tensor-parallel and pipeline communication is counted as not overlapped with
+compute (an upper bound on time); the gradient reduction overlaps the last micro-batch's backward pass only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from analysis.memory import GIB, model_state_bytes
+from orchestrator.models import flops_per_token, num_parameters
+from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+
+DEFAULT_EFFICIENCY = 0.40
+"""Achieved share of the dense bf16 peak in the matrix products (hardware FLOPs), when nothing is measured: the
+uncalibrated figure of ``analysis.predict``; Megatron-LM reached 44-52% on A100s for 18B-1T models (Narayanan et
+al. 2021, table 1) and BLOOM-176B about 48% (150 of 312 TFLOP/s, Le Scao et al. 2022)."""
+MEMORY_MARGIN = 0.10
+"""Share of GPU memory kept free for the CUDA context, NCCL and fragmentation (as ``analysis.predict``)."""
+LINK_EFFICIENCY = 0.75
+"""Achieved share of a link's one-way rate in large all-reduces: nccl-tests reach about 230 GB/s bus bandwidth on
+DGX A100's 300 GB/s one-way NVLink, and 75-90% of line rate over InfiniBand."""
+INTRA_NODE_LATENCY_S = 10e-6
+"""Fixed cost of one collective inside a node (order of nccl-tests' small-message latency over NVLink)."""
+INTER_NODE_LATENCY_S = 25e-6
+"""Fixed cost of one collective or send across nodes (order of nccl-tests' small-message latency over InfiniBand)."""
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_INTER_NODE_GBITS_S = 8 * 200.0
+"""Per node when the cluster config says nothing: eight InfiniBand HDR ports of 200 Gb/s, one per GPU, as in the
+NVIDIA DGX A100 SuperPOD reference architecture."""
+FALLBACK_INTRA_NODE_GBYTES_S = 32.0
+"""Both directions of PCIe gen 3 x16, for a GPU config that gives neither NVLink nor PCIe figures."""
+LOGIT_BYTES_PER_ENTRY = 12.0
+"""16-bit logits, their fp32 copy for the cross-entropy and its fp32 gradient (as ``analysis.memory``)."""
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+
+
+@dataclass(frozen=True)
+class Network:
+    """The links a layout's communication runs over, one-way GB/s per GPU, and where each figure came from."""
+
+    intra_node_gbytes_s: float
+    inter_node_gbytes_s_per_gpu: float
+    gpus_per_node: int
+    source: str
+
+
+def network_for(gpu: GpuConfig, cluster: ClusterConfig | None = None) -> Network:
+    """The intra-node link (NVLink, else PCIe) of ``gpu`` and the inter-node network of ``cluster``.
+
+    Datasheets quote both directions together; one direction is half. The node's network is shared by its GPUs.
+    """
+    if gpu.nvlink_gbytes_s:
+        intra, intra_src = gpu.nvlink_gbytes_s / 2, f"NVLink {gpu.nvlink_gbytes_s:g} GB/s (conf/gpu/{gpu.name})"
+    elif gpu.pcie_gbytes_s:
+        intra, intra_src = gpu.pcie_gbytes_s / 2, f"PCIe {gpu.pcie_gbytes_s:g} GB/s (conf/gpu/{gpu.name})"
+    else:
+        intra, intra_src = (
+            FALLBACK_INTRA_NODE_GBYTES_S / 2,
+            f"PCIe gen 3 assumed ({FALLBACK_INTRA_NODE_GBYTES_S:g} GB/s)",
+        )
+    per_node = cluster.gpus_per_node if cluster is not None else DEFAULT_GPUS_PER_NODE
+    if cluster is not None and cluster.inter_node_gbits_s:
+        gbits, inter_src = cluster.inter_node_gbits_s, f"{cluster.inter_node_gbits_s:g} Gb/s a node (conf/cluster)"
+    else:
+        gbits, inter_src = DEFAULT_INTER_NODE_GBITS_S, f"{DEFAULT_INTER_NODE_GBITS_S:g} Gb/s a node (8 x HDR assumed)"
+    return Network(intra, gbits / 8.0 / per_node, per_node, f"{intra_src}; {inter_src}")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How ``num_gpus`` GPUs split the work: data × tensor × pipeline, and the micro-batch each runs."""
+
+    data: int
+    tensor: int
+    pipeline: int
+    micro_batch_size: int = 1
+    activation_checkpointing: bool = False
+
+    @property
+    def num_gpus(self) -> int:
+        return self.data * self.tensor * self.pipeline
+
+    def describe(self) -> str:
+        ckpt = " ckpt" if self.activation_checkpointing else ""
+        return f"dp{self.data} tp{self.tensor} pp{self.pipeline} mb{self.micro_batch_size}{ckpt}"
+
+
+@dataclass(frozen=True)
+class LayoutEstimate:
+    """Predicted memory per GPU (GiB) and step time (s) of one layout; every figure analytic."""
+
+    layout: Layout
+    global_batch_size: int
+    """Sequences per optimizer step over all GPUs."""
+    num_micro_batches: int
+    """Micro-batches per pipeline per step (m)."""
+    params_gib: float
+    grads_gib: float
+    optimizer_gib: float
+    activations_gib: float
+    memory_gib: float
+    usable_memory_gib: float
+    bubble_fraction: float
+    compute_s: float
+    tensor_comm_s: float
+    pipeline_comm_s: float
+    data_comm_s: float
+    exposed_data_comm_s: float
+    """The part of the gradient reduction not hidden behind the last backward pass."""
+    step_time_s: float
+    tokens_per_s_per_gpu: float
+    model_tflops_per_gpu: float
+    mfu: float
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_gib <= self.usable_memory_gib
+
+
+def stage_parameters(model: ModelConfig, pipeline: int) -> float:
+    """Parameters of the largest pipeline stage: ⌈L/p⌉ layers and one embedding matrix (all of them when p = 1)."""
+    total = float(num_parameters(model))
+    embedding = float(model.vocab_size * model.hidden_size)
+    if pipeline == 1:
+        return total
+    per_layer = (total - 2.0 * embedding) / model.num_layers
+    return math.ceil(model.num_layers / pipeline) * per_layer + embedding
+
+
+def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batches: int) -> float:
+    """Activations the busiest stage keeps for the backward pass (Korthikanti et al. 2022, with sequence parallel)."""
+    s, h, t, b = model.seq_length, model.hidden_size, layout.tensor, layout.micro_batch_size
+    layers = math.ceil(model.num_layers / layout.pipeline)
+    full_layer = 34.0 * s * b * h / t
+    if layout.activation_checkpointing:
+        per_micro = layers * 2.0 * s * b * h / t
+        working = full_layer
+    else:
+        per_micro = layers * full_layer
+        working = 0.0
+    logits = s * b * model.vocab_size * LOGIT_BYTES_PER_ENTRY / t
+    if layout.pipeline == 1:
+        return per_micro + working + logits
+    first = min(layout.pipeline, num_micro_batches) * per_micro + working
+    last = per_micro + working + logits
+    return max(first, last)
+
+
+def _ring_allreduce_s(num_bytes: float, group: int, gbytes_s: float, latency_s: float) -> float:
+    if group <= 1:
+        return 0.0
+    return 2.0 * (group - 1) / group * num_bytes / (gbytes_s * 1e9 * LINK_EFFICIENCY) + latency_s
+
+
+def estimate_layout(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    layout: Layout,
+    global_batch_size: int,
+    network: Network,
+    efficiency: float = DEFAULT_EFFICIENCY,
+) -> LayoutEstimate:
+    """Memory per GPU and 1F1B step time of ``layout`` at ``global_batch_size`` sequences (see the module doc).
+
+    Raises ValueError for a layout that cannot run this batch (the data-parallel size must divide it, the
+    micro-batch the per-replica batch) or a GPU without a bf16/fp16 peak.
+    """
+    d, t, p, b = layout.data, layout.tensor, layout.pipeline, layout.micro_batch_size
+    if global_batch_size % (d * b):
+        raise ValueError(f"{layout.describe()}: {global_batch_size} sequences do not split into {d} x micro-batch {b}")
+    peak = gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16
+    if not peak:
+        raise ValueError(f"GPU {gpu.name!r} has no bf16 or fp16 peak in conf/gpu; nothing to estimate from")
+    m = global_batch_size // (d * b)
+    psi_gpu = stage_parameters(model, p) / t
+    params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
+    activations = activation_bytes_per_gpu(model, layout, m)
+    memory = (params + grads + optimizer + activations) / GIB
+
+    s, h = model.seq_length, model.hidden_size
+    stage_layers = math.ceil(model.num_layers / p)
+    hw_flops = flops_per_token(model, recompute=layout.activation_checkpointing)
+    compute_micro = b * s * hw_flops / (p * t) / (efficiency * peak * 1e12)
+    passes = 6 if layout.activation_checkpointing else 4
+    tensor_micro = (
+        stage_layers * passes * _ring_allreduce_s(2.0 * s * b * h, t, network.intra_node_gbytes_s, INTRA_NODE_LATENCY_S)
+    )
+    if p > 1:
+        crosses_nodes = t * p > network.gpus_per_node
+        link = network.inter_node_gbytes_s_per_gpu if crosses_nodes else network.intra_node_gbytes_s
+        latency = INTER_NODE_LATENCY_S if crosses_nodes else INTRA_NODE_LATENCY_S
+        pipeline_micro = 2.0 * (2.0 * s * b * h / t / (link * 1e9 * LINK_EFFICIENCY) + latency)
+    else:
+        pipeline_micro = 0.0
+    in_node = layout.num_gpus <= network.gpus_per_node
+    data_link = network.intra_node_gbytes_s if in_node else network.inter_node_gbytes_s_per_gpu
+    data_s = _ring_allreduce_s(2.0 * psi_gpu, d, data_link, INTRA_NODE_LATENCY_S if in_node else INTER_NODE_LATENCY_S)
+    slots = m + p - 1
+    # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
+    # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
+    exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
+    step = slots * (compute_micro + tensor_micro + pipeline_micro) + exposed_data_s
+    tokens = global_batch_size * s
+    model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
+    return LayoutEstimate(
+        layout=layout,
+        global_batch_size=global_batch_size,
+        num_micro_batches=m,
+        params_gib=params / GIB,
+        grads_gib=grads / GIB,
+        optimizer_gib=optimizer / GIB,
+        activations_gib=activations / GIB,
+        memory_gib=memory,
+        usable_memory_gib=gpu.memory_gib * (1.0 - MEMORY_MARGIN),
+        bubble_fraction=(p - 1) / slots,
+        compute_s=m * compute_micro,
+        tensor_comm_s=slots * tensor_micro,
+        pipeline_comm_s=slots * pipeline_micro,
+        data_comm_s=data_s,
+        exposed_data_comm_s=exposed_data_s,
+        step_time_s=step,
+        tokens_per_s_per_gpu=tokens / step / layout.num_gpus,
+        model_tflops_per_gpu=model_tflops,
+        mfu=model_tflops / peak,
+    )
+
+
+def candidate_layouts(model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int) -> list[Layout]:
+    """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads,
+    pipeline stages dividing the layers, at least one sequence per data-parallel replica."""
+    out: list[Layout] = []
+    for t in (1, 2, 4, 8, 16):
+        if t > gpus_per_node or model.num_heads % t or num_gpus % t:
+            continue
+        for p in range(1, model.num_layers + 1):
+            if model.num_layers % p or num_gpus % (t * p):
+                continue
+            d = num_gpus // (t * p)
+            if global_batch_size % d:
+                continue
+            for b in MICRO_BATCH_CHOICES:
+                if (global_batch_size // d) % b:
+                    continue
+                for ckpt in (False, True):
+                    out.append(Layout(d, t, p, b, ckpt))
+    return out
+
+
+def best_layout(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    num_gpus: int,
+    global_batch_size: int,
+    network: Network,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    data_parallel_only: bool = False,
+) -> LayoutEstimate | None:
+    """The fastest layout of ``num_gpus`` that fits in memory; None when none fits or none can run the batch.
+
+    Ties go to the layout with less model parallelism. ``data_parallel_only`` keeps t = p = 1.
+    """
+    best: LayoutEstimate | None = None
+    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node):
+        if data_parallel_only and (layout.tensor > 1 or layout.pipeline > 1):
+            continue
+        est = estimate_layout(model, gpu, layout, global_batch_size, network, efficiency)
+        if not est.fits:
+            continue
+        key = (est.step_time_s, layout.tensor * layout.pipeline)
+        if best is None or key < (best.step_time_s, best.layout.tensor * best.layout.pipeline):
+            best = est
+    return best
+
+
+def min_gpus_to_fit(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    global_batch_size: int,
+    network: Network,
+    max_gpus: int = 1 << 16,
+) -> int | None:
+    """The fewest GPUs (a power of two) on which some layout fits; None up to ``max_gpus``."""
+    n = 1
+    while n <= max_gpus:
+        if best_layout(model, gpu, n, global_batch_size, network) is not None:
+            return n
+        n *= 2
+    return None
+
+
+def with_batch(model: ModelConfig, global_batch_size: int) -> ModelConfig:
+    """``model`` trained at another global batch (sequences)."""
+    return replace(model, global_batch_size=int(global_batch_size))

@@ -1,0 +1,298 @@
+"""``gpudays budget`` (what a budget buys) and ``gpudays shortest`` (the shortest possible training).
+
+Both read ``conf/model``, ``conf/gpu`` and ``conf/cluster``; ``budget --from SWEEP_DIR`` adds measured throughput
+from a sweep's records. Each writes a CSV (every column) and prints a table (the main columns). Run without the
+main CLI as ``python -m orchestrator.budget_cli budget ...`` or ``python -m orchestrator.budget_cli shortest ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from analysis.budget import (
+    DEFAULT_MAX_DAYS,
+    DEFAULT_OVERRUN_PCT,
+    Measured,
+    optimal_for_budget,
+    parse_budget,
+    parse_size,
+    sized_model,
+    tokens_for_budget,
+)  # fmt: skip
+from analysis.estimates import parse_token_budget, train_tokens
+from analysis.parallelism import DEFAULT_EFFICIENCY, network_for
+from analysis.records import CONF_DIR, load_cells
+from analysis.shortest import MAX_GPUS, shortest_training
+from orchestrator.models import num_parameters
+from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+
+SMALLEST_DEFAULT_MODEL = 10_000_000
+"""Models under this many parameters (the CPU demo model) are left out unless named."""
+MODEL_COLUMNS = ("model", "gpu", "source", "num_gpus", "layout", "days", "tokens", "tokens_per_parameter",
+                 "tokens_vs_compute_optimal", "mfu", "cloud_cost_usd")  # fmt: skip
+OPTIMAL_COLUMNS = ("gpu", "choice", "model", "tokens", "num_gpus", "layout", "memory_gib", "mfu", "days",
+                   "gpu_hours", "budget_used_pct", "cloud_cost_usd")  # fmt: skip
+SHORTEST_COLUMNS = ("model", "gpu", "parallelism", "point", "global_batch_size", "num_gpus", "layout", "mfu",
+                    "days", "gpu_hours", "cloud_cost_usd")  # fmt: skip
+
+
+def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
+    names = {f.name for f in fields(cls)}
+    unknown = sorted(k for k in data if k not in names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(names))}")
+    return cls(**data)
+
+
+def _group(group: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for path in sorted((CONF_DIR / group).glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        data.pop("defaults", None)
+        out[path.stem] = data
+    return out
+
+
+def _pick(group: str, cls: type, names: list[str]) -> list[Any]:
+    known = _group(group)
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown {group} {', '.join(unknown)}; known (conf/{group}): {', '.join(sorted(known))}")
+    return [_typed(cls, known[n], f"conf/{group}/{n}.yaml") for n in names]
+
+
+def _names(text: str | None) -> list[str]:
+    return [n.strip() for n in (text or "").split(",") if n.strip()]
+
+
+def _gpus(text: str | None) -> list[GpuConfig]:
+    names = _names(text) or [n for n, d in _group("gpu").items() if d.get("accelerator", "cuda") != "cpu"]
+    return list(_pick("gpu", GpuConfig, names))
+
+
+def _models(text: str | None, sizes: str | None, default_all: bool) -> list[ModelConfig]:
+    names = _names(text)
+    if not names and default_all:
+        names = [n for n, d in _group("model").items() if (d.get("num_parameters") or 0) >= SMALLEST_DEFAULT_MODEL]
+    models = list(_pick("model", ModelConfig, names))
+    models += [sized_model(parse_size(size)) for size in _names(sizes)]
+    return models
+
+
+def _cluster(name: str | None) -> ClusterConfig | None:
+    return _pick("cluster", ClusterConfig, [name])[0] if name else None
+
+
+def measured_throughput(sweep_dirs: list[str]) -> dict[tuple[str, str], Measured]:
+    """The best measured tokens/s per GPU of each (model, GPU type) among the ``ok`` records of the sweeps."""
+    for folder in sweep_dirs:
+        if not (Path(folder) / "cells").is_dir():
+            raise ValueError(f"--from {folder}: not a sweep folder (it has no cells/ folder)")
+    frame = load_cells([Path(d) for d in sweep_dirs]).frame
+    if frame.empty or "tokens_per_s_per_gpu" not in frame:
+        return {}
+    ok = frame[(frame["status"] == "ok") & frame["tokens_per_s_per_gpu"].notna()]
+    out: dict[tuple[str, str], Measured] = {}
+    for (model, gpu), group in ok.groupby(["model", "gpu"]):
+        best = group.loc[group["tokens_per_s_per_gpu"].idxmax()]
+        mfu = best.get("mfu")
+        out[(str(model), str(gpu))] = Measured(
+            float(best["tokens_per_s_per_gpu"]), None if pd.isna(mfu) else float(mfu), int(best["num_gpus"]),
+            str(best["sweep"]),
+        )  # fmt: skip
+    return out
+
+
+def _fmt(column: str, value: Any) -> str:
+    if value is None or (isinstance(value, float) and pd.isna(value)):
+        return ""
+    if isinstance(value, str):
+        return value
+    if column in ("tokens", "compute_optimal_tokens"):
+        return f"{value / 1e9:,.1f}B"
+    if column == "mfu" or column == "bubble_fraction":
+        return f"{value:.1%}"
+    if column.endswith("_usd"):
+        return f"${value:,.0f}"
+    if column in ("days",):
+        return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
+    if isinstance(value, float):
+        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+    return str(value)
+
+
+def _print(console: Console, title: str, frame: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    table = Table(title=title, title_justify="left")
+    shown = [c for c in columns if c in frame.columns]
+    for column in shown:
+        table.add_column(column, overflow="fold")
+    for _, row in frame.iterrows():
+        table.add_row(*(_fmt(c, row[c]) for c in shown))
+    console.print(table)
+    if "reason" not in frame.columns:
+        return
+    missing = frame["num_gpus"].isna() if "num_gpus" in frame.columns else pd.Series(True, index=frame.index)
+    for _, row in frame[missing].iterrows():
+        console.print(f"[yellow]{row.get('model') or ''} on {row['gpu']}: {row['reason']}[/yellow]")
+
+
+def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        path = Path(out) / name
+        frame.to_csv(path, index=False)
+        console.print(f"wrote {path}")
+
+
+def run_budget(args: argparse.Namespace, console: Console) -> int:
+    budget = parse_budget(args.gpu_hours, args.usd, args.pricing, args.gpus, args.days)
+    gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
+    models = sorted(_models(args.model, args.size, default_all=True), key=num_parameters)
+    measured = measured_throughput(args.sweeps) if args.sweeps else {}
+    model_rows: list[dict[str, Any]] = []
+    optimal_rows: list[dict[str, Any]] = []
+    for gpu in gpus:
+        network = network_for(gpu, cluster)
+        optimal_rows += optimal_for_budget(
+            gpu, budget, network, args.efficiency, overrun_pct=args.overrun_pct, max_days=args.max_days
+        )
+        for model in models:
+            model_rows += tokens_for_budget(
+                model, gpu, budget, network, measured.get((model.name, gpu.name)), args.max_days, args.efficiency
+            )
+    models_frame, optimal_frame = pd.DataFrame(model_rows), pd.DataFrame(optimal_rows)
+    _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
+    _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
+    _write(models_frame, args.out, "budget_models.csv", console)
+    _write(optimal_frame, args.out, "budget_optimal.csv", console)
+    return 0
+
+
+def run_shortest(args: argparse.Namespace, console: Console) -> int:
+    gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
+    models = _models(args.model, args.size, default_all=False)
+    if not models:
+        raise ValueError("name at least one model: --model pythia-1b[,pythia-12b] or --size 70B")
+    token_budget = parse_token_budget(args.tokens)
+    rows: list[dict[str, Any]] = []
+    for gpu in gpus:
+        network = network_for(gpu, cluster)
+        for model in models:
+            own = float(model.train_steps * model.global_batch_size * model.seq_length)
+            tokens = float(train_tokens(token_budget, own, num_parameters(model)))
+            for run in shortest_training(
+                model, gpu, network, tokens, args.loss, args.global_batch, args.efficiency, args.max_gpus
+            ):
+                est = run.estimate
+                rate = gpu.cloud_usd_per_gpu_hour
+                rows.append({
+                    "model": run.model, "num_parameters": run.num_parameters, "gpu": run.gpu, "source": "predicted",
+                    "parallelism": run.parallelism, "point": run.point, "tokens": run.tokens,
+                    "loss_nats": run.loss_nats, "loss_source": run.loss_source,
+                    "critical_batch_tokens": run.critical_batch_tokens, "global_batch_size": run.global_batch_size,
+                    "batch_source": run.batch_source, "max_gpus_by_batch": run.max_gpus_by_batch,
+                    "num_gpus": run.num_gpus, "layout": est.layout.describe() if est else None,
+                    "memory_gib": est.memory_gib if est else None, "mfu": est.mfu if est else None,
+                    "bubble_fraction": est.bubble_fraction if est else None, "step_time_s": est.step_time_s if est else None,
+                    "train_steps": run.train_steps, "days": run.days, "gpu_hours": run.gpu_hours,
+                    "cloud_cost_usd": run.gpu_hours * rate if run.gpu_hours and rate else None, "reason": run.reason,
+                })  # fmt: skip
+    frame = pd.DataFrame(rows)
+    _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
+    _write(frame, args.out, "shortest.csv", console)
+    return 0
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``budget`` or ``shortest``; a user's mistake is one line on stderr and exit status 2."""
+    console = Console(width=args.width) if getattr(args, "width", None) else Console()
+    try:
+        if args.budget_command == "shortest":
+            return run_shortest(args, console)
+        return run_budget(args, console)
+    except ValueError as exc:
+        print(f"gpudays {args.budget_command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpu", help="GPU types on offer, comma-separated (conf/gpu; default: every GPU with a peak)")
+    p.add_argument("--model", help="models from conf/model, comma-separated")
+    p.add_argument("--size", help="models described by size, comma-separated (70B, 350M, 1.3e9)")
+    p.add_argument("--cluster", help="conf/cluster file for GPUs per node and the inter-node network "
+                   "(default: 8 GPUs a node, 8 x 200 Gb/s InfiniBand)")  # fmt: skip
+    p.add_argument(
+        "--efficiency",
+        type=float,
+        default=DEFAULT_EFFICIENCY,
+        help=f"achieved share of the bf16 peak in the matrix products (default {DEFAULT_EFFICIENCY})",
+    )
+    p.add_argument("--out", help="folder for the CSV files (default: print only)")
+    p.add_argument("--width", type=int, help="terminal table width")
+
+
+def add_parser(subparsers: Any) -> None:
+    """Add the ``budget`` and ``shortest`` commands to an argparse subparsers object."""
+    bp = subparsers.add_parser("budget", help="what a budget (GPU-hours, dollars, GPUs x days) trains, and the "
+                               "compute-optimal model for it")  # fmt: skip
+    amount = bp.add_mutually_exclusive_group(required=True)
+    amount.add_argument("--gpu-hours", type=float, help="a budget of GPU-hours")
+    amount.add_argument("--usd", type=float, help="a budget in dollars (see --pricing)")
+    amount.add_argument("--gpus", type=int, help="a budget of GPUs (with --days)")
+    bp.add_argument(
+        "--pricing",
+        choices=("cloud", "purchase"),
+        default="cloud",
+        help="dollars buy cloud GPU-hours (conf/gpu cloud_usd_per_gpu_hour) or GPUs with their servers",
+    )
+    bp.add_argument("--days", type=float, help="days the GPUs are used (with --gpus or --pricing purchase)")
+    bp.add_argument(
+        "--from",
+        dest="sweeps",
+        action="append",
+        metavar="SWEEP_DIR",
+        help="take throughput from this sweep's records where it measured the model on the GPU",
+    )
+    bp.add_argument(
+        "--max-days",
+        type=float,
+        default=DEFAULT_MAX_DAYS,
+        help="spread the budget over enough GPUs to end within this many days; (b)'s cheapest "
+        f"configuration ends within it (default {DEFAULT_MAX_DAYS:g})",
+    )
+    bp.add_argument(
+        "--overrun-pct",
+        type=float,
+        default=DEFAULT_OVERRUN_PCT,
+        help=f"(b) the fastest configuration may spend this much more (default {DEFAULT_OVERRUN_PCT:g})",
+    )
+    _common(bp)
+    bp.set_defaults(func=run, budget_command="budget")
+
+    sp = subparsers.add_parser("shortest", help="the critical batch and the shortest possible training of a model")
+    sp.add_argument("--tokens", help="tokens to train: 20x (per parameter), 300B, or the model's own run (default)")
+    sp.add_argument("--loss", type=float, help="loss (nats a token) for the critical batch (default: Hoffmann fit)")
+    sp.add_argument("--global-batch", type=int, help="global batch in sequences, instead of the critical batch")
+    sp.add_argument("--max-gpus", type=int, default=MAX_GPUS, help=f"most GPUs considered (default {MAX_GPUS})")
+    _common(sp)
+    sp.set_defaults(func=run, budget_command="shortest")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpudays", description=__doc__)
+    add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
