@@ -1,0 +1,155 @@
+"""What a budget buys: compute-optimal sizes, budgets in every form, and sane answers at BigScience's scale."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from analysis import synthetic
+from analysis.budget import (
+    Measured,
+    allowance,
+    compute_optimal,
+    optimal_for_budget,
+    parse_budget,
+    parse_size,
+    sized_model,
+    tokens_for_budget,
+)
+from analysis.parallelism import network_for
+from orchestrator.budget_cli import main
+from orchestrator.models import num_parameters
+from orchestrator.schema import GpuConfig, ModelConfig
+
+CONF = Path(__file__).resolve().parents[3] / "conf"
+
+
+def _gpu(name: str) -> GpuConfig:
+    return GpuConfig(**yaml.safe_load((CONF / "gpu" / f"{name}.yaml").read_text()))
+
+
+def _model(name: str) -> ModelConfig:
+    return ModelConfig(**yaml.safe_load((CONF / "model" / f"{name}.yaml").read_text()))
+
+
+def test_compute_optimal_gives_back_n_and_d() -> None:
+    # C = 6 * N * D with N = 1e9 and D = 20 N = 2e10: C = 1.2e20 FLOPs.
+    n, d = compute_optimal(6 * 1e9 * 2e10)
+    assert n == pytest.approx(1e9, rel=1e-12)
+    assert d == pytest.approx(2e10, rel=1e-12)
+    with pytest.raises(ValueError, match="positive"):
+        compute_optimal(0.0)
+
+
+def test_budget_forms_and_their_errors() -> None:
+    assert parse_budget(gpu_hours=1e6).kind == "gpu_hours"
+    assert parse_budget(usd=1e5).kind == "cloud_usd"
+    assert parse_budget(num_gpus=64, days=30).kind == "gpu_days"
+    with pytest.raises(ValueError, match="exactly one"):
+        parse_budget(gpu_hours=1.0, usd=1.0)
+    with pytest.raises(ValueError, match="exactly one"):
+        parse_budget()
+    with pytest.raises(ValueError, match="needs --days"):
+        parse_budget(usd=1e5, pricing="purchase")
+    with pytest.raises(ValueError, match="positive"):
+        parse_budget(gpu_hours=-5)
+    with pytest.raises(ValueError, match="cloud or purchase"):
+        parse_budget(usd=1.0, pricing="lease")
+
+
+def test_allowances_by_hand() -> None:
+    h100 = _gpu("h100-80gb")  # $2.99 a GPU-hour, $30,000 a GPU
+    assert allowance(parse_budget(usd=1e5), h100, 8).gpu_hours == pytest.approx(1e5 / 2.99)
+    grant = allowance(parse_budget(num_gpus=64, days=30), h100, 8)
+    assert (grant.gpu_hours, grant.num_gpus) == (64 * 30 * 24, 64)
+    # A node: 8 x $30,000 + the $10,500 eight-slot server = $250,500; $1M buys 3 whole nodes (4 would be $1,002,000).
+    bought = allowance(parse_budget(usd=1e6, pricing="purchase", days=365), h100, 8)
+    assert bought.num_gpus == 24 and bought.gpu_hours == 24 * 365 * 24
+    # Short of one node: 3 GPUs in a four-slot machine ($7,500 + $90,000); 4 would be $127,500.
+    assert allowance(parse_budget(usd=1e5, pricing="purchase", days=10), h100, 8).num_gpus == 3
+    assert allowance(parse_budget(usd=1e4, pricing="purchase", days=10), h100, 8).gpu_hours is None
+    no_price = GpuConfig(name="x", architecture="hopper", memory_gib=80, peak_tflops_bf16=900.0)
+    assert "cloud_usd_per_gpu_hour" in allowance(parse_budget(usd=1e5), no_price, 8).reason
+
+
+def test_sizes_and_sized_models() -> None:
+    assert parse_size("70B") == 70e9 and parse_size("350M") == 350e6 and parse_size("1.3e9") == 1.3e9
+    with pytest.raises(ValueError, match="accepted"):
+        parse_size("big")
+    gpt3 = sized_model(175e9)
+    assert (gpt3.num_layers, gpt3.hidden_size, gpt3.num_heads) == (96, 12288, 96)  # GPT-3 175B's own shape
+    for target in (1e9, 7e9, 60e9):
+        model = sized_model(target)
+        assert num_parameters(model) == pytest.approx(target, rel=0.1)
+        assert model.num_heads % 8 == 0 or model.hidden_size < 1024
+        assert model.num_layers % 4 == 0
+
+
+def test_one_million_a100_hours_is_sane() -> None:
+    a100 = _gpu("a100-80gb")
+    rows = optimal_for_budget(a100, parse_budget(gpu_hours=1e6), network_for(a100))
+    assert {r["choice"] for r in rows} == {"cheapest", "fastest"}
+    for row in rows:
+        # BigScience's estimate for 1M A100-hours is a model of tens of billions of parameters.
+        assert 2e10 <= row["compute_optimal_parameters"] <= 1.2e11
+        assert row["compute_optimal_tokens"] == pytest.approx(20 * row["compute_optimal_parameters"])
+        assert row["tokens_per_parameter"] == pytest.approx(20, rel=0.1)
+        assert row["memory_gib"] <= 72.0  # 80 GB less the 10% margin
+        assert row["source"] == "predicted"
+        assert row["num_gpus"] > 8  # does not fit in one node
+    cheapest = next(r for r in rows if r["choice"] == "cheapest")
+    assert cheapest["budget_used_pct"] == pytest.approx(100, abs=2)
+    assert cheapest["days"] <= 90.0
+    fastest = next(r for r in rows if r["choice"] == "fastest")
+    assert fastest["days"] <= cheapest["days"] and fastest["budget_used_pct"] <= 125.0 + 1e-6
+
+
+def test_what_a_budget_trains_for_175b_matches_bloom_in_order() -> None:
+    # BLOOM-176B: about 1M A100-hours for 366B tokens (Le Scao et al. 2022).
+    a100 = _gpu("a100-80gb")
+    model = sized_model(175e9)
+    (row,) = tokens_for_budget(model, a100, parse_budget(gpu_hours=1e6), network_for(a100))
+    assert 2e11 <= row["tokens"] <= 6e11
+    assert row["tokens_vs_compute_optimal"] < 0.2  # far under 20 tokens a parameter
+    assert row["memory_gib"] <= 72.0 and "tp8" in row["layout"]
+    assert row["days"] <= 90.0 and row["num_gpus"] >= 1e6 / (24 * 90)
+
+
+def test_measured_rows_use_the_measured_throughput() -> None:
+    h100 = _gpu("h100-80gb")
+    measured = Measured(tokens_per_s_per_gpu=70_000.0, mfu=0.45, num_gpus=1, sweep="s")
+    rows = tokens_for_budget(_model("pythia-1b"), h100, parse_budget(gpu_hours=1000), network_for(h100), measured)
+    by = {r["source"]: r for r in rows}
+    assert set(by) == {"predicted", "measured"}
+    assert by["measured"]["tokens"] == pytest.approx(1000 * 3600 * 70_000.0)
+    assert "measured on 1 GPUs" in by["measured"]["reason"]
+
+
+def test_budget_command_reads_records_and_writes_csv(tmp_path: Path) -> None:
+    sweep = tmp_path / "sweep"
+    config = synthetic.cell_config("pythia-160m", "h100-80gb")
+    metrics = synthetic.metrics(config, step_time_s=6.0, micro_batch_size=32)
+    synthetic.write_cell(sweep, "c1", config, synthetic.record("c1", config, metrics_=metrics))
+    out = tmp_path / "out"
+    argv = ["budget", "--usd", "1e5", "--gpu", "h100-80gb", "--model", "pythia-160m", "--from", str(sweep)]
+    assert main([*argv, "--out", str(out)]) == 0
+    models = pd.read_csv(out / "budget_models.csv")
+    measured = models[models["source"] == "measured"]
+    # 1024 x 2048 tokens in 6 s on one GPU
+    assert measured["tokens_per_s_per_gpu"].iloc[0] == pytest.approx(1024 * 2048 / 6.0)
+    optimal = pd.read_csv(out / "budget_optimal.csv")
+    assert set(optimal["choice"]) == {"cheapest", "fastest"}
+    json.dumps(optimal.to_dict())  # plain values only
+
+
+def test_budget_command_errors_name_what_is_accepted(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["budget", "--gpus", "8", "--gpu", "a100-80gb"]) == 2
+    assert "--gpus needs --days" in capsys.readouterr().err
+    assert main(["budget", "--gpu-hours", "10", "--gpu", "b200"]) == 2
+    assert "known (conf/gpu)" in capsys.readouterr().err
+    assert main(["budget", "--gpu-hours", "10", "--from", str(tmp_path)]) == 2
+    assert "not a sweep folder" in capsys.readouterr().err
