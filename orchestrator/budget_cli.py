@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from dataclasses import fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -92,23 +92,39 @@ def _cluster(name: str | None) -> ClusterConfig | None:
     return _pick("cluster", ClusterConfig, [name])[0] if name else None
 
 
-def measured_throughput(sweep_dirs: list[str]) -> dict[tuple[str, str], Measured]:
-    """The best measured tokens/s per GPU of each (model, GPU type) among the ``ok`` records of the sweeps."""
+@dataclass(frozen=True)
+class FromRecords:
+    """What a sweep's records tell: measured throughput by (model, GPU type), and a calibrated efficiency by GPU."""
+
+    measured: dict[tuple[str, str], Measured] = field(default_factory=dict)
+    efficiency: dict[str, tuple[float, str]] = field(default_factory=dict)
+
+
+def from_records(sweep_dirs: list[str]) -> FromRecords:
+    """The best measured tokens/s per GPU of each (model, GPU type) among the ``ok`` records of the sweeps, and
+    the median achieved share of the peak (HFU, else MFU) of each GPU type's records."""
     for folder in sweep_dirs:
         if not (Path(folder) / "cells").is_dir():
             raise ValueError(f"--from {folder}: not a sweep folder (it has no cells/ folder)")
     frame = load_cells([Path(d) for d in sweep_dirs]).frame
+    out = FromRecords()
     if frame.empty or "tokens_per_s_per_gpu" not in frame:
-        return {}
+        return out
     ok = frame[(frame["status"] == "ok") & frame["tokens_per_s_per_gpu"].notna()]
-    out: dict[tuple[str, str], Measured] = {}
     for (model, gpu), group in ok.groupby(["model", "gpu"]):
         best = group.loc[group["tokens_per_s_per_gpu"].idxmax()]
         mfu = best.get("mfu")
-        out[(str(model), str(gpu))] = Measured(
+        out.measured[(str(model), str(gpu))] = Measured(
             float(best["tokens_per_s_per_gpu"]), None if pd.isna(mfu) else float(mfu), int(best["num_gpus"]),
             str(best["sweep"]),
         )  # fmt: skip
+    # The achieved share of the peak in the records (hardware FLOPs, recomputation included) stands in for the
+    # default efficiency on that GPU type; the median, so that one odd cell does not decide it.
+    share = ok["hfu"].fillna(ok["mfu"]) if "hfu" in ok and "mfu" in ok else pd.Series(dtype=float)
+    for gpu, values in share.dropna().groupby(ok["gpu"]):
+        median = float(values.median())
+        if 0.0 < median <= 1.0:
+            out.efficiency[str(gpu)] = (median, f"median of {len(values)} record(s)")
     return out
 
 
@@ -153,22 +169,33 @@ def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) ->
         console.print(f"wrote {path}")
 
 
+def _efficiency(args: argparse.Namespace, records: FromRecords, gpu: GpuConfig) -> tuple[float, str]:
+    if args.efficiency is not None:
+        if not 0.0 < args.efficiency <= 1.0:
+            raise ValueError(f"--efficiency {args.efficiency:g}: a share of the peak, above 0 and at most 1")
+        return args.efficiency, "given"
+    return records.efficiency.get(gpu.name, (DEFAULT_EFFICIENCY, "default"))
+
+
 def run_budget(args: argparse.Namespace, console: Console) -> int:
     budget = parse_budget(args.gpu_hours, args.usd, args.pricing, args.gpus, args.days)
     gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
     models = sorted(_models(args.model, args.size, default_all=True), key=num_parameters)
-    measured = measured_throughput(args.sweeps) if args.sweeps else {}
+    records = from_records(args.sweeps) if args.sweeps else FromRecords()
     model_rows: list[dict[str, Any]] = []
     optimal_rows: list[dict[str, Any]] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
-        optimal_rows += optimal_for_budget(
-            gpu, budget, network, args.efficiency, overrun_pct=args.overrun_pct, max_days=args.max_days
-        )
+        efficiency, source = _efficiency(args, records, gpu)
+        tags = {"efficiency": efficiency, "efficiency_source": source, "network": network.source}
+        for row in optimal_for_budget(
+            gpu, budget, network, efficiency, overrun_pct=args.overrun_pct, max_days=args.max_days
+        ):
+            optimal_rows.append({**row, **tags})
         for model in models:
-            model_rows += tokens_for_budget(
-                model, gpu, budget, network, measured.get((model.name, gpu.name)), args.max_days, args.efficiency
-            )
+            measured = records.measured.get((model.name, gpu.name))
+            for row in tokens_for_budget(model, gpu, budget, network, measured, args.max_days, efficiency):
+                model_rows.append({**row, **tags} if row["source"] == "predicted" else {**row, "network": None})
     models_frame, optimal_frame = pd.DataFrame(model_rows), pd.DataFrame(optimal_rows)
     _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
     _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
@@ -186,11 +213,12 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
     rows: list[dict[str, Any]] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
+        efficiency, source = _efficiency(args, FromRecords(), gpu)
         for model in models:
             own = float(model.train_steps * model.global_batch_size * model.seq_length)
             tokens = float(train_tokens(token_budget, own, num_parameters(model)))
             for run in shortest_training(
-                model, gpu, network, tokens, args.loss, args.global_batch, args.efficiency, args.max_gpus
+                model, gpu, network, tokens, args.loss, args.global_batch, efficiency, args.max_gpus
             ):
                 est = run.estimate
                 rate = gpu.cloud_usd_per_gpu_hour
@@ -233,8 +261,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--efficiency",
         type=float,
-        default=DEFAULT_EFFICIENCY,
-        help=f"achieved share of the bf16 peak in the matrix products (default {DEFAULT_EFFICIENCY})",
+        help="achieved share of the bf16 peak in the matrix products (default: the median HFU of --from records "
+        f"for that GPU type, else {DEFAULT_EFFICIENCY})",
     )
     p.add_argument("--out", help="folder for the CSV files (default: print only)")
     p.add_argument("--width", type=int, help="terminal table width")

@@ -132,7 +132,7 @@ def test_measured_rows_use_the_measured_throughput() -> None:
 def test_budget_command_reads_records_and_writes_csv(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     config = synthetic.cell_config("pythia-160m", "h100-80gb")
-    metrics = synthetic.metrics(config, step_time_s=6.0, micro_batch_size=32)
+    metrics = {**synthetic.metrics(config, step_time_s=6.0, micro_batch_size=32), "hfu": 0.3}
     synthetic.write_cell(sweep, "c1", config, synthetic.record("c1", config, metrics_=metrics))
     out = tmp_path / "out"
     argv = ["budget", "--usd", "1e5", "--gpu", "h100-80gb", "--model", "pythia-160m", "--from", str(sweep)]
@@ -141,6 +141,10 @@ def test_budget_command_reads_records_and_writes_csv(tmp_path: Path) -> None:
     measured = models[models["source"] == "measured"]
     # 1024 x 2048 tokens in 6 s on one GPU
     assert measured["tokens_per_s_per_gpu"].iloc[0] == pytest.approx(1024 * 2048 / 6.0)
+    predicted = models[models["source"] == "predicted"]
+    # The records' achieved share of the peak replaces the default efficiency of predictions on that GPU type.
+    assert predicted["efficiency"].iloc[0] == pytest.approx(0.3)
+    assert predicted["efficiency_source"].iloc[0] == "median of 1 record(s)"
     optimal = pd.read_csv(out / "budget_optimal.csv")
     assert set(optimal["choice"]) == {"cheapest", "fastest"}
     json.dumps(optimal.to_dict())  # plain values only
