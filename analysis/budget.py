@@ -5,7 +5,7 @@ is GPU-hours, dollars of cloud time, dollars of purchased GPUs kept for some day
 it becomes GPU-hours (and, for purchases and GPUs × days, a fixed GPU count).
 
 - (a) For a model: tokens = GPU-hours × 3600 × tokens/s per GPU, against the compute-optimal 20 tokens per
-  parameter (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", table 3 and §3).
+  parameter (Hoffmann et al. 2022, "Training Compute-Optimal Large Language Models", §3).
 - (b) For the budget: C = GPU-hours × 3600 × achieved model FLOP/s per GPU; with C = 6·N·D and D = 20·N,
   N = sqrt(C/120) and D = 20·N. The model of that size (:func:`sized_model`) is laid out on every power-of-two
   GPU count; the cheapest configuration is the one that needs the fewest GPU-hours, the fastest the quickest that

@@ -9,14 +9,15 @@ Memory per GPU (bytes):
   (both when p = 1): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
   parallelism; Rajbhandari et al. 2020, via :func:`analysis.memory.model_state_bytes`);
 - activations with tensor-sequence parallelism and fused attention (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", eq. 2 and §4.2: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
+  Recomputation in Large Transformer Models", §4: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
   not kept by flash/SDPA attention); with full recomputation ``2·s·b·h/t`` a layer plus one layer being rerun.
-  Under 1F1B the first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021, §2.2), the last one
-  micro-batch plus its logits (12 bytes per token and vocabulary entry, split by t).
+  Under 1F1B the first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021, "Efficient
+  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), the last one micro-batch plus its
+  logits (12 bytes per token and vocabulary entry, split by t).
 
 Step time under 1F1B: (m + p − 1) × (compute + tensor-parallel + pipeline-send time of one micro-batch on one
 stage) + the data-parallel gradient reduction; the bubble is (p − 1)/(m + p − 1) of the step (Narayanan et al.
-2021, eq. 1). Tensor parallelism (kept inside a node) all-reduces the ``2·s·b·h`` bytes of a layer's activations
+2021). Tensor parallelism (kept inside a node) all-reduces the ``2·s·b·h`` bytes of a layer's activations
 twice forward and twice backward (Shoeybi et al. 2019, fig. 4; sequence parallelism replaces each by a
 reduce-scatter and an all-gather of the same volume), three times forward with recomputation; ring all-reduce moves
 2(n − 1)/n of the bytes per GPU. ZeRO-1's reduce-scatter plus all-gather of the 16-bit gradients and parameters
@@ -36,7 +37,7 @@ from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 DEFAULT_EFFICIENCY = 0.40
 """Achieved share of the dense bf16 peak in the matrix products (hardware FLOPs), when nothing is measured: the
 uncalibrated figure of ``analysis.predict``; Megatron-LM reached 44-52% on A100s for 18B-1T models (Narayanan et
-al. 2021, table 1) and BLOOM-176B about 48% (150 of 312 TFLOP/s, Le Scao et al. 2022)."""
+al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience, "BLOOM", 2022)."""
 MEMORY_MARGIN = 0.10
 """Share of GPU memory kept free for the CUDA context, NCCL and fragmentation (as ``analysis.predict``)."""
 LINK_EFFICIENCY = 0.75

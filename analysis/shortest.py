@@ -4,11 +4,11 @@ After Lamy-Poirier 2021 ("Layered gradient accumulation and modular pipeline par
 training of large language models", arXiv:2106.02679): past the critical batch size a larger
 batch buys no fewer optimizer steps, so the batch is bounded, and with it the GPUs that can share one step.
 
-- Loss in nats per token from Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models", eq. 10,
+- Loss in nats per token from Hoffmann et al. 2022 ("Training Compute-Optimal Large Language Models", §3.3,
   approach 3): ``L(N, D) = E + A/N^α + B/D^β`` with E = 1.69, A = 406.4, B = 410.7, α = 0.34, β = 0.28; or a loss
   the user gives.
-- Critical batch in tokens from Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", eq. 5.3 and
-  table 2): ``B_crit(L) ≈ B* / L^(1/α_B)`` with B* ≈ 2·10^8 tokens and α_B ≈ 0.21.
+- Critical batch in tokens from Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", eq. 1.4
+  and §5.1): ``B_crit(L) ≈ B* / L^(1/α_B)`` with B* ≈ 2·10^8 tokens and α_B ≈ 0.21.
 - Data parallelism alone needs one sequence per GPU at least: at most B_crit / s GPUs. Tensor parallelism (inside
   a node) and pipeline parallelism (up to one layer a stage) multiply that; the analytic layouts of
   :mod:`analysis.parallelism` say where adding GPUs stops paying (bubble, communication).
@@ -30,10 +30,10 @@ CHINCHILLA_A = 406.4
 CHINCHILLA_B = 410.7
 CHINCHILLA_ALPHA = 0.34
 CHINCHILLA_BETA = 0.28
-"""Hoffmann et al. 2022, eq. 10: the parametric fit of the final loss (nats) to parameters N and tokens D."""
+"""Hoffmann et al. 2022, §3.3: the parametric fit of the final loss (nats) to parameters N and tokens D."""
 KAPLAN_B_STAR_TOKENS = 2e8
 KAPLAN_ALPHA_B = 0.21
-"""Kaplan et al. 2020, table 2: critical batch B_crit(L) = B*/L^(1/α_B), B* ≈ 2e8 tokens, α_B ≈ 0.21."""
+"""Kaplan et al. 2020, eq. 1.4: critical batch B_crit(L) = B*/L^(1/α_B), B* ≈ 2e8 tokens, α_B ≈ 0.21."""
 USEFUL_SPEEDUP = 1.5
 """A doubling of the GPUs is worth it while it makes the step at least this much faster (75% of the ideal 2x)."""
 MAX_GPUS = 1 << 20

@@ -56,7 +56,12 @@ def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
 def _group(group: str) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        data = yaml.safe_load(path.read_text()) or {}
+        try:
+            data = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML ({exc})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of {group} fields")
         data.pop("defaults", None)
         out[path.stem] = data
     return out
@@ -210,13 +215,16 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
     if not models:
         raise ValueError("name at least one model: --model pythia-1b[,pythia-12b] or --size 70B")
     token_budget = parse_token_budget(args.tokens)
+    conf_names = set(_names(args.model))
     rows: list[dict[str, Any]] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
         efficiency, source = _efficiency(args, FromRecords(), gpu)
         for model in models:
             own = float(model.train_steps * model.global_batch_size * model.seq_length)
-            tokens = float(train_tokens(token_budget, own, num_parameters(model)))
+            # A model described by size has no training run of its own: compute-optimal, 20 tokens a parameter.
+            budget = token_budget if args.tokens or model.name in conf_names else parse_token_budget("20x")
+            tokens = float(train_tokens(budget, own, num_parameters(model)))
             for run in shortest_training(
                 model, gpu, network, tokens, args.loss, args.global_batch, efficiency, args.max_gpus
             ):
@@ -307,7 +315,10 @@ def add_parser(subparsers: Any) -> None:
     bp.set_defaults(func=run, budget_command="budget")
 
     sp = subparsers.add_parser("shortest", help="the critical batch and the shortest possible training of a model")
-    sp.add_argument("--tokens", help="tokens to train: 20x (per parameter), 300B, or the model's own run (default)")
+    sp.add_argument(
+        "--tokens",
+        help="tokens to train: 20x (per parameter), 300B; default: a conf/model's own run, 20x for --size models",
+    )
     sp.add_argument("--loss", type=float, help="loss (nats a token) for the critical batch (default: Hoffmann fit)")
     sp.add_argument("--global-batch", type=int, help="global batch in sequences, instead of the critical batch")
     sp.add_argument("--max-gpus", type=int, default=MAX_GPUS, help=f"most GPUs considered (default {MAX_GPUS})")
