@@ -11,29 +11,19 @@ import argparse
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-import yaml
-from rich.console import Console
-from rich.table import Table
+# The analysis (numpy, pandas, rich) is imported when a command runs, not when the main CLI builds its parser:
+# every other gpudays command would pay for it.
+if TYPE_CHECKING:
+    import pandas as pd
+    from rich.console import Console
 
-from analysis.budget import (
-    DEFAULT_MAX_DAYS,
-    DEFAULT_OVERRUN_PCT,
-    Measured,
-    optimal_for_budget,
-    parse_budget,
-    parse_size,
-    sized_model,
-    tokens_for_budget,
-)  # fmt: skip
-from analysis.estimates import parse_token_budget, train_tokens
-from analysis.parallelism import DEFAULT_EFFICIENCY, network_for
-from analysis.records import CONF_DIR, load_cells
-from analysis.shortest import MAX_GPUS, shortest_training
-from orchestrator.models import num_parameters
-from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+    from analysis.budget import Measured
+    from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+
+HELP_DEFAULTS = {"efficiency": 0.40, "max_days": 90.0, "overrun_pct": 25.0, "max_gpus": 1 << 20}
+"""The defaults the help text quotes; the values used come from analysis (a test keeps the two equal)."""
 
 SMALLEST_DEFAULT_MODEL = 10_000_000
 """Models under this many parameters (the CPU demo model) are left out unless named."""
@@ -54,6 +44,10 @@ def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
 
 
 def _group(group: str) -> dict[str, dict[str, Any]]:
+    import yaml
+
+    from analysis.records import CONF_DIR
+
     out: dict[str, dict[str, Any]] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         try:
@@ -80,11 +74,16 @@ def _names(text: str | None) -> list[str]:
 
 
 def _gpus(text: str | None) -> list[GpuConfig]:
+    from orchestrator.schema import GpuConfig
+
     names = _names(text) or [n for n, d in _group("gpu").items() if d.get("accelerator", "cuda") != "cpu"]
     return list(_pick("gpu", GpuConfig, names))
 
 
 def _models(text: str | None, sizes: str | None, default_all: bool) -> list[ModelConfig]:
+    from analysis.budget import parse_size, sized_model
+    from orchestrator.schema import ModelConfig
+
     names = _names(text)
     if not names and default_all:
         names = [n for n, d in _group("model").items() if (d.get("num_parameters") or 0) >= SMALLEST_DEFAULT_MODEL]
@@ -94,6 +93,8 @@ def _models(text: str | None, sizes: str | None, default_all: bool) -> list[Mode
 
 
 def _cluster(name: str | None) -> ClusterConfig | None:
+    from orchestrator.schema import ClusterConfig
+
     return _pick("cluster", ClusterConfig, [name])[0] if name else None
 
 
@@ -108,6 +109,11 @@ class FromRecords:
 def from_records(sweep_dirs: list[str]) -> FromRecords:
     """The best measured tokens/s per GPU of each (model, GPU type) among the ``ok`` records of the sweeps, and
     the median achieved share of the peak (HFU, else MFU) of each GPU type's records."""
+    import pandas as pd
+
+    from analysis.budget import Measured
+    from analysis.records import load_cells
+
     for folder in sweep_dirs:
         if not (Path(folder) / "cells").is_dir():
             raise ValueError(f"--from {folder}: not a sweep folder (it has no cells/ folder)")
@@ -134,6 +140,8 @@ def from_records(sweep_dirs: list[str]) -> FromRecords:
 
 
 def _fmt(column: str, value: Any) -> str:
+    import pandas as pd
+
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
     if isinstance(value, str):
@@ -152,6 +160,9 @@ def _fmt(column: str, value: Any) -> str:
 
 
 def _print(console: Console, title: str, frame: pd.DataFrame, columns: tuple[str, ...]) -> None:
+    import pandas as pd
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     shown = [c for c in columns if c in frame.columns]
     for column in shown:
@@ -175,6 +186,8 @@ def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) ->
 
 
 def _efficiency(args: argparse.Namespace, records: FromRecords, gpu: GpuConfig) -> tuple[float, str]:
+    from analysis.parallelism import DEFAULT_EFFICIENCY
+
     if args.efficiency is not None:
         if not 0.0 < args.efficiency <= 1.0:
             raise ValueError(f"--efficiency {args.efficiency:g}: a share of the peak, above 0 and at most 1")
@@ -183,6 +196,20 @@ def _efficiency(args: argparse.Namespace, records: FromRecords, gpu: GpuConfig) 
 
 
 def run_budget(args: argparse.Namespace, console: Console) -> int:
+    import pandas as pd
+
+    from analysis.budget import (
+        DEFAULT_MAX_DAYS,
+        DEFAULT_OVERRUN_PCT,
+        optimal_for_budget,
+        parse_budget,
+        tokens_for_budget,
+    )
+    from analysis.parallelism import network_for
+    from orchestrator.models import num_parameters
+
+    max_days = DEFAULT_MAX_DAYS if args.max_days is None else args.max_days
+    overrun_pct = DEFAULT_OVERRUN_PCT if args.overrun_pct is None else args.overrun_pct
     budget = parse_budget(args.gpu_hours, args.usd, args.pricing, args.gpus, args.days)
     gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
     models = sorted(_models(args.model, args.size, default_all=True), key=num_parameters)
@@ -193,13 +220,11 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
         network = network_for(gpu, cluster)
         efficiency, source = _efficiency(args, records, gpu)
         tags = {"efficiency": efficiency, "efficiency_source": source, "network": network.source}
-        for row in optimal_for_budget(
-            gpu, budget, network, efficiency, overrun_pct=args.overrun_pct, max_days=args.max_days
-        ):
+        for row in optimal_for_budget(gpu, budget, network, efficiency, overrun_pct=overrun_pct, max_days=max_days):
             optimal_rows.append({**row, **tags})
         for model in models:
             measured = records.measured.get((model.name, gpu.name))
-            for row in tokens_for_budget(model, gpu, budget, network, measured, args.max_days, efficiency):
+            for row in tokens_for_budget(model, gpu, budget, network, measured, max_days, efficiency):
                 model_rows.append({**row, **tags} if row["source"] == "predicted" else {**row, "network": None})
     models_frame, optimal_frame = pd.DataFrame(model_rows), pd.DataFrame(optimal_rows)
     _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
@@ -210,6 +235,14 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
 
 
 def run_shortest(args: argparse.Namespace, console: Console) -> int:
+    import pandas as pd
+
+    from analysis.estimates import parse_token_budget, train_tokens
+    from analysis.parallelism import network_for
+    from analysis.shortest import MAX_GPUS, shortest_training
+    from orchestrator.models import num_parameters
+
+    max_gpus = MAX_GPUS if args.max_gpus is None else args.max_gpus
     gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
     models = _models(args.model, args.size, default_all=False)
     if not models:
@@ -226,7 +259,7 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
             budget = token_budget if args.tokens or model.name in conf_names else parse_token_budget("20x")
             tokens = float(train_tokens(budget, own, num_parameters(model)))
             for run in shortest_training(
-                model, gpu, network, tokens, args.loss, args.global_batch, efficiency, args.max_gpus
+                model, gpu, network, tokens, args.loss, args.global_batch, efficiency, max_gpus
             ):
                 est = run.estimate
                 rate = gpu.cloud_usd_per_gpu_hour
@@ -250,6 +283,8 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``budget`` or ``shortest``; a user's mistake is one line on stderr and exit status 2."""
+    from rich.console import Console
+
     console = Console(width=args.width) if getattr(args, "width", None) else Console()
     try:
         if args.budget_command == "shortest":
@@ -270,7 +305,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         "--efficiency",
         type=float,
         help="achieved share of the bf16 peak in the matrix products (default: the median HFU of --from records "
-        f"for that GPU type, else {DEFAULT_EFFICIENCY})",
+        f"for that GPU type, else {HELP_DEFAULTS['efficiency']:g})",
     )
     p.add_argument("--out", help="folder for the CSV files (default: print only)")
     p.add_argument("--width", type=int, help="terminal table width")
@@ -301,15 +336,13 @@ def add_parser(subparsers: Any) -> None:
     bp.add_argument(
         "--max-days",
         type=float,
-        default=DEFAULT_MAX_DAYS,
         help="spread the budget over enough GPUs to end within this many days; (b)'s cheapest "
-        f"configuration ends within it (default {DEFAULT_MAX_DAYS:g})",
+        f"configuration ends within it (default {HELP_DEFAULTS['max_days']:g})",
     )
     bp.add_argument(
         "--overrun-pct",
         type=float,
-        default=DEFAULT_OVERRUN_PCT,
-        help=f"(b) the fastest configuration may spend this much more (default {DEFAULT_OVERRUN_PCT:g})",
+        help=f"(b) the fastest configuration may spend this much more (default {HELP_DEFAULTS['overrun_pct']:g})",
     )
     _common(bp)
     bp.set_defaults(func=run, budget_command="budget")
@@ -321,7 +354,7 @@ def add_parser(subparsers: Any) -> None:
     )
     sp.add_argument("--loss", type=float, help="loss (nats a token) for the critical batch (default: Hoffmann fit)")
     sp.add_argument("--global-batch", type=int, help="global batch in sequences, instead of the critical batch")
-    sp.add_argument("--max-gpus", type=int, default=MAX_GPUS, help=f"most GPUs considered (default {MAX_GPUS})")
+    sp.add_argument("--max-gpus", type=int, help=f"most GPUs considered (default {HELP_DEFAULTS['max_gpus']})")
     _common(sp)
     sp.set_defaults(func=run, budget_command="shortest")
 

@@ -157,3 +157,15 @@ def test_budget_command_errors_name_what_is_accepted(capsys: pytest.CaptureFixtu
     assert "known (conf/gpu)" in capsys.readouterr().err
     assert main(["budget", "--gpu-hours", "10", "--from", str(tmp_path)]) == 2
     assert "not a sweep folder" in capsys.readouterr().err
+
+
+def test_help_quotes_the_defaults_the_analysis_uses() -> None:
+    from analysis.budget import DEFAULT_MAX_DAYS, DEFAULT_OVERRUN_PCT
+    from analysis.parallelism import DEFAULT_EFFICIENCY
+    from analysis.shortest import MAX_GPUS
+    from orchestrator.budget_cli import HELP_DEFAULTS
+
+    assert HELP_DEFAULTS == {
+        "efficiency": DEFAULT_EFFICIENCY, "max_days": DEFAULT_MAX_DAYS, "overrun_pct": DEFAULT_OVERRUN_PCT,
+        "max_gpus": MAX_GPUS,
+    }  # fmt: skip
