@@ -237,6 +237,16 @@ def plot_scaling(scaling: pd.DataFrame, path: Path) -> Path:
                 color=colours.get(str(gpu)),
                 label=str(gpu),
             )
+            # The other layouts of a count are measurements too: drawn unconnected, never dropped.
+            others = rows.drop(index=line.index)
+            if len(others):
+                ax.plot(
+                    others["num_gpus"].astype(float),
+                    others["scaling_efficiency"].astype(float),
+                    linestyle="",
+                    marker="o",
+                    color=colours.get(str(gpu)),
+                )
             multi = rows[rows["num_nodes"].astype(float) > 1]
             if len(multi):
                 ax.plot(
