@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import tables
+from analysis import scaling, tables
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import RESULT_STATUSES, Catalog, load_cells
@@ -189,7 +189,7 @@ def write_report(
     cells, calibration = build_tables(loaded.frame, budget, margin, problems)
     best = tables.best_cells(cells)
     front = tables.frontier(cells)
-    scale = tables.scaling(cells)
+    scale = scaling.scaling(cells)
 
     target = Path(out_dir) if out_dir is not None else sweep_dirs[0]
     target.mkdir(parents=True, exist_ok=True)
