@@ -188,3 +188,24 @@ def knees(table: pd.DataFrame) -> pd.DataFrame:
         out,
         columns=["model", "gpu", "sharding", "num_gpus_measured", "knee_num_gpus", "marginal_speedup_past_knee"],
     )
+
+
+MARKDOWN_COLUMNS = (
+    "model", "gpu", "sharding", "num_gpus", "num_nodes", "tokens_per_s_per_gpu", "scaling_efficiency",
+    "marginal_speedup_per_added_gpu", "beyond_knee", "tokens_per_kwh", "usd_per_billion_tokens_cloud",
+)  # fmt: skip
+"""The columns of scaling.csv that report.md shows."""
+
+
+def describe_knee(table: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) -> str:
+    """A paragraph for report.md: what the knee is, at which threshold, and in how many lines it was reached."""
+    summary = knees(table)
+    reached = int(summary["knee_num_gpus"].notna().sum())
+    return (
+        f"One line per model × GPU type × sharding option. The knee of a line is the last GPU count before an "
+        f"added GPU buys less than {knee:g} of what each of its first GPUs does (marginal speed-up per added GPU "
+        f"below {knee:g}): beyond it more GPUs still shorten the run, but each buys little and the cost per "
+        f"token climbs. "
+        f"Returns diminish within the measured counts in {reached} of {len(summary)} line(s); "
+        f"`scaling_efficiency.png` marks each knee with a star."
+    )

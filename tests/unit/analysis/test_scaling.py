@@ -133,3 +133,17 @@ def test_no_measured_cell_gives_an_empty_table_with_the_columns() -> None:
     empty = scaling.scaling(pd.DataFrame({"status": ["oom"], "model": ["m"], "gpu": ["g"]}))
     assert empty.empty and "knee_num_gpus" in empty.columns and "engine" not in empty.columns
     assert scaling.knees(empty).empty
+
+
+def test_report_md_names_the_knee_and_its_threshold(knee_sweep: Path, tmp_path: Path) -> None:
+    write_report([knee_sweep], out_dir=tmp_path / "default", plots=False)
+    text = (tmp_path / "default" / "report.md").read_text()
+    section = text[text.index("## Scaling") : text.index("## Predicted")]
+    assert "marginal speed-up per added GPU below 0.5" in section
+    assert "Returns diminish within the measured counts in 1 of 1 line(s)" in section
+    assert "| pythia-160m | a100-80gb | zero0 | 1 2 4 8 | 4 | 0.15 |" in section
+    write_report([knee_sweep], out_dir=tmp_path / "strict", plots=False, knee=0.8)
+    assert "per added GPU below 0.8" in (tmp_path / "strict" / "report.md").read_text()
+    with pytest.raises(ValueError, match="knee threshold"):
+        write_report([knee_sweep], out_dir=tmp_path / "bad", knee=-1)
+    assert not (tmp_path / "bad").exists()  # refused before anything is read or written
