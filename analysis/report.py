@@ -209,7 +209,7 @@ def write_report(
         try:
             from analysis.plots import write_plots
 
-            plot_files = write_plots(cells, best, front, scale, target)
+            plot_files = write_plots(cells, best, front, scale, target, knee)
         except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
             problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
     files.extend(plot_files)
