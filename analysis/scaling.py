@@ -159,35 +159,27 @@ def scaling(cells: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) -> pd.Data
     return rows.reindex(columns=columns).reset_index(drop=True)
 
 
+KNEES_COLUMNS = ("model", "gpu", "sharding", "num_gpus_measured", "knee_num_gpus", "marginal_speedup_past_knee")
+
+
 def knees(table: pd.DataFrame) -> pd.DataFrame:
     """One row per line of a scaling table: its GPU counts measured, its knee and the step that passed it.
 
     Columns: model, gpu, sharding, num_gpus_measured (e.g. ``1 2 4 8``), knee_num_gpus (empty: no knee
     measured), marginal_speedup_past_knee (the marginal speed-up per added GPU of the first count beyond it).
     """
-    out = []
-    if not table.empty:
-        for (model, gpu, sharding), rows in table.groupby(["model", "gpu", "sharding"], sort=False, dropna=False):
-            counts = sorted({int(v) for v in rows["num_gpus"]})
-            knee = rows["knee_num_gpus"].iloc[0]
-            past = rows[rows["beyond_knee"].astype(bool)]
-            past = past[past["num_gpus"] == past["num_gpus"].min()]
-            out.append(
-                {
-                    "model": model,
-                    "gpu": gpu,
-                    "sharding": sharding,
-                    "num_gpus_measured": " ".join(map(str, counts)),
-                    "knee_num_gpus": knee,
-                    "marginal_speedup_past_knee": (
-                        past["marginal_speedup_per_added_gpu"].max() if len(past) else np.nan
-                    ),
-                }
-            )
-    return pd.DataFrame(
-        out,
-        columns=["model", "gpu", "sharding", "num_gpus_measured", "knee_num_gpus", "marginal_speedup_past_knee"],
-    )
+    if table.empty:
+        return pd.DataFrame(columns=list(KNEES_COLUMNS))
+    line = ["model", "gpu", "sharding"]
+    # Whole-table operations: a loop over the lines costs seconds with thousands of them.
+    counts = table[[*line, "num_gpus"]].drop_duplicates().astype({"num_gpus": str})
+    out = counts.groupby(line, sort=False, dropna=False)["num_gpus"].agg(" ".join).rename("num_gpus_measured")
+    out = out.to_frame().join(table.groupby(line, sort=False, dropna=False)["knee_num_gpus"].first())
+    past = table[table["beyond_knee"].astype(bool)]
+    first_past = past.groupby(line, sort=False, dropna=False)["num_gpus"].transform("min")
+    step = past[past["num_gpus"] == first_past].groupby(line, sort=False, dropna=False)
+    out = out.join(step["marginal_speedup_per_added_gpu"].max().rename("marginal_speedup_past_knee"))
+    return out.reset_index().reindex(columns=list(KNEES_COLUMNS))
 
 
 MARKDOWN_COLUMNS = (
@@ -197,9 +189,9 @@ MARKDOWN_COLUMNS = (
 """The columns of scaling.csv that report.md shows."""
 
 
-def describe_knee(table: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) -> str:
-    """A paragraph for report.md: what the knee is, at which threshold, and in how many lines it was reached."""
-    summary = knees(table)
+def describe_knee(summary: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) -> str:
+    """A paragraph for report.md: what the knee is, at which threshold, and in how many of the lines of
+    ``summary`` (:func:`knees`) it was reached."""
     reached = int(summary["knee_num_gpus"].notna().sum())
     return (
         f"One line per model × GPU type × sharding option. The knee of a line is the last GPU count before an "
