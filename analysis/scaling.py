@@ -20,7 +20,10 @@ beyond those of cells.csv:
   a billion tokens take, at the cloud price (USD); ``usd_per_billion_tokens_amortised``: the share of buying the
   machines (base machines and GPUs, written off over five years) used up in that time (USD).
 
-The energy and money come from :mod:`analysis.estimates`, as the cells table's do.
+The energy and money come from :mod:`analysis.estimates`, as the cells table's do. Why per GPU added and per
+token: Fernandez et al. 2024, "Hardware Scaling Trends and Diminishing Returns in Large-Scale Distributed
+Training" (arXiv 2411.13055), find that adding accelerators soon yields poor marginal throughput per GPU-hour
+and per unit of power; the knee threshold here is this project's own choice, not a figure from that paper.
 """
 
 from __future__ import annotations
