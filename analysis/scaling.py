@@ -39,8 +39,8 @@ from analysis.tables import settings_label
 
 KNEE_MARGINAL_SPEEDUP = 0.5
 """Default knee threshold: beyond the knee an added GPU buys less than half of what each of the first GPUs does
-(marginal speed-up per added GPU < 0.5). Half is where a doubling of the GPUs gains under 1.5× the throughput
-of the count before it when the base scaled perfectly: paying for the extra GPUs no longer halves the time."""
+(marginal speed-up per added GPU < 0.5). At 0.5, doubling a count that scaled perfectly so far gains 1.5× the
+throughput for 2× the GPUs: a third less time for a third more money and energy per token."""
 
 SHARDING_COLUMNS = ("engine", "zero_stage", "offload_optimizer", "offload_params")
 """Method settings that make a scaling line of their own (those the cells have): the training engine, once the
