@@ -6,7 +6,8 @@ Files written into the output folder (the first sweep folder unless given):
   once keeps its newest ``ok`` record);
 - ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
-- ``scaling.csv``: throughput per GPU against GPU count and nodes for each model × GPU type;
+- ``scaling.csv``: throughput, energy and cost per token against GPU count and nodes for each model × GPU type ×
+  sharding option, with the knee beyond which an added GPU stops paying;
 - ``days_vs_gpus.png``, ``cost_vs_days.png``, ``scaling_efficiency.png``;
 - ``report.md``: the above tied together, the predictor's accuracy, and the problems found.
 
@@ -68,9 +69,8 @@ Provenance
 The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
 ``cells_compared`` (measured cells of that model × GPU × count), ``cost_basis`` and ``cost_usd`` (the cost the
 frontier is drawn on: ``cost_usd_cloud``, or ``gpu_hours`` where no cloud price is known and ``cost_usd`` is
-empty), ``speedup`` and ``ideal_speedup`` (ratios to the smallest GPU count measured), ``scaling_efficiency``
-(speedup ÷ ideal) and ``marginal_speedup_per_added_gpu`` (throughput gained per GPU added since the next smaller
-count, in units of the smallest count's throughput per GPU).
+empty). Those of ``scaling.csv`` (speed-up, marginal speed-up per added GPU, the knee, tokens per kWh, dollars
+per billion tokens) are described in :mod:`analysis.scaling`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import tables
+from analysis import scaling, tables
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import RESULT_STATUSES, Catalog, load_cells
@@ -128,6 +128,8 @@ class Report:
     out_dir: Path | None = None
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Cells the sweeps refused before submission (``skipped.jsonl``): sweep, cell_id, label, reasons."""
+    knee: float = scaling.KNEE_MARGINAL_SPEEDUP
+    """The marginal speed-up per added GPU below which scaling.csv counts returns as diminished."""
 
 
 def calibration_from(sweep_dirs: Sequence[Path], catalog: Catalog | None = None) -> Calibration:
@@ -171,6 +173,7 @@ def write_report(
     *,
     margin: float = DEFAULT_MARGIN,
     catalog: Catalog | None = None,
+    knee: float = scaling.KNEE_MARGINAL_SPEEDUP,
 ) -> Report:
     """Read the sweeps' records and write cells.csv, best.csv, frontier.csv, scaling.csv, plots and report.md.
 
@@ -178,9 +181,11 @@ def write_report(
     such as ``"300e9"`` / ``"300B"`` (a bad value raises ``ValueError`` before anything is read). ``states`` maps
     cell ids to scheduler states, shown as the status of cells that have no record yet. Bad input (a missing,
     empty or corrupt sweep, record or config, an unknown GPU) never stops the report: it is listed in
-    ``Report.problems`` and in report.md. ``margin`` is the share of GPU memory the fit prediction keeps free.
+    ``Report.problems`` and in report.md. ``margin`` is the share of GPU memory the fit prediction keeps free;
+    ``knee`` the marginal speed-up per added GPU below which scaling.csv marks returns as diminished.
     """
     budget = parse_token_budget(tokens)
+    knee = scaling.check_knee(knee)
     sweep_dirs = [Path(d) for d in sweep_dirs]
     if not sweep_dirs and out_dir is None:
         raise ValueError("write_report needs at least one sweep folder, or an out_dir to write an empty report to")
@@ -189,7 +194,7 @@ def write_report(
     cells, calibration = build_tables(loaded.frame, budget, margin, problems)
     best = tables.best_cells(cells)
     front = tables.frontier(cells)
-    scale = tables.scaling(cells)
+    scale = scaling.scaling(cells, knee)
 
     target = Path(out_dir) if out_dir is not None else sweep_dirs[0]
     target.mkdir(parents=True, exist_ok=True)
@@ -204,11 +209,11 @@ def write_report(
         try:
             from analysis.plots import write_plots
 
-            plot_files = write_plots(cells, best, front, scale, target)
+            plot_files = write_plots(cells, best, front, scale, target, knee)
         except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
             problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
     files.extend(plot_files)
-    report = Report(cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped)
+    report = Report(cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped, knee)
     markdown = target / "report.md"
     markdown.write_text(render_markdown(report, sweep_dirs, plot_files))
     files.append(markdown)
@@ -351,23 +356,13 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
             ["model", "gpu", "num_gpus", "settings", "time_to_train_days", "cost_basis", "cost_usd", "gpu_hours"],
         )
     )
-    out.append("## Scaling (`scaling.csv`)")
+    out.append("## Scaling: where returns diminish (`scaling.csv`)")
     out.append("")
-    out.append(
-        _markdown_table(
-            report.scaling,
-            [
-                "model",
-                "gpu",
-                "num_gpus",
-                "num_nodes",
-                "tokens_per_s_per_gpu",
-                "speedup",
-                "scaling_efficiency",
-                "marginal_speedup_per_added_gpu",
-            ],
-        )  # fmt: skip
-    )
+    knees = scaling.knees(report.scaling)
+    out.append(scaling.describe_knee(knees, report.knee))
+    out.append("")
+    out.append(_markdown_table(knees, list(knees.columns)))
+    out.append(_markdown_table(report.scaling, scaling.MARKDOWN_COLUMNS))
     out.extend(_prediction_section(report))
     if not report.skipped.empty:
         out.append("## Refused before submission")

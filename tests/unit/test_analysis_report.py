@@ -216,14 +216,17 @@ def test_best_frontier_and_scaling_by_hand(tmp_path: Path, catalog: Catalog) -> 
     assert list(frontier["cell_id"]) == ["a4", "h1"]
     assert set(frontier["cost_basis"]) == {"cost_usd_cloud"}
 
-    scale = report.scaling.set_index(["gpu", "num_gpus"])
+    # Scaling follows each sharding option: ZeRO-0 at 1, 2 and 4 GPUs on A100s, ZeRO-1 at 2 alone.
+    scale = report.scaling.set_index(["gpu", "sharding", "num_gpus"])
     tokens = 1024 * 2048
-    assert scale.loc[("a100-80gb", 2), "tokens_per_s"] == pytest.approx(tokens / 2.2)
-    assert scale.loc[("a100-80gb", 2), "speedup"] == pytest.approx(4.0 / 2.2)
-    assert scale.loc[("a100-80gb", 4), "scaling_efficiency"] == pytest.approx(4.0 / 1.5 / 4)
-    # From 2 to 4 GPUs: (1/1.5 - 1/2.2) per added GPU, in units of one GPU's 1/4.0.
-    assert scale.loc[("a100-80gb", 4), "marginal_speedup_per_added_gpu"] == pytest.approx((1 / 1.5 - 1 / 2.2) / 2 * 4.0)
-    assert np.isnan(scale.loc[("a100-80gb", 1), "marginal_speedup_per_added_gpu"])
+    assert scale.loc[("a100-80gb", "zero1", 2), "tokens_per_s"] == pytest.approx(tokens / 2.2)
+    assert scale.loc[("a100-80gb", "zero1", 2), "speedup"] == pytest.approx(1.0)
+    assert scale.loc[("a100-80gb", "zero0", 2), "speedup"] == pytest.approx(4.0 / 2.5)
+    assert scale.loc[("a100-80gb", "zero0", 4), "scaling_efficiency"] == pytest.approx(4.0 / 1.5 / 4)
+    # From 2 to 4 GPUs: (1/1.5 - 1/2.5) per added GPU, in units of one GPU's 1/4.0.
+    marginal = (1 / 1.5 - 1 / 2.5) / 2 * 4.0
+    assert scale.loc[("a100-80gb", "zero0", 4), "marginal_speedup_per_added_gpu"] == pytest.approx(marginal)
+    assert np.isnan(scale.loc[("a100-80gb", "zero0", 1), "marginal_speedup_per_added_gpu"])
 
 
 def test_pareto_mask() -> None:

@@ -1,0 +1,117 @@
+"""The report's plots: what each draws (read back from the figure's artists), and that they stay legible."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib.figure import Figure
+
+from analysis import plots, synthetic
+from analysis.records import Catalog
+from analysis.report import write_report
+
+
+@pytest.fixture(scope="module")
+def catalog() -> Catalog:
+    return Catalog.load()
+
+
+def _measure(sweep: Path, cell_id: str, config: dict, step_time_s: float) -> None:
+    metrics = synthetic.metrics(config, step_time_s, 4, 20.0)
+    synthetic.write_cell(sweep, cell_id, config, synthetic.record(cell_id, config, "ok", metrics))
+
+
+def _drawn(monkeypatch: pytest.MonkeyPatch) -> list[Figure]:
+    """Keep every figure the plot functions save, so a test can read what was drawn."""
+    figures: list[Figure] = []
+    save = plots._save
+
+    def keep(fig: Figure, path: Path) -> Path:
+        figures.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def _points(ax) -> set[tuple[float, float]]:
+    """Every (x, y) marked in a panel, by lines or scatter collections, rounded to compare."""
+    found: set[tuple[float, float]] = set()
+    for line in ax.lines:
+        for x, y in zip(line.get_xdata(), line.get_ydata(), strict=True):
+            found.add((round(float(x), 6), round(float(y), 6)))
+    for collection in ax.collections:
+        for x, y in np.asarray(collection.get_offsets()).reshape(-1, 2):
+            found.add((round(float(x), 6), round(float(y), 6)))
+    return found
+
+
+def test_scaling_plot_keeps_the_one_node_point_beside_a_faster_two_node_one(
+    tmp_path: Path, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 8 GPUs measured on one node (0.8 s) and on two (0.7 s, faster): both are measurements and both must show.
+    sweep = tmp_path / "nodes"
+    for cell_id, gpus, nodes, step in (("one", 1, 1, 4.0), ("eight", 8, 1, 0.8), ("eight-2n", 8, 2, 0.7)):
+        _measure(sweep, cell_id, synthetic.cell_config("pythia-160m", "a100-80gb", gpus, nodes, catalog=catalog), step)
+    report = write_report([sweep], plots=False)
+    figures = _drawn(monkeypatch)
+    plots.plot_scaling(report.scaling, tmp_path / "scaling.png")
+
+    shown = _points(figures[0].axes[0])
+    one_node, two_nodes = round(4.0 / 0.8 / 8, 6), round(4.0 / 0.7 / 8, 6)  # scaling efficiency 0.625 and 0.714
+    assert (8.0, one_node) in shown
+    assert (8.0, two_nodes) in shown
+    assert (1.0, 1.0) in shown
+
+
+@pytest.fixture(scope="module")
+def knee_report(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog):
+    """One model on A100s: 1, 2, 4, 8 GPUs at 1000, 1900, 3400, 4000 tokens/s (knee at 4), 8 on two nodes too."""
+    sweep = tmp_path_factory.mktemp("plots") / "sweep"
+    tokens_per_step = 1024 * 2048
+    for gpus, nodes, tokens_per_s in ((1, 1, 1000.0), (2, 1, 1900.0), (4, 1, 3400.0), (8, 1, 4000.0), (8, 2, 3800.0)):
+        config = synthetic.cell_config("pythia-160m", "a100-80gb", gpus, nodes, catalog=catalog)
+        _measure(sweep, f"a{gpus}-{nodes}", config, tokens_per_step / tokens_per_s)
+    return write_report([sweep], plots=False)
+
+
+def _all_plots(report, out: Path) -> list[Path]:
+    return plots.write_plots(report.cells, report.best, report.frontier, report.scaling, out)
+
+
+def test_each_plot_fits_its_labels_and_legend_inside_the_figure(
+    knee_report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _drawn(monkeypatch)
+    _all_plots(knee_report, tmp_path)
+    assert len(figures) == 3
+    for fig in figures:
+        renderer = fig.canvas.get_renderer()
+        width, height = fig.get_size_inches() * fig.dpi
+        assert width >= 700 and height >= 450, "one panel must still be large enough to read"
+        whole = fig.bbox
+        legend = fig.legends[0].get_window_extent(renderer)
+        for ax in fig.axes:
+            # Tick labels, axis labels and the panel title all inside the picture, none cut at an edge.
+            box = ax.get_tightbbox(renderer)
+            assert box.x0 >= whole.x0 and box.y0 >= whole.y0 and box.x1 <= whole.x1 and box.y1 <= whole.y1
+            assert not legend.overlaps(ax.get_window_extent(renderer)), "the legend sits beside the data"
+            assert "log" in ax.get_xlabel() and ax.get_xscale() == "log"
+            assert "(" in ax.get_ylabel(), "y label with its unit"
+        assert legend.x0 >= whole.x0 and legend.x1 <= whole.x1
+
+
+def test_scaling_plot_stars_the_knee_and_names_its_threshold(
+    knee_report, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _drawn(monkeypatch)
+    plots.plot_scaling(knee_report.scaling, tmp_path / "scaling.png", knee=0.5)
+    ax = figures[0].axes[0]
+    stars = [c for c in ax.collections if c.get_gid() == "knee"]
+    assert len(stars) == 1
+    assert np.asarray(stars[0].get_offsets()).tolist() == [[4.0, pytest.approx(0.85)]]  # 3400 / 1000 / 4
+    assert any("less than 0.5" in t.get_text() for t in figures[0].texts)
+    legend_texts = [t.get_text() for t in figures[0].legends[0].get_texts()]
+    assert {"a100-80gb", "zero0", "> 1 node", "knee"} <= set(legend_texts)
