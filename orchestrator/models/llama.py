@@ -93,17 +93,25 @@ def layer_forward_flops_per_token(model: ModelConfig) -> float:
     return 2.0 * attention_parameters(model) + 6.0 * h * f + 4.0 * seq * model.num_heads * head_dim(model)
 
 
-def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
+def flops_per_token(model: ModelConfig, recompute: bool = False, recompute_last_product: bool = False) -> float:
     """Training FLOPs (forward and backward) per token of a sequence of the model's ``seq_length``.
 
     Backward costs twice the forward (a gradient for the input and one for the weight of every product), so a
     step is 3 forwards of every layer plus 3 × 2hV for the logits; a tied output matrix costs the same as an untied
-    one. ``recompute=True`` adds the second forward of every layer that full activation checkpointing runs
-    (hardware FLOPs); the logits are not recomputed.
+    one. ``recompute=True`` adds what full activation checkpointing reruns (hardware FLOPs): each layer's forward
+    again, except its MLP down projection (2hf): PyTorch's non-reentrant checkpoint stops recomputing as soon as it
+    has rebuilt the last tensor the backward needs (``torch.utils.checkpoint`` early stop), and nothing keeps the
+    down projection's output in a pre-norm layer. ``recompute_last_product=True`` reruns it as well, for a family
+    whose post-norm keeps that output (OLMo 2). The logits are not recomputed. Both checked against
+    ``torch.utils.flop_counter`` in the tests.
     """
-    layer_passes = 4 if recompute else 3
+    layer = layer_forward_flops_per_token(model)
+    passes = 3 * layer
+    if recompute:
+        skipped = 0.0 if recompute_last_product else 2.0 * model.hidden_size * intermediate_size(model)
+        passes += layer - skipped
     logits = 3 * 2.0 * model.hidden_size * model.vocab_size
-    return float(model.num_layers * layer_passes * layer_forward_flops_per_token(model) + logits)
+    return float(model.num_layers * passes + logits)
 
 
 def rms_norm_bytes(width: int, rows: int = 1, normalised_bytes: int = BYTES_16BIT) -> int:

@@ -30,8 +30,9 @@ def num_parameters(model: ModelConfig) -> int:
 
 
 def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
-    """``llama.flops_per_token``: moving the norms changes no matrix product."""
-    return llama.flops_per_token(model, recompute)
+    """``llama.flops_per_token``: moving the norms changes no matrix product. Recomputation reruns the whole layer,
+    down projection included, because the post-MLP norm keeps that projection's output for its backward."""
+    return llama.flops_per_token(model, recompute, recompute_last_product=True)
 
 
 def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfig) -> float:
