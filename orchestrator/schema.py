@@ -36,13 +36,14 @@ class ModelConfig:
     vocab_size: int = MISSING
     """Padded vocabulary size, as in the model's published config."""
     intermediate_size: Optional[int] = None
-    """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model."""
+    """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model (the other families require it)."""
     rotary_pct: float = 0.25
     """Fraction of each head's dimensions that get rotary position embeddings (1.0 for the Llama-style families)."""
     num_kv_heads: Optional[int] = None
-    """Key/value heads of grouped-query attention; ``None`` means one per query head (multi-head attention)."""
+    """Key/value heads of grouped-query attention; ``None`` means one per query head (multi-head attention).
+    This and the fields below up to ``norm_eps`` are read by the llama, qwen3 and olmo2 families."""
     head_dim: Optional[int] = None
-    """Width of one attention head; ``None`` means hidden_size / num_heads. Qwen3 and Llama 3.2-3B set it."""
+    """Width of one attention head; ``None`` means hidden_size / num_heads (Qwen3 sets 128 for every size)."""
     tie_word_embeddings: bool = False
     """The output projection shares the input embedding's matrix (one V×h matrix instead of two)."""
     rope_theta: Optional[float] = None
