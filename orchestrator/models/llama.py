@@ -1,8 +1,9 @@
 """Llama-style decoders (SmolLM2, Llama 3.2): parameters, training FLOPs, activation bytes and the module.
 
 The architecture: pre-norm RMSNorm, grouped-query attention without biases, rotary embeddings on every head
-dimension, a SwiGLU MLP, and input and output embeddings that are tied or not. ``qwen3`` and ``olmo2`` reuse this
-arithmetic through the ``extra_*`` hooks below and add their own norms.
+dimension, a SwiGLU MLP, and input and output embeddings that are tied or not. ``qwen3`` and ``olmo2`` import this
+arithmetic (``num_parameters``'s ``extra_per_layer``, the byte counts of a norm, the attention and the MLP,
+``config_kwargs``, ``build_from_config``) and add their own norms.
 
 Notation: L layers, h hidden size, f MLP width, a query heads, k key/value heads, d head width, V vocabulary,
 s sequence length. The attention projections are h×ad (queries), 2 × h×kd (keys, values) and ad×h (output).

@@ -28,7 +28,9 @@ PUBLISHED = {
 
 
 def family_of(name: str) -> str:
-    return str(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml").get("family", "gpt_neox"))
+    conf = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "model" / f"{name}.yaml"))
+    assert isinstance(conf, dict)
+    return str(conf.get("family", "gpt_neox"))
 
 
 def test_these_are_all_the_llama_files() -> None:
@@ -108,7 +110,7 @@ def test_activation_bytes_are_what_autograd_keeps(
 ) -> None:
     model = VARIANTS[variant]
     module = llama.build_model(model, attention, torch.bfloat16, torch.device("cpu"))
-    measured = saved_bytes_per_token(module, module.model.layers[1], model.vocab_size, model.seq_length)
+    measured = saved_bytes_per_token(module, module.get_submodule("model.layers.1"), model.vocab_size, model.seq_length)
     method = dataclasses.replace(MethodConfig(), attention=attention)
     assert measured == llama.activation_bytes_per_token_per_layer(model, method)
 

@@ -73,7 +73,7 @@ def test_flops_are_what_the_flop_counter_counts(training_flops: Callable[..., in
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_activation_bytes_are_what_autograd_keeps(attention: str, saved_bytes_per_token: Callable[..., float]) -> None:
     module = qwen3.build_model(TINY, attention, torch.bfloat16, torch.device("cpu"))
-    measured = saved_bytes_per_token(module, module.model.layers[1], TINY.vocab_size, TINY.seq_length)
+    measured = saved_bytes_per_token(module, module.get_submodule("model.layers.1"), TINY.vocab_size, TINY.seq_length)
     method = dataclasses.replace(MethodConfig(), attention=attention)
     assert measured == qwen3.activation_bytes_per_token_per_layer(TINY, method)
 
