@@ -11,10 +11,10 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from orchestrator.schema import Config
+from orchestrator.schema import Config, ModelConfig
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -29,6 +29,16 @@ IDENTITY_MODEL_KEYS = (
     "seq_length",
     "global_batch_size",
 )
+IDENTITY_MODEL_KEYS_IF_SET = (
+    "family",
+    "num_kv_heads",
+    "head_dim",
+    "tie_word_embeddings",
+    "rope_theta",
+    "norm_eps",
+)
+"""Architecture keys that join a cell's identity only where they differ from the schema's default (the Pythia
+value), so that every Pythia cell keeps the id it had before these keys existed."""
 IDENTITY_METHOD_KEYS = (
     "zero_stage",
     "offload_optimizer",
@@ -56,10 +66,14 @@ STARTUP_ALLOWANCE_S = 120
 search and warm-up. A floor for planning, not a promise: a first DeepSpeed op build or a compile adds to it."""
 
 
+_MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
+
+
 def identity(cell: Config) -> dict[str, Any]:
     """The settings that define what a cell measures, in a canonical flat form."""
     model, method = asdict(cell.model), asdict(cell.method)
     ident: dict[str, Any] = {f"model.{k}": model.get(k) for k in IDENTITY_MODEL_KEYS}
+    ident.update({f"model.{k}": model[k] for k in IDENTITY_MODEL_KEYS_IF_SET if model[k] != _MODEL_DEFAULTS[k]})
     ident["gpu"] = cell.gpu.name
     ident["num_gpus"] = cell.num_gpus
     ident["num_nodes"] = cell.num_nodes

@@ -18,21 +18,38 @@ from omegaconf import MISSING
 
 @dataclass
 class ModelConfig:
-    """A GPT-NeoX model and the training run it stands for (the run whose time we estimate)."""
+    """A decoder-only model and the training run it stands for (the run whose time we estimate).
+
+    The architecture fields after ``vocab_size`` default to what every Pythia (GPT-NeoX) model has, so a
+    ``conf/model`` file names only what differs from that; which of them a family reads is said in its module.
+    """
 
     name: str = MISSING
     """Short name used in tables and cell folders, e.g. ``pythia-1b``."""
     family: str = "gpt_neox"
-    """The architecture family, a module under ``orchestrator/models/`` (``gpt_neox`` for Pythia)."""
+    """The architecture family, a module under ``orchestrator/models/``: ``gpt_neox`` (Pythia), ``llama``
+    (SmolLM2, Llama 3.2), ``qwen3``, ``olmo2``."""
     num_layers: int = MISSING
     hidden_size: int = MISSING
     num_heads: int = MISSING
+    """Query heads."""
     vocab_size: int = MISSING
     """Padded vocabulary size, as in the model's published config."""
     intermediate_size: Optional[int] = None
-    """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model."""
+    """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model (the other families require it)."""
     rotary_pct: float = 0.25
-    """Fraction of each head's dimensions that get rotary position embeddings."""
+    """Fraction of each head's dimensions that get rotary position embeddings (1.0 for the Llama-style families)."""
+    num_kv_heads: Optional[int] = None
+    """Key/value heads of grouped-query attention; ``None`` means one per query head (multi-head attention).
+    This and the fields below up to ``norm_eps`` are read by the llama, qwen3 and olmo2 families."""
+    head_dim: Optional[int] = None
+    """Width of one attention head; ``None`` means hidden_size / num_heads (Qwen3 sets 128 for every size)."""
+    tie_word_embeddings: bool = False
+    """The output projection shares the input embedding's matrix (one V×h matrix instead of two)."""
+    rope_theta: Optional[float] = None
+    """Rotary base; ``None`` means the family's default (10,000 for Pythia)."""
+    norm_eps: Optional[float] = None
+    """Epsilon of the normalisation layers; ``None`` means the family's default. Changes no count, only numerics."""
     seq_length: int = 2048
     global_batch_size: int = 1024
     """Sequences per optimizer step across all GPUs."""

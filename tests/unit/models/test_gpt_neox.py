@@ -18,7 +18,7 @@ from orchestrator.schema import Config, MethodConfig, to_config
 from orchestrator.sweep import plan
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
-MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("pythia-*.yaml"))  # the GPT-NeoX family
 
 
 def cell(*overrides: str) -> Config:
