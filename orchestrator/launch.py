@@ -20,6 +20,7 @@ import os
 import re
 import shlex
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +77,9 @@ def resources(cell: dict[str, Any]) -> Resources:
     on_cuda = gpu["accelerator"] == "cuda"
     gres = None
     if on_cuda:
+        problem = gpu_type_problem(cell)
+        if problem:
+            raise SubmissionRefused(problem)
         gres_type = cluster["gres_by_gpu"].get(gpu["name"])
         gres = f"gpu:{gres_type}:{per_node}" if gres_type else f"gpu:{per_node}"
     constraints = [c for c in (cluster["constraint"], cluster["constraint_by_gpu"].get(gpu["name"])) if c]
@@ -101,6 +105,39 @@ def resources(cell: dict[str, Any]) -> Resources:
         template=cluster["template"],
         job_name="gpudays" if cell["name"] == "gpudays" else f"gpudays-{cell['name']}",
     )
+
+
+def gpu_type_problem(cell: dict[str, Any]) -> str | None:
+    """Why a SLURM cell's GPU type cannot be requested, or None.
+
+    A cluster config that maps GPU types (``gres_by_gpu`` or ``constraint_by_gpu`` not empty) must map the cell's
+    GPU in one of them: a type it does not map would otherwise become an untyped ``--gres=gpu:N``, which any GPU
+    satisfies, and the cell would measure whatever GPU the scheduler picked. A cluster config with both maps empty
+    asks for untyped GPUs on purpose (a cluster with one GPU type).
+    """
+    gpu, cluster = cell["gpu"], cell["cluster"]
+    if cluster["backend"] != "slurm" or gpu["accelerator"] != "cuda":
+        return None
+    by_gres, by_constraint = cluster["gres_by_gpu"] or {}, cluster["constraint_by_gpu"] or {}
+    if not (by_gres or by_constraint) or gpu["name"] in by_gres or gpu["name"] in by_constraint:
+        return None
+    mapped = sorted({*by_gres, *by_constraint})
+    return (
+        f"cell {cells.cell_id(cell)} ({cells.label(cell)}) asks for gpu={gpu['name']}, which the cluster config "
+        f"maps in neither cluster.gres_by_gpu nor cluster.constraint_by_gpu (it maps {', '.join(mapped)}); "
+        f"add `{gpu['name']}: <the site's gres type>` to gres_by_gpu (sinfo -o '%P %G' lists them) or a feature "
+        "to constraint_by_gpu in your cluster's YAML file, or choose a GPU this cluster has"
+    )
+
+
+def check_gpu_types(configs: dict[str, dict[str, Any]]) -> None:
+    """Raise SubmissionRefused naming every cell whose GPU type the cluster config does not map."""
+    problems = [p for p in (gpu_type_problem(cfg) for cfg in configs.values()) if p]
+    if problems:
+        raise SubmissionRefused(
+            f"{len(problems)} cell(s) ask for a GPU type the cluster config does not map; nothing was submitted:\n  "
+            + "\n  ".join(problems)
+        )
 
 
 def render_setup(res: Resources) -> list[str]:
@@ -371,23 +408,88 @@ def submit_slurm(
     return out
 
 
+def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str]:
+    """The devices a local cell of ``num_gpus`` GPUs gets: the first ``num_gpus`` this process may use.
+
+    Those are the entries of ``CUDA_VISIBLE_DEVICES`` when it is set (indices, ``GPU-<uuid>`` or ``MIG-<uuid>``),
+    else devices 0 .. num_gpus-1. Raises SubmissionRefused when fewer are visible than the cell asks for.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [str(i) for i in range(num_gpus)]
+    visible = [d.strip() for d in given.split(",") if d.strip()]
+    if len(visible) < num_gpus:
+        raise SubmissionRefused(
+            f"a local cell asks for {num_gpus} GPU(s) but CUDA_VISIBLE_DEVICES={given!r} makes only "
+            f"{len(visible)} visible; unset it, widen it, or ask for num_gpus={max(1, len(visible))}"
+        )
+    return visible[:num_gpus]
+
+
+def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Parameters for submitit's LocalExecutor: one process per rank; a CUDA cell's ranks see its GPUs.
+
+    submitit sets ``CUDA_VISIBLE_DEVICES`` of the job to the first ``gpus_per_node`` entries of ``visible_gpus``
+    (nothing at all when ``gpus_per_node`` is 0, which hides every GPU), so both are given; rank ``r`` then uses
+    device ``r`` of that list (the probe's ``torch.cuda.set_device(local_rank)``) and the ranks talk over NCCL.
+    Devices named by UUID cannot go through ``visible_gpus`` (integers only): they are exported by a setup line,
+    which submitit runs in the shell that starts the job, after its own setting.
+    """
+    params: dict[str, Any] = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
+    if res.accelerator != "cuda":
+        return params
+    devices = local_gpus(res.tasks_per_node, environ)
+    params["gpus_per_node"] = len(devices)
+    if all(d.isdigit() for d in devices):
+        params["visible_gpus"] = [int(d) for d in devices]
+    else:
+        params["setup"] = [f"export CUDA_VISIBLE_DEVICES={shlex.quote(','.join(devices))}"]
+    return params
+
+
+@dataclass
+class LocalRun:
+    """A local cell while it runs: what a progress display needs."""
+
+    cell_id: str
+    label: str
+    job_id: str
+    started_s: float
+    log: Path
+    """Standard error of rank 0 (where the probe and DeepSpeed say what they are doing)."""
+
+
 def submit_local(
-    paths: SweepPaths, configs: dict[str, dict[str, Any]], on_done: Callable[[str], None] | None = None
+    paths: SweepPaths,
+    configs: dict[str, dict[str, Any]],
+    on_done: Callable[[str], None] | None = None,
+    on_start: Callable[[LocalRun], None] | None = None,
+    on_poll: Callable[[LocalRun], None] | None = None,
+    poll_s: float = 1.0,
 ) -> list[Submission]:
-    """Run cells on this machine one after another (never side by side: they would measure each other)."""
+    """Run cells on this machine one after another (never side by side: they would measure each other).
+
+    ``on_start`` is called when a cell's job starts, ``on_poll`` about every ``poll_s`` while it runs, and
+    ``on_done`` with the cell id when it has ended (its record, if any, is written by then).
+    """
     out: list[Submission] = []
     for cid, cfg in configs.items():
         res = resources(cfg)
         executor = submitit.LocalExecutor(folder=paths.submitit_folder())
-        params: dict[str, Any] = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
-        if res.accelerator == "cuda":
-            params["visible_gpus"] = list(range(res.tasks_per_node))
-        executor.update_parameters(**params)
+        executor.update_parameters(**local_parameters(res))
         attempt = next_attempt(paths, cid)
         job = executor.submit(CellJob(str(paths.root), cid, attempt))
         sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
         append_jsonl(paths.attempts(cid), sub.__dict__)
         out.append(sub)
+        run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), job.paths.stderr)
+        if on_start is not None:
+            on_start(run)
+        while not job.done():
+            time.sleep(poll_s)
+            if on_poll is not None:
+                on_poll(run)
         try:
             job.results()
         except Exception:  # noqa: BLE001 - a cell's failure is in its record and logs; the others go on
