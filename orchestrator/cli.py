@@ -154,9 +154,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     (cid,) = matches
     state = next(s for s in lifecycle.states_or_records(paths) if s.cell_id == cid)
     attempts = status.read_attempts(paths, cid)
-    logs = sorted(
-        p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file()
-    )
+    logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
     traceback = (state.record or {}).get("traceback")
     if not traceback and state.log is not None and state.state not in ("ok", "does_not_fit"):
         traceback = _tail(state.log)

@@ -245,7 +245,10 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
     t.add_row("state", Text(state.state, style=STATE_STYLE.get(state.state, "red")))
     t.add_row("reason", Text(state.reason or "-"))
     if state.scheduler_state:
-        t.add_row("scheduler", Text(state.scheduler_state + (f" (before: {', '.join(state.history)})" if state.history else "")))
+        t.add_row(
+            "scheduler",
+            Text(state.scheduler_state + (f" (before: {', '.join(state.history)})" if state.history else "")),
+        )
     parts: list[RenderableType] = [t]
     if attempts:
         a = Table(show_edge=False, pad_edge=False, header_style="bold", box=None, title_justify="left")
@@ -325,7 +328,9 @@ class LocalProgress:
 
     def _now_line(self) -> Text:
         said = _last_line(self.run.log)
-        text = Text(f"  [{self.index}/{self.total}] {self.run.cell_id} {self.run.label}: running, {self._elapsed_s():.0f} s")
+        text = Text(
+            f"  [{self.index}/{self.total}] {self.run.cell_id} {self.run.label}: running, {self._elapsed_s():.0f} s"
+        )
         if said:
             text.append(f"  | {said}", style="dim")
         return text

@@ -97,7 +97,11 @@ def test_a_gpu_type_the_cluster_does_not_map_is_refused_not_untyped(make_cell) -
 
 def test_a_gpu_type_mapped_by_constraint_alone_is_accepted(make_cell) -> None:
     cell = make_cell(
-        "cluster=example-university", "gpu=h200", "num_gpus=4", "model=pythia-70m", "+cluster.constraint_by_gpu.h200=h200"
+        "cluster=example-university",
+        "gpu=h200",
+        "num_gpus=4",
+        "model=pythia-70m",
+        "+cluster.constraint_by_gpu.h200=h200",
     )
     launch.check_gpu_types({"x": cell})
     res = launch.resources(cell)
