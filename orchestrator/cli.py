@@ -44,6 +44,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not overrides and not args.planning:
         console.out("no overrides given: running the demo sweep (+experiment=demo) on this machine")
     search_dirs = [Path(d) for d in args.config_dir]
+    _interval(args.interval)
     if args.margin is not None and not (0 <= args.margin < 1):
         raise LifecycleError(f"--margin {args.margin}: give the share of GPU memory kept free, from 0 up to below 1")
     if args.cfg:
@@ -64,6 +65,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             launch.check_gpu_types({c.cell_id: c.config for c in plan.cells})
         except launch.SubmissionRefused as e:
             raise LifecycleError(str(e)) from e
+        console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
         if not plan.cells:
             console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
         return Exit.OK
@@ -144,6 +146,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     paths = lifecycle.sweep_folder(args.sweep_dir)
     ids = paths.cell_ids()
+    if not args.cell.strip():
+        raise LifecycleError("give a cell id (or its first characters), as `gpudays status` lists them")
     matches = [c for c in ids if c == args.cell] or [c for c in ids if c.startswith(args.cell)]
     if len(matches) != 1:
         what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
@@ -274,7 +278,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run one command; its outcome is the exit code (``Exit``), bad input an error line, never a traceback."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as e:  # --help, --version, or a usage error argparse has already explained
+        return e.code if isinstance(e.code, int) else int(Exit.BAD_INPUT)
     try:
         return int(args.func(args) or 0)
     except LifecycleError as e:
@@ -291,6 +298,20 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         console.error("interrupted")
         return int(Exit.INTERRUPTED)
+    except Exception as e:  # noqa: BLE001 - a bug: one line for the user, the traceback in a file for the report
+        console.error(f"internal error, a bug in gpudays: {type(e).__name__}: {e}"[:2000])
+        console.note(f"the traceback is in {_save_traceback()}; please report it with the command line")
+        return int(Exit.INTERNAL)
+
+
+def _save_traceback() -> str:
+    import tempfile
+    import traceback
+
+    fd, path = tempfile.mkstemp(prefix="gpudays-traceback-", suffix=".txt")
+    with open(fd, "w") as f:
+        f.write(" ".join(map(repr, sys.argv)) + "\n\n" + traceback.format_exc())
+    return path
 
 
 if __name__ == "__main__":

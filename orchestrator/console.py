@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import sys
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -70,19 +71,30 @@ def make_console(stderr: bool = False) -> Console:
     return Console(file=stream, highlight=False, width=None if tty else 200, soft_wrap=not tty)
 
 
+def printable(text: str) -> str:
+    """Text any terminal can take: undecodable bytes (surrogates) as ``\\udcff``, control characters escaped."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    # Control characters (a terminal's escape sequences) in a record or a name are shown, not obeyed.
+    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else repr(c)[1:-1] for c in text)
+
+
+def _t(text: str, style: str | None = None) -> Text:
+    return Text(printable(text), style=style or "")
+
+
 def out(text: str) -> None:
     """A plain line on stdout (no markup interpreted: paths and overrides are shown as given)."""
-    make_console().print(Text(text))
+    make_console().print(_t(text))
 
 
 def error(text: str) -> None:
     """``gpudays: error: ...`` on stderr."""
-    make_console(stderr=True).print(Text(f"gpudays: error: {text}"))
+    make_console(stderr=True).print(_t(f"gpudays: error: {text}"))
 
 
 def note(text: str) -> None:
     """``gpudays: ...`` on stderr: something a reader should know that is not an error."""
-    make_console(stderr=True).print(Text(f"gpudays: {text}"))
+    make_console(stderr=True).print(_t(f"gpudays: {text}"))
 
 
 def fmt(value: Any) -> str:
@@ -96,7 +108,7 @@ def fmt(value: Any) -> str:
         if v == 0:
             return "0"
         return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
-    return " ".join(str(value).split())
+    return printable(" ".join(str(value).split()))
 
 
 def _na() -> Any:
@@ -123,8 +135,8 @@ def _table(columns: dict[str, str], rows: Iterable[dict[str, Any]], numeric: Seq
 def _cell_text(key: str, value: Any) -> Text:
     text = fmt(value)
     if key in ("status", "state"):
-        return Text(text, style=STATE_STYLE.get(text, "red"))
-    return Text(text[:117] + "..." if len(text) > 120 else text)
+        return _t(text, style=STATE_STYLE.get(text, "red"))
+    return _t(text[:117] + "..." if len(text) > 120 else text)
 
 
 def _numeric(frame: Any, columns: Iterable[str]) -> list[str]:
@@ -136,7 +148,7 @@ def _numeric(frame: Any, columns: Iterable[str]) -> list[str]:
 def cells_table(frame: Any, max_rows: int | None = None) -> RenderableType:
     """The measured cells (the report's cells frame): settings, outcome, time, GPU-hours, cost and energy."""
     if frame is None or len(frame) == 0:
-        return Text("(no cells)")
+        return _t("(no cells)")
     columns = {k: v for k, v in CELL_COLUMNS.items() if k in frame.columns}
     if "reason" in columns and not frame["reason"].notna().any():
         del columns["reason"]
@@ -179,12 +191,12 @@ def plan_table(plan: Any) -> RenderableType:
 
 def plan_summary(plan: Any) -> RenderableType:
     """Where the sweep goes, how many cells run, which are refused and why."""
-    lines = [Text(f"sweep folder: {plan.sweep_dir}")]
+    lines = [_t(f"sweep folder: {plan.sweep_dir}")]
     dup = f", {plan.duplicates} duplicate(s) merged" if plan.duplicates else ""
-    lines.append(Text(f"{len(plan.cells)} cell(s) to measure, {len(plan.skipped)} refused before submission{dup}"))
+    lines.append(_t(f"{len(plan.cells)} cell(s) to measure, {len(plan.skipped)} refused before submission{dup}"))
     for cell in plan.skipped:
         reasons = "; ".join(str(r) for r in cell.refusals)
-        lines.append(Text(f"  skipped {cell.label} ({' '.join(cell.overrides)}): {reasons}"))
+        lines.append(_t(f"  skipped {cell.label} ({' '.join(cell.overrides)}): {reasons}"))
     return Group(*lines)
 
 
@@ -192,7 +204,7 @@ def summary_line(states: Sequence[Any], markup: bool = True) -> RenderableType:
     """``12 cell(s): ok 9, running 2, failed 1``, each state in its colour."""
     from orchestrator.status import counts
 
-    text = Text(f"{len(states)} cell(s): ")
+    text = _t(f"{len(states)} cell(s): ")
     parts = counts(states)
     for i, (state, n) in enumerate(parts.items()):
         text.append(f"{state} {n}", style=STATE_STYLE.get(state, "red") if markup else None)
@@ -240,14 +252,14 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
-    t.add_row("cell", Text(state.cell_id))
-    t.add_row("settings", Text(state.label or "-"))
-    t.add_row("state", Text(state.state, style=STATE_STYLE.get(state.state, "red")))
-    t.add_row("reason", Text(state.reason or "-"))
+    t.add_row("cell", _t(state.cell_id))
+    t.add_row("settings", _t(state.label or "-"))
+    t.add_row("state", _t(state.state, style=STATE_STYLE.get(state.state, "red")))
+    t.add_row("reason", _t(state.reason or "-"))
     if state.scheduler_state:
         t.add_row(
             "scheduler",
-            Text(state.scheduler_state + (f" (before: {', '.join(state.history)})" if state.history else "")),
+            _t(state.scheduler_state + (f" (before: {', '.join(state.history)})" if state.history else "")),
         )
     parts: list[RenderableType] = [t]
     if attempts:
@@ -255,23 +267,23 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
         for col in ("attempt", "job", "backend", "submitted"):
             a.add_column(col, no_wrap=True)
         for entry in attempts:
-            a.add_row(*(Text(fmt(entry.get(k))) for k in ("attempt", "job_id", "backend", "submitted_at")))
-        parts += [Text("attempts", style="bold"), a]
+            a.add_row(*(_t(fmt(entry.get(k))) for k in ("attempt", "job_id", "backend", "submitted_at")))
+        parts += [_t("attempts", style="bold"), a]
     if logs:
-        parts += [Text("logs", style="bold"), *(Text(f"  {p}") for p in logs)]
+        parts += [_t("logs", style="bold"), *(_t(f"  {p}") for p in logs)]
     if traceback:
         lines = traceback.rstrip().splitlines()
         cut = f"  ... {len(lines) - 20} earlier line(s)\n" if len(lines) > 20 else ""
-        parts += [Text("traceback (tail)", style="bold"), Text(cut + "\n".join(lines[-20:]))]
+        parts += [_t("traceback (tail)", style="bold"), _t(cut + "\n".join(lines[-20:]))]
     return Group(*parts)
 
 
 def files_written(files: Sequence[Path]) -> Group:
-    return Group(*(Text(f"wrote {f}") for f in files))
+    return Group(*(_t(f"wrote {f}") for f in files))
 
 
 def problems(found: Sequence[str]) -> Group:
-    return Group(*(Text(f"  problem: {p}") for p in found))
+    return Group(*(_t(f"  problem: {p}") for p in found))
 
 
 def escape_markup(text: str) -> str:
@@ -313,7 +325,7 @@ class LocalProgress:
         if self.console.is_terminal:
             from rich.live import Live
 
-            self.live = Live(Text(""), console=self.console, auto_refresh=False, transient=True)
+            self.live = Live(_t(""), console=self.console, auto_refresh=False, transient=True)
             self.live.__enter__()
         return self
 
@@ -328,7 +340,7 @@ class LocalProgress:
 
     def _now_line(self) -> Text:
         said = _last_line(self.run.log)
-        text = Text(
+        text = _t(
             f"  [{self.index}/{self.total}] {self.run.cell_id} {self.run.label}: running, {self._elapsed_s():.0f} s"
         )
         if said:
@@ -342,7 +354,7 @@ class LocalProgress:
         if self.live is not None:
             self.live.update(self._now_line(), refresh=True)
         else:
-            self.console.print(Text(f"  [{self.index}/{self.total}] {run.cell_id} {run.label}: started"))
+            self.console.print(_t(f"  [{self.index}/{self.total}] {run.cell_id} {run.label}: started"))
 
     def poll(self, run: Any) -> None:
         import time
@@ -357,7 +369,7 @@ class LocalProgress:
         step = ((state.record or {}).get("metrics") or {}).get("step_time_s")
         step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
         reason = f": {state.reason}" if state.reason and state.state != "ok" else ""
-        line = Text(f"  [{self.index}/{self.total}] {state.cell_id} ")
+        line = _t(f"  [{self.index}/{self.total}] {state.cell_id} ")
         line.append(state.state, style=STATE_STYLE.get(state.state, "red"))
         line.append(f"{step_txt} in {self._elapsed_s():.0f} s{reason}")
         if self.live is not None:
@@ -407,5 +419,5 @@ class WaitProgress:
             ended = sum(1 for s in states if s.state not in ACTIVE)
             self.progress.update(self.task, completed=ended, total=len(states), description=plain)
         elif plain != self.last:
-            self.console.print(Text(f"  [{time.strftime('%H:%M:%S')}] {plain}"))
+            self.console.print(_t(f"  [{time.strftime('%H:%M:%S')}] {plain}"))
         self.last = plain

@@ -33,6 +33,7 @@ class Exit(IntEnum):
     CELLS_FAILED = 1
     BAD_INPUT = 2
     SCHEDULER = 3
+    INTERNAL = 70
     INTERRUPTED = 130
 
 
@@ -41,6 +42,7 @@ EXIT_MEANING = {
     Exit.CELLS_FAILED: "some cell failed, timed out, was lost...: it needs a rerun (gpudays resume)",
     Exit.BAD_INPUT: "bad input (config, override, flag, folder): nothing was submitted",
     Exit.SCHEDULER: "the scheduler refused the submission or could not be asked",
+    Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
     Exit.INTERRUPTED: "stopped with Ctrl-C",
 }
 
@@ -290,9 +292,11 @@ def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str |
     from analysis.report import write_report
 
     try:
-        parse_token_budget(tokens)
+        budget = parse_token_budget(tokens)
     except ValueError as e:
         raise LifecycleError(f"--tokens {tokens}: {e}") from e
+    if budget.value is not None and not (0 < budget.value < 1e18):
+        raise LifecycleError(f"--tokens {tokens}: give a budget above 0 and below 1e18 tokens, e.g. 20x or 300B")
     states: dict[str, str] = {}
     for paths in sweep_dirs:
         states.update({s.cell_id: s.state for s in states_or_records(paths)})
