@@ -4,7 +4,7 @@ command or a file name, non-UTF-8 bytes, truncated files, wrong types and huge n
 Every case goes through ``cli.main`` as a user's command would. None may end in a traceback or an internal error,
 run injected code (a canary file that must not appear), or lose or overwrite a record. One real cell runs (a
 sleep probe, a few seconds); resuming damaged folders uses a stand-in for the local run, so the unit tier stays
-fast (the real resume of a damaged cell is covered in tests/unit/test_lifecycle_local.py).
+fast (real resumes of failed cells run in tests/integration/test_local_concurrency.py).
 """
 
 from __future__ import annotations
