@@ -291,17 +291,18 @@ def escape_markup(text: str) -> str:
     return escape(text)
 
 
-def _last_line(log: Path, max_bytes: int = 4096) -> str:
-    """The last non-empty line of a log (what the job said most recently), or an empty string."""
+def _last_line(logs: Sequence[Path], max_bytes: int = 4096) -> str:
+    """The last non-empty line of the most recently written log (what the job said last), or an empty string."""
     try:
+        log = max((p for p in logs if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
         with open(log, "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - max_bytes))
             tail = f.read().decode(errors="replace")
-    except OSError:
+    except (OSError, ValueError):  # no log yet (max of nothing), or one that went away
         return ""
     lines = [" ".join(line.split()) for line in tail.splitlines() if line.strip()]
-    return lines[-1][:100] if lines else ""
+    return printable(lines[-1][:100]) if lines else ""
 
 
 class LocalProgress:
@@ -339,7 +340,7 @@ class LocalProgress:
         return time.monotonic() - self.run.started_s if self.run is not None else 0.0
 
     def _now_line(self) -> Text:
-        said = _last_line(self.run.log)
+        said = _last_line(self.run.logs)
         text = _t(
             f"  [{self.index}/{self.total}] {self.run.cell_id} {self.run.label}: running, {self._elapsed_s():.0f} s"
         )

@@ -456,8 +456,8 @@ class LocalRun:
     label: str
     job_id: str
     started_s: float
-    log: Path
-    """Standard error of rank 0 (where the probe and DeepSpeed say what they are doing)."""
+    logs: tuple[Path, ...]
+    """Standard output and error of rank 0 (where submitit, DeepSpeed and the probe say what they are doing)."""
 
 
 def submit_local(
@@ -483,7 +483,7 @@ def submit_local(
         sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
         append_jsonl(paths.attempts(cid), sub.__dict__)
         out.append(sub)
-        run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), job.paths.stderr)
+        run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
         if on_start is not None:
             on_start(run)
         while not job.done():

@@ -153,13 +153,18 @@ def test_version_and_help_list_every_command_and_the_exit_codes(capsys) -> None:
 
 def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
     progress = console.LocalProgress(2)
-    log = tmp_path / "log.err"
-    log.write_text("loading the model\n")
+    progress.QUIET_S = 0  # piped: a line at every poll, not every 30 s
+    stdout, stderr = tmp_path / "log.out", tmp_path / "log.err"
+    stdout.write_text("submitit INFO starting\n")
+    stderr.write_text("\nloading the model\n\n")  # the newer of the two logs is shown
     with progress:
         for cid, took_s in (("first", 100), ("second", 3)):
-            progress.start(launch.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, log))
+            run = launch.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
+            progress.start(run)
+            progress.poll(run)
             progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record={"metrics": {}}))
     out = capsys.readouterr().out
+    assert "[1/2] first tiny: running, 100 s  | loading the model" in out
     assert "[1/2] first ok in 100 s" in out
     assert "[2/2] second ok in 3 s" in out, "the second cell's time is its own, not the sum"
 
