@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -112,68 +111,21 @@ def _interval(value: float) -> float:
 
 def cmd_status(args: argparse.Namespace) -> int:
     """Counts per state and a table of cells; ``--watch`` refreshes it; ``--check`` exits 1 if any needs a rerun."""
-    from orchestrator import lifecycle, status
+    from orchestrator import lifecycle
 
     only = _parse_states(args.state, "--state")
     interval = _interval(args.interval)
     paths = lifecycle.sweep_folder(args.sweep_dir)
-    c = console.make_console()
-    states = lifecycle.states_or_records(paths)
-    if args.watch and c.is_terminal and not status.is_done(states):
-        from rich.live import Live
-
-        rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
-        with Live(console.status_view(states, only, args.summary, rows), console=c, auto_refresh=False) as live:
-            while not status.is_done(states):
-                time.sleep(interval)
-                states = lifecycle.states_or_records(paths)
-                live.update(console.status_view(states, only, args.summary, rows), refresh=True)
-    elif args.watch:
-        with console.WaitProgress(len(states)) as progress:
-            while not status.is_done(states):
-                progress.update(states)
-                time.sleep(interval)
-                states = lifecycle.states_or_records(paths)
-    c.print(console.status_view(states, only, args.summary, None))
-    if args.check and any(status.needs_rerun(s.state) for s in states):
-        return Exit.CELLS_FAILED
-    return Exit.OK
+    return lifecycle.show_status(paths, only, args.summary, args.watch, interval, args.check)
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     """One cell in detail: state, reason, attempts, log files and the tail of its traceback."""
-    from orchestrator import lifecycle, status
+    from orchestrator import lifecycle
 
-    paths = lifecycle.sweep_folder(args.sweep_dir)
-    ids = paths.cell_ids()
     if not args.cell.strip():
         raise LifecycleError("give a cell id (or its first characters), as `gpudays status` lists them")
-    matches = [c for c in ids if c == args.cell] or [c for c in ids if c.startswith(args.cell)]
-    if len(matches) != 1:
-        what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
-        raise LifecycleError(
-            f"{what} of {paths.root} match {args.cell!r}; its cells: {', '.join(ids[:20]) or '(none)'}"
-            + (" ..." if len(ids) > 20 else "")
-        )
-    (cid,) = matches
-    state = next(s for s in lifecycle.states_or_records(paths) if s.cell_id == cid)
-    attempts = status.read_attempts(paths, cid)
-    logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
-    traceback = (state.record or {}).get("traceback")
-    if not traceback and state.log is not None and state.state not in ("ok", "does_not_fit"):
-        traceback = _tail(state.log)
-    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
-    return Exit.OK if not status.needs_rerun(state.state) else Exit.CELLS_FAILED
-
-
-def _tail(path: Path, max_bytes: int = 8192) -> str | None:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace") or None
-    except OSError:
-        return None
+    return lifecycle.show_cell(lifecycle.sweep_folder(args.sweep_dir), args.cell)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:

@@ -152,7 +152,7 @@ def render_setup(res: Resources) -> list[str]:
         template = env.get_template(res.template)
     except jinja2.TemplateNotFound as e:
         available = sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))
-        raise ValueError(
+        raise SubmissionRefused(
             f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
         ) from e
     text = template.render(setup=list(res.setup), env=list(res.env), accelerator=res.accelerator)

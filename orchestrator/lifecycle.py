@@ -306,3 +306,58 @@ def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str |
     c.print(console.problems(rep.problems))
     c.print(console.files_written(rep.files))
     return Exit.OK
+
+
+def show_status(
+    paths: SweepPaths, only: set[str] | None, summary: bool, watch: bool, interval_s: float, check: bool
+) -> Exit:
+    """``gpudays status``: the table (``watch``: refreshed until no cell is pending or running); with ``check``,
+    CELLS_FAILED while any cell needs a rerun."""
+    c = console.make_console()
+    states = states_or_records(paths)
+    if watch and c.is_terminal and not status.is_done(states):
+        from rich.live import Live
+
+        rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
+        with Live(console.status_view(states, only, summary, rows), console=c, auto_refresh=False) as live:
+            while not status.is_done(states):
+                time.sleep(interval_s)
+                states = states_or_records(paths)
+                live.update(console.status_view(states, only, summary, rows), refresh=True)
+    elif watch:
+        wait_for(paths, interval_s)
+        states = states_or_records(paths)
+    c.print(console.status_view(states, only, summary, None))
+    if check and any(status.needs_rerun(s.state) for s in states):
+        return Exit.CELLS_FAILED
+    return Exit.OK
+
+
+def show_cell(paths: SweepPaths, wanted: str) -> Exit:
+    """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
+    ids = paths.cell_ids()
+    matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
+    if len(matches) != 1:
+        what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
+        more = " ..." if len(ids) > 20 else ""
+        raise LifecycleError(f"{what} of {paths.root} match {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
+    (cid,) = matches
+    state = next(s for s in states_or_records(paths) if s.cell_id == cid)
+    attempts = status.read_attempts(paths, cid)
+    logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
+    traceback = (state.record or {}).get("traceback")
+    if not isinstance(traceback, str) or not traceback:
+        traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
+    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
+    return Exit.CELLS_FAILED if status.needs_rerun(state.state) else Exit.OK
+
+
+def _tail(path: Path, max_bytes: int = 8192) -> str | None:
+    """The end of a log (where a job that died without a record left its traceback)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace") or None
+    except OSError:
+        return None
