@@ -427,6 +427,29 @@ def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str
     return visible[:num_gpus]
 
 
+def check_local_gpus(configs: dict[str, dict[str, Any]], device_count: Callable[[], int] | None = None) -> None:
+    """Raise SubmissionRefused when a local CUDA cell asks for more GPUs than this machine lets it see.
+
+    ``device_count``: how many CUDA devices this process sees (default: torch's count, which honours
+    ``CUDA_VISIBLE_DEVICES``); torch is imported only when some local cell is a CUDA cell.
+    """
+    wanted = {cid: int(cfg["num_gpus"]) for cid, cfg in configs.items() if cfg["gpu"]["accelerator"] == "cuda"}
+    if not wanted:
+        return
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count
+    have = device_count()
+    short = {cid: n for cid, n in wanted.items() if n > have}
+    if short:
+        names = ", ".join(f"{cid} ({cells.label(configs[cid])})" for cid in list(short)[:5])
+        raise SubmissionRefused(
+            f"{len(short)} local cell(s) ask for more GPUs than this machine shows ({have} visible to CUDA): "
+            f"{names}; on this machine use gpu=cpu or num_gpus={have} or less, or submit them with cluster=slurm"
+        )
+
+
 def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
     """Parameters for submitit's LocalExecutor: one process per rank; a CUDA cell's ranks see its GPUs.
 

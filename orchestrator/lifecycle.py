@@ -102,6 +102,7 @@ def check(configs: dict[str, dict[str, Any]]) -> None:
         launch.check_gpu_types(slurm)
         for cfg in local.values():
             launch.local_parameters(launch.resources(cfg))
+        launch.check_local_gpus(local)
         launch.check_slurm(slurm)
     except launch.SubmissionRefused as e:
         raise LifecycleError(str(e)) from e

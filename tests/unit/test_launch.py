@@ -153,3 +153,13 @@ def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_cell) -> None:
     cell = make_cell("cluster=local", "gpu=cpu", "num_gpus=2")
     started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {})
     assert started["tasks_per_node"] == 2 and started["cuda_devices"] == ""
+
+
+def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused(make_cell) -> None:
+    cells = {"four": make_cell("cluster=local", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")}
+    launch.check_local_gpus(cells, device_count=lambda: 8)
+    with pytest.raises(launch.SubmissionRefused, match="2 visible to CUDA") as info:
+        launch.check_local_gpus(cells, device_count=lambda: 2)
+    assert "four (pythia-70m h100-80gb x4" in str(info.value)
+    cpu_only = {"cpu": make_cell("cluster=local", "gpu=cpu", "num_gpus=2")}
+    launch.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU
