@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator import console, launch, status
+from orchestrator import console, launch, local, status
 from orchestrator.paths import SweepPaths, append_jsonl
 
 
@@ -97,12 +97,12 @@ def sweep_lock(paths: SweepPaths) -> Iterator[None]:
 def check(configs: dict[str, dict[str, Any]]) -> None:
     """Before anything is written: GPU types the cluster config cannot request, and what SLURM would refuse."""
     slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
-    local = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
     try:
         launch.check_gpu_types(slurm)
-        for cfg in local.values():
-            launch.local_parameters(launch.resources(cfg))
-        launch.check_local_gpus(local)
+        for cfg in here.values():
+            local.local_parameters(launch.resources(cfg))
+        local.check_local_gpus(here)
         launch.check_slurm(slurm)
     except launch.SubmissionRefused as e:
         raise LifecycleError(str(e)) from e
@@ -111,7 +111,7 @@ def check(configs: dict[str, dict[str, Any]]) -> None:
 def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
     """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM."""
     slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
-    local = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
     if slurm:
         try:
             subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size())
@@ -126,8 +126,8 @@ def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
             ) from e
         arrays = sorted({s.job_id.split("_")[0] for s in subs}, key=lambda j: (len(j), j))
         console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
-    if local:
-        run_local(paths, local)
+    if here:
+        run_local(paths, here)
     return bool(slurm)
 
 
@@ -141,7 +141,7 @@ def run_local(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> None:
         progress.done(state)
 
     with progress:
-        launch.submit_local(paths, configs, on_done=done, on_start=progress.start, on_poll=progress.poll)
+        local.submit_local(paths, configs, on_done=done, on_start=progress.start, on_poll=progress.poll)
 
 
 def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: bool, interval_s: float) -> Exit:

@@ -14,7 +14,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from orchestrator import cli, console, launch, lifecycle
+from orchestrator import cli, console, launch, lifecycle, local
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths, append_jsonl
 
@@ -159,7 +159,7 @@ def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
     stderr.write_text("\nloading the model\n\n")  # the newer of the two logs is shown
     with progress:
         for cid, took_s in (("first", 100), ("second", 3)):
-            run = launch.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
+            run = local.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
             progress.start(run)
             progress.poll(run)
             progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record={"metrics": {}}))

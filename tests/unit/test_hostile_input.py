@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, launch
+from orchestrator import cli, local
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths
 
@@ -184,7 +184,7 @@ def test_damaged_sweep_folders_give_clear_answers_and_keep_every_record(
     before = _files(sweep_dir)
     reruns: list[str] = []
     # Resume's local run is stood in for: what it would rerun is recorded, nothing runs.
-    monkeypatch.setattr(launch, "submit_local", lambda paths, configs, **kw: reruns.extend(configs) or [])
+    monkeypatch.setattr(local, "submit_local", lambda paths, configs, **kw: reruns.extend(configs) or [])
     for argv in (
         ["status", str(sweep_dir)],
         ["status", str(sweep_dir), "--check", "--state", "ok,corrupt,failed"],

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from orchestrator import launch
+from orchestrator import launch, local
 from orchestrator.paths import SweepPaths
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
@@ -114,18 +114,18 @@ class _Started(Exception):
 
 def _what_submitit_hands_the_job(monkeypatch, tmp_path: Path, cell: dict, environ: dict[str, str]) -> dict:
     """Run submit_local up to the point where submitit starts the job's controller; return its arguments."""
-    import submitit.local.local as local
+    import submitit.local.local as submitit_local
 
     def start_controller(**kwargs):
         raise _Started(kwargs)
 
-    monkeypatch.setattr(local, "start_controller", start_controller)
+    monkeypatch.setattr(submitit_local, "start_controller", start_controller)
     for key in ("CUDA_VISIBLE_DEVICES",):
         monkeypatch.delenv(key, raising=False)
     for key, value in environ.items():
         monkeypatch.setenv(key, value)
     with pytest.raises(_Started) as started:
-        launch.submit_local(SweepPaths(tmp_path), {"c": cell})
+        local.submit_local(SweepPaths(tmp_path), {"c": cell})
     return started.value.args[0]
 
 
@@ -146,7 +146,7 @@ def test_a_local_gpu_cell_uses_the_gpus_this_shell_was_given(monkeypatch, tmp_pa
     started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {"CUDA_VISIBLE_DEVICES": uuids})
     assert f"export CUDA_VISIBLE_DEVICES={uuids}" in started["setup"], "UUIDs reach the job through the setup line"
     with pytest.raises(launch.SubmissionRefused, match="makes only 1 visible"):
-        launch.local_parameters(launch.resources(cell), {"CUDA_VISIBLE_DEVICES": "0"})
+        local.local_parameters(launch.resources(cell), {"CUDA_VISIBLE_DEVICES": "0"})
 
 
 def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_cell) -> None:
@@ -157,9 +157,9 @@ def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_cell) -> None:
 
 def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused(make_cell) -> None:
     cells = {"four": make_cell("cluster=local", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")}
-    launch.check_local_gpus(cells, device_count=lambda: 8)
+    local.check_local_gpus(cells, device_count=lambda: 8)
     with pytest.raises(launch.SubmissionRefused, match="2 visible to CUDA") as info:
-        launch.check_local_gpus(cells, device_count=lambda: 2)
+        local.check_local_gpus(cells, device_count=lambda: 2)
     assert "four (pythia-70m h100-80gb x4" in str(info.value)
     cpu_only = {"cpu": make_cell("cluster=local", "gpu=cpu", "num_gpus=2")}
-    launch.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU
+    local.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU
