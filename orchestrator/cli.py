@@ -50,29 +50,11 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return _print_config(overrides, search_dirs, args.cfg, args.resolve)
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
     sweep_mod.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
-    out = console.make_console()
-    out.print(console.plan_summary(plan))
     if args.dry_run:
-        out.print("predicted (before any measurement; calibrated on this folder's records when it has some):")
-        out.print(console.plan_table(plan))
-    if args.planning:
-        # Arithmetic only: no scheduler is asked. What the cluster config cannot request is still bad input.
-        from orchestrator import launch
-
-        try:
-            launch.check_gpu_types({c.cell_id: c.config for c in plan.cells})
-        except launch.SubmissionRefused as e:
-            raise LifecycleError(str(e)) from e
-        console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
-        if not plan.cells:
-            console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
-        return Exit.OK
+        return lifecycle.preview(plan, ask_scheduler=not args.planning)
+    lifecycle.show_plan(plan, predictions=False)
     if not plan.cells:
         raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
-    if args.dry_run:
-        lifecycle.check({c.cell_id: c.config for c in plan.cells})
-        console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
-        return Exit.OK
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
 
 

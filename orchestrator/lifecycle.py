@@ -108,6 +108,39 @@ def check(configs: dict[str, dict[str, Any]]) -> None:
         raise LifecycleError(str(e)) from e
 
 
+def show_plan(plan: Any, predictions: bool) -> None:
+    """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
+    c = console.make_console()
+    c.print(console.plan_summary(plan))
+    if predictions:
+        console.out("predicted (before any measurement; calibrated on this folder's records when it has some):")
+        c.print(console.plan_table(plan))
+
+
+def preview(plan: Any, ask_scheduler: bool) -> Exit:
+    """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
+
+    A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config
+    cannot request is bad input either way.
+    """
+    show_plan(plan, predictions=True)
+    configs = {c.cell_id: c.config for c in plan.cells}
+    if ask_scheduler:
+        if not plan.cells:
+            raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
+        check(configs)
+        console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
+        return Exit.OK
+    try:
+        launch.check_gpu_types(configs)
+    except launch.SubmissionRefused as e:
+        raise LifecycleError(str(e)) from e
+    console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
+    if not plan.cells:
+        console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
+    return Exit.OK
+
+
 def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
     """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM."""
     slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
