@@ -73,8 +73,10 @@ def sweep_folder(arg: str | Path) -> SweepPaths:
         raise LifecycleError(f"{paths.root} does not exist; {SWEEP_FOLDER_HOLDS}")
     if not paths.root.is_dir():
         raise LifecycleError(f"{paths.root} is a file, not a sweep folder; {SWEEP_FOLDER_HOLDS}")
-    if not paths.cell_ids() and not paths.sweep_log.is_file():
-        raise LifecycleError(f"{paths.root} is not a sweep folder (no cells in it); {SWEEP_FOLDER_HOLDS}")
+    if not paths.cell_ids():
+        raise LifecycleError(
+            f"{paths.root} is not a sweep folder, or not yet one (no cells in it); {SWEEP_FOLDER_HOLDS}"
+        )
     return paths
 
 

@@ -40,19 +40,22 @@ def _cell(sweep_dir: Path, config: dict[str, Any], status: str, **record: Any) -
     return cid
 
 
-@pytest.mark.parametrize("make", ["missing", "empty", "file"])
+@pytest.mark.parametrize("make", ["missing", "empty", "file", "no cells"])
 def test_report_refuses_a_folder_that_is_not_a_sweep_and_creates_nothing(tmp_path: Path, capsys, make: str) -> None:
     target = tmp_path / "typo"
-    if make == "empty":
+    if make in ("empty", "no cells"):
         target.mkdir()
     elif make == "file":
         target.write_text("x")
+    if make == "no cells":
+        (target / "cells").mkdir()
     code = cli.main(["report", str(target)])
     out, err = capsys.readouterr()
     assert code == Exit.BAD_INPUT
     assert "sweep.json" in err and "cells/<cell_id>/cell.yaml" in err, "says what a sweep folder holds"
     assert "calibration" not in out + err
-    assert sorted(p.name for p in tmp_path.rglob("*")) == ([] if make == "missing" else ["typo"])
+    before = {"missing": [], "empty": ["typo"], "file": ["typo"], "no cells": ["cells", "typo"]}[make]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
 @pytest.mark.parametrize("tokens", ["banana", "0", "-3x", "1e999"])
