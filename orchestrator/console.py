@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
-from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -243,6 +242,7 @@ def status_table(states: Sequence[Any], only: set[str] | None = None, max_rows: 
 
 
 def status_view(states: Sequence[Any], only: set[str] | None, summary_only: bool, max_rows: int | None) -> Any:
+    """What ``gpudays status`` shows: the counts per state, and the table unless ``summary_only``."""
     line = summary_line(states)
     return line if summary_only else Group(line, status_table(states, only, max_rows))
 
@@ -279,16 +279,13 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
 
 
 def files_written(files: Sequence[Path]) -> Group:
+    """``wrote PATH``, a line for every file a command wrote."""
     return Group(*(_t(f"wrote {f}") for f in files))
 
 
 def problems(found: Sequence[str]) -> Group:
+    """The report's problems (missing, corrupt or failed records...), a line each."""
     return Group(*(_t(f"  problem: {p}") for p in found))
-
-
-def escape_markup(text: str) -> str:
-    """Text that rich shows as given even inside markup (paths and overrides may hold brackets)."""
-    return escape(text)
 
 
 def _last_line(logs: Sequence[Path], max_bytes: int = 4096) -> str:
