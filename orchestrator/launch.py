@@ -10,7 +10,7 @@ Before anything is submitted, ``check_slurm`` asks the cluster whether it would 
 configured (``sbatch --test-only`` of the real job script), so a wrong partition, account or QOS, or a request no
 node can meet, stops the sweep with the cells named and nothing submitted.
 
-Locally, cells run one after another through submitit's local executor, one process per rank.
+Cells on this machine run through orchestrator.local.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import os
 import re
 import shlex
 import subprocess
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,6 +77,9 @@ def resources(cell: dict[str, Any]) -> Resources:
     on_cuda = gpu["accelerator"] == "cuda"
     gres = None
     if on_cuda:
+        problem = gpu_type_problem(cell)
+        if problem:
+            raise SubmissionRefused(problem)
         gres_type = cluster["gres_by_gpu"].get(gpu["name"])
         gres = f"gpu:{gres_type}:{per_node}" if gres_type else f"gpu:{per_node}"
     constraints = [c for c in (cluster["constraint"], cluster["constraint_by_gpu"].get(gpu["name"])) if c]
@@ -104,6 +107,39 @@ def resources(cell: dict[str, Any]) -> Resources:
     )
 
 
+def gpu_type_problem(cell: dict[str, Any]) -> str | None:
+    """Why a SLURM cell's GPU type cannot be requested, or None.
+
+    A cluster config that maps GPU types (``gres_by_gpu`` or ``constraint_by_gpu`` not empty) must map the cell's
+    GPU in one of them: a type it does not map would otherwise become an untyped ``--gres=gpu:N``, which any GPU
+    satisfies, and the cell would measure whatever GPU the scheduler picked. A cluster config with both maps empty
+    asks for untyped GPUs on purpose (a cluster with one GPU type).
+    """
+    gpu, cluster = cell["gpu"], cell["cluster"]
+    if cluster["backend"] != "slurm" or gpu["accelerator"] != "cuda":
+        return None
+    by_gres, by_constraint = cluster["gres_by_gpu"] or {}, cluster["constraint_by_gpu"] or {}
+    if not (by_gres or by_constraint) or gpu["name"] in by_gres or gpu["name"] in by_constraint:
+        return None
+    mapped = sorted({*by_gres, *by_constraint})
+    return (
+        f"cell {cells.cell_id(to_config(cell))} ({cells.label(to_config(cell))}) asks for gpu={gpu['name']}, which the cluster config "
+        f"maps in neither cluster.gres_by_gpu nor cluster.constraint_by_gpu (it maps {', '.join(mapped)}); "
+        f"add `{gpu['name']}: <the site's gres type>` to gres_by_gpu (sinfo -o '%P %G' lists them) or a feature "
+        "to constraint_by_gpu in your cluster's YAML file, or choose a GPU this cluster has"
+    )
+
+
+def check_gpu_types(configs: dict[str, dict[str, Any]]) -> None:
+    """Raise SubmissionRefused naming every cell whose GPU type the cluster config does not map."""
+    problems = [p for p in (gpu_type_problem(cfg) for cfg in configs.values()) if p]
+    if problems:
+        raise SubmissionRefused(
+            f"{len(problems)} cell(s) ask for a GPU type the cluster config does not map; nothing was submitted:\n  "
+            + "\n  ".join(problems)
+        )
+
+
 def render_setup(res: Resources) -> list[str]:
     """The sbatch preamble lines (modules, environment, exports) from the cluster's template."""
     env = jinja2.Environment(
@@ -116,7 +152,7 @@ def render_setup(res: Resources) -> list[str]:
         template = env.get_template(res.template)
     except jinja2.TemplateNotFound as e:
         available = sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))
-        raise ValueError(
+        raise SubmissionRefused(
             f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
         ) from e
     text = template.render(setup=list(res.setup), env=list(res.env), accelerator=res.accelerator)
@@ -369,30 +405,4 @@ def submit_slurm(
                 sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(to_config(configs[cid])))
                 append_jsonl(paths.attempts(cid), sub.__dict__)
                 out.append(sub)
-    return out
-
-
-def submit_local(
-    paths: SweepPaths, configs: dict[str, dict[str, Any]], on_done: Callable[[str], None] | None = None
-) -> list[Submission]:
-    """Run cells on this machine one after another (never side by side: they would measure each other)."""
-    out: list[Submission] = []
-    for cid, cfg in configs.items():
-        res = resources(cfg)
-        executor = submitit.LocalExecutor(folder=paths.submitit_folder())
-        params: dict[str, Any] = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
-        if res.accelerator == "cuda":
-            params["visible_gpus"] = list(range(res.tasks_per_node))
-        executor.update_parameters(**params)
-        attempt = next_attempt(paths, cid)
-        job = executor.submit(CellJob(str(paths.root), cid, attempt))
-        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(to_config(cfg)))
-        append_jsonl(paths.attempts(cid), sub.__dict__)
-        out.append(sub)
-        try:
-            job.results()
-        except Exception:  # noqa: BLE001 - a cell's failure is in its record and logs; the others go on
-            pass
-        if on_done is not None:
-            on_done(cid)
     return out

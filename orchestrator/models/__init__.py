@@ -11,12 +11,12 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.models import gpt_neox
+from orchestrator.models import gpt_neox, llama, olmo2, qwen3
 
 if TYPE_CHECKING:
     from orchestrator.schema import Config, GpuConfig, MethodConfig, ModelConfig
 
-FAMILIES: dict[str, ModuleType] = {"gpt_neox": gpt_neox}
+FAMILIES: dict[str, ModuleType] = {"gpt_neox": gpt_neox, "llama": llama, "qwen3": qwen3, "olmo2": olmo2}
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 
 

@@ -109,5 +109,3 @@ def build_model(
     # ``device``, or (zero.Init) partitions each module as soon as it is built.
     with init_context if init_context is not None else device:
         return GPTNeoXForCausalLM._from_config(config, attn_implementation=attention, dtype=dtype)
-
-

@@ -19,6 +19,15 @@ def test_demo_sweep_measures_four_cells_and_writes_cells_csv(tmp_path: Path, cap
     code = cli.main(["sweep", "--dir", str(sweep_dir)])
     out = capsys.readouterr().out
     assert code == 0, out
+    # A line per cell with its own wall time, the table, and every file the report wrote.
+    assert [line.split()[0] for line in out.splitlines() if " ok, " in line and " s/step in " in line] == [
+        "[1/4]",
+        "[2/4]",
+        "[3/4]",
+        "[4/4]",
+    ], out
+    written = {Path(line.removeprefix("wrote ").strip()).name for line in out.splitlines() if line.startswith("wrote ")}
+    assert {"cells.csv", "best.csv", "frontier.csv", "scaling.csv", "report.md"} <= written, out
     paths = SweepPaths(sweep_dir)
     records = {cid: json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()}
     assert len(records) == 4

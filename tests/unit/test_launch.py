@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import submitit
 
-from orchestrator import launch
+from orchestrator import launch, local
+from orchestrator.paths import SweepPaths
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -72,3 +74,92 @@ def test_cells_with_equal_resources_share_one_array(make_cell) -> None:
 def test_large_groups_split_at_max_array_size() -> None:
     chunks = list(launch._chunks([str(i) for i in range(2500)], 1000))
     assert [len(c) for c in chunks] == [1000, 1000, 500]
+
+
+def test_single_node_gpu_sbatch_matches_the_reviewed_golden_file(make_cell) -> None:
+    cell = make_cell(
+        "cluster=example-university", "model=pythia-410m", "gpu=h100-80gb", "num_gpus=4", "method.zero_stage=1"
+    )
+    assert _sbatch_text(cell) == (GOLDEN / "sbatch_h100-80gb_1x4.sh").read_text()
+
+
+def test_a_gpu_type_the_cluster_does_not_map_is_refused_not_untyped(make_cell) -> None:
+    cell = make_cell("cluster=example-university", "gpu=h200", "num_gpus=4", "model=pythia-70m")
+    with pytest.raises(launch.SubmissionRefused) as info:
+        launch.check_gpu_types({"x": cell})
+    message = str(info.value)
+    assert "gpu=h200" in message and "gres_by_gpu" in message and "constraint_by_gpu" in message
+    assert "a100-80gb" in message and "h100-80gb" in message, "the types the cluster maps are listed"
+    assert "pythia-70m h200 x4" in message, "the cell is named"
+    with pytest.raises(launch.SubmissionRefused):
+        launch.resources(cell)  # never an untyped --gres=gpu:4 on the way to sbatch
+
+
+def test_a_gpu_type_mapped_by_constraint_alone_is_accepted(make_cell) -> None:
+    cell = make_cell(
+        "cluster=example-university",
+        "gpu=h200",
+        "num_gpus=4",
+        "model=pythia-70m",
+        "+cluster.constraint_by_gpu.h200=h200",
+    )
+    launch.check_gpu_types({"x": cell})
+    res = launch.resources(cell)
+    assert res.constraint == "h200" and res.gres == "gpu:4"
+
+
+class _Started(Exception):
+    """Raised by the stand-in for submitit's job controller, with what it would have started the job with."""
+
+
+def _what_submitit_hands_the_job(monkeypatch, tmp_path: Path, cell: dict, environ: dict[str, str]) -> dict:
+    """Run submit_local up to the point where submitit starts the job's controller; return its arguments."""
+    import submitit.local.local as submitit_local
+
+    def start_controller(**kwargs):
+        raise _Started(kwargs)
+
+    monkeypatch.setattr(submitit_local, "start_controller", start_controller)
+    for key in ("CUDA_VISIBLE_DEVICES",):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in environ.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(_Started) as started:
+        local.submit_local(SweepPaths(tmp_path), {"c": cell})
+    return started.value.args[0]
+
+
+@pytest.mark.parametrize("num_gpus", [1, 2, 4, 8])
+def test_a_local_gpu_cell_runs_one_rank_per_gpu_and_sees_its_gpus(monkeypatch, tmp_path, make_cell, num_gpus) -> None:
+    cell = make_cell("cluster=local", "gpu=h100-80gb", f"num_gpus={num_gpus}", "model=pythia-70m")
+    started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {})
+    assert started["tasks_per_node"] == num_gpus
+    # submitit exports this as the job's CUDA_VISIBLE_DEVICES; rank r uses device r of it.
+    assert started["cuda_devices"] == ",".join(str(i) for i in range(num_gpus))
+
+
+def test_a_local_gpu_cell_uses_the_gpus_this_shell_was_given(monkeypatch, tmp_path, make_cell) -> None:
+    cell = make_cell("cluster=local", "gpu=a100-80gb", "num_gpus=2", "model=pythia-70m")
+    started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {"CUDA_VISIBLE_DEVICES": "5,7,3"})
+    assert started["cuda_devices"] == "5,7"
+    uuids = "GPU-aaaa,GPU-bbbb"
+    started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {"CUDA_VISIBLE_DEVICES": uuids})
+    assert f"export CUDA_VISIBLE_DEVICES={uuids}" in started["setup"], "UUIDs reach the job through the setup line"
+    with pytest.raises(launch.SubmissionRefused, match="makes only 1 visible"):
+        local.local_parameters(launch.resources(cell), {"CUDA_VISIBLE_DEVICES": "0"})
+
+
+def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_cell) -> None:
+    cell = make_cell("cluster=local", "gpu=cpu", "num_gpus=2")
+    started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {})
+    assert started["tasks_per_node"] == 2 and started["cuda_devices"] == ""
+
+
+def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused(make_cell) -> None:
+    cells = {"four": make_cell("cluster=local", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")}
+    local.check_local_gpus(cells, device_count=lambda: 8)
+    with pytest.raises(launch.SubmissionRefused, match="2 visible to CUDA") as info:
+        local.check_local_gpus(cells, device_count=lambda: 2)
+    assert "four (pythia-70m h100-80gb x4" in str(info.value)
+    cpu_only = {"cpu": make_cell("cluster=local", "gpu=cpu", "num_gpus=2")}
+    local.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU

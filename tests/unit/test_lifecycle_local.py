@@ -1,12 +1,9 @@
-"""A sweep's life on this machine: the submitted callable and its requeue state, what goes to sbatch, and two
-commands on one folder at once (real processes, cluster=local, a probe that returns at once)."""
+"""A sweep's life on this machine: the submitted callable and its requeue state, what goes to sbatch, and flags
+refused before anything runs. Two commands on one folder at once (real processes, seconds each) are in
+tests/integration/test_local_concurrency.py."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import cloudpickle
@@ -15,8 +12,6 @@ import pytest
 from orchestrator import cli, launch
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths
-
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cell_job_checkpoint_resubmits_itself_with_the_requeue_counted() -> None:
@@ -48,60 +43,6 @@ def test_cell_config_round_trips_through_the_fast_writer(make_cell, tmp_path: Pa
     before = paths.cell_config("c1").stat().st_mtime_ns
     launch.write_cell(paths, "c1", cell)
     assert paths.cell_config("c1").stat().st_mtime_ns == before, "the same config is not written again"
-
-
-def _gpudays(*args: str) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-
-
-def test_two_resumes_at_once_rerun_each_failed_cell_once(tmp_path: Path, capsys) -> None:
-    sweep_dir = tmp_path / "s"
-    common = ["--dir", str(sweep_dir), "probe.kind=sleep", "model.seq_length=32,48,64"]
-    # time.sleep(-1) raises in the job: three cells fail for real.
-    assert cli.main(["sweep", *common, "probe.sleep_s=-1", "--no-report"]) == 1
-    paths = SweepPaths(sweep_dir)
-    cells = paths.cell_ids()
-    assert len(cells) == 3
-    assert all(json.loads(paths.record(c).read_text())["status"] == "failed" for c in cells)
-    assert "ValueError" in json.loads(paths.record(cells[0]).read_text())["traceback"]
-    # Remove the fault: the same sweep again with a good setting rewrites the cells' configs (the probe's settings
-    # are not part of a cell's identity) and submits nothing. Then resume twice at once.
-    capsys.readouterr()
-    assert cli.main(["sweep", *common, "probe.sleep_s=0", "--no-report"]) == 1
-    assert "3 cell(s) already in this sweep" in capsys.readouterr().out
-    assert all("sleep_s: 0.0" in paths.cell_config(c).read_text() for c in cells)
-
-    procs = [_gpudays("resume", str(sweep_dir)) for _ in range(2)]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert sum("resubmitting 3 cell(s)" in out for out in outputs) == 1, outputs
-    assert sum("nothing to resume" in out for out in outputs) == 1, outputs
-    for c in cells:
-        attempts = [json.loads(line) for line in paths.attempts(c).read_text().splitlines()]
-        assert [a["attempt"] for a in attempts] == [1, 2]
-        record = json.loads(paths.record(c).read_text())
-        assert (record["status"], record["attempt"]) == ("ok", 2)
-        # The failed attempt's record is kept under its attempt's name.
-        assert json.loads(paths.cell_dir(c).joinpath("record.attempt1.json").read_text())["status"] == "failed"
-
-
-def test_two_sweeps_at_once_into_one_folder_submit_each_cell_once(tmp_path: Path) -> None:
-    sweep_dir = tmp_path / "s"
-    args = ["sweep", "--dir", str(sweep_dir), "probe.kind=sleep", "model.seq_length=32,48", "--no-report"]
-    procs = [_gpudays(*args) for _ in range(2)]
-    outputs = [p.communicate(timeout=120)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], outputs
-    assert sum("2 cell(s) already in this sweep" in out for out in outputs) == 1, outputs
-    paths = SweepPaths(sweep_dir)
-    for c in paths.cell_ids():
-        assert len(paths.attempts(c).read_text().splitlines()) == 1
 
 
 @pytest.mark.parametrize(

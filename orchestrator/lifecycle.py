@@ -1,0 +1,399 @@
+"""A sweep's life after planning: submit (or run here), wait, finish; and resume, which is the same life again.
+
+``start`` (for ``gpudays sweep``) and ``resume`` each choose the cells to submit under the sweep folder's lock,
+then share the rest: the pre-submission checks, submission to SLURM or a run on this machine, and, with waiting,
+the wait and the report. Each returns an ``Exit`` code; bad input raises ``LifecycleError`` with its code, so that
+the command line has only to print it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator import console, launch, local, status
+from orchestrator.paths import SweepPaths, append_jsonl
+
+
+class Exit(IntEnum):
+    """Exit codes of ``gpudays``; ``EXIT_MEANING`` says what each means (``gpudays --help`` lists them)."""
+
+    OK = 0
+    CELLS_FAILED = 1
+    BAD_INPUT = 2
+    SCHEDULER = 3
+    INTERNAL = 70
+    INTERRUPTED = 130
+
+
+EXIT_MEANING = {
+    Exit.OK: "done: every cell that ended has an answer (ok, does_not_fit), or the jobs were submitted",
+    Exit.CELLS_FAILED: "some cell failed, timed out, was lost...: it needs a rerun (gpudays resume)",
+    Exit.BAD_INPUT: "bad input (config, override, flag, folder): nothing was submitted",
+    Exit.SCHEDULER: "the scheduler refused the submission or could not be asked",
+    Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
+    Exit.INTERRUPTED: "stopped with Ctrl-C",
+}
+
+
+class LifecycleError(Exception):
+    """A command cannot go on; the message says why and what to do, ``code`` is its exit code."""
+
+    def __init__(self, message: str, code: Exit = Exit.BAD_INPUT) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def shell_hint(*words: str | Path) -> str:
+    """A command a user can paste: every word shell-quoted (a folder may hold spaces or ``$``)."""
+    return shlex.join(str(w) for w in words)
+
+
+SWEEP_FOLDER_HOLDS = (
+    "a sweep folder is written by `gpudays sweep` and holds sweep.json, cells/<cell_id>/cell.yaml for each cell "
+    "and, once they ran, cells/<cell_id>/record.json"
+)
+
+
+def sweep_folder(arg: str | Path) -> SweepPaths:
+    """The sweep folder named on the command line; LifecycleError when it is not one (nothing is created)."""
+    paths = SweepPaths(Path(arg))
+    if not paths.root.exists():
+        raise LifecycleError(f"{paths.root} does not exist; {SWEEP_FOLDER_HOLDS}")
+    if not paths.root.is_dir():
+        raise LifecycleError(f"{paths.root} is a file, not a sweep folder; {SWEEP_FOLDER_HOLDS}")
+    if not paths.cell_ids():
+        raise LifecycleError(
+            f"{paths.root} is not a sweep folder, or not yet one (no cells in it); {SWEEP_FOLDER_HOLDS}"
+        )
+    return paths
+
+
+@contextmanager
+def sweep_lock(paths: SweepPaths) -> Iterator[None]:
+    """Only one command submits into a sweep folder at a time, so no cell is submitted twice.
+
+    An flock on ``.submit.lock`` in the folder: held by the process, so a crashed command leaves no stale lock; on
+    NFS, Linux turns it into a lock the server holds (NFSv4, or v3 with lockd), which submit hosts share.
+    """
+    paths.root.mkdir(parents=True, exist_ok=True)
+    with open(paths.lock, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def check(configs: dict[str, dict[str, Any]]) -> None:
+    """Before anything is written: GPU types the cluster config cannot request, and what SLURM would refuse."""
+    slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
+    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    try:
+        launch.check_gpu_types(slurm)
+        for cfg in here.values():
+            local.local_parameters(launch.resources(cfg))
+        local.check_local_gpus(here)
+        launch.check_slurm(slurm)
+    except launch.SubmissionRefused as e:
+        raise LifecycleError(str(e)) from e
+
+
+def show_plan(plan: Any, predictions: bool) -> None:
+    """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
+    c = console.make_console()
+    c.print(console.plan_summary(plan))
+    if predictions:
+        console.out("predicted (before any measurement; calibrated on this folder's records when it has some):")
+        c.print(console.plan_table(plan))
+
+
+def preview(plan: Any, ask_scheduler: bool) -> Exit:
+    """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
+
+    A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config
+    cannot request is bad input either way.
+    """
+    show_plan(plan, predictions=True)
+    configs = {c.cell_id: c.config for c in plan.cells}
+    if ask_scheduler:
+        if not plan.cells:
+            raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
+        check(configs)
+        console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
+        return Exit.OK
+    try:
+        launch.check_gpu_types(configs)
+    except launch.SubmissionRefused as e:
+        raise LifecycleError(str(e)) from e
+    console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
+    if not plan.cells:
+        console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
+    return Exit.OK
+
+
+def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
+    """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM."""
+    slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
+    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    if slurm:
+        try:
+            subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size())
+        except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
+            said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
+            if isinstance(said, bytes):
+                said = said.decode(errors="replace")
+            raise LifecycleError(
+                f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; "
+                f"`{shell_hint('gpudays', 'resume', paths.root)}` submits the others (their state is `new`).",
+                Exit.SCHEDULER,
+            ) from e
+        arrays = sorted({s.job_id.split("_")[0] for s in subs}, key=lambda j: (len(j), j))
+        console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
+    if here:
+        run_local(paths, here)
+    return bool(slurm)
+
+
+def run_local(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> None:
+    """Run cells on this machine one after another, saying which runs, for how long, and how each ended."""
+    console.out(f"running {len(configs)} cell(s) on this machine, one after another")
+    progress = console.LocalProgress(len(configs))
+
+    def done(cid: str) -> None:
+        state = next(s for s in status.cell_states(paths, query_scheduler=False) if s.cell_id == cid)
+        progress.done(state)
+
+    with progress:
+        local.submit_local(paths, configs, on_done=done, on_start=progress.start, on_poll=progress.poll)
+
+
+def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: bool, interval_s: float) -> Exit:
+    if submitted_to_slurm and not wait:
+        console.out(f"follow it with: {shell_hint('gpudays', 'status', paths.root)}")
+        return Exit.OK
+    if wait and not status.is_done(states_or_records(paths)):
+        wait_for(paths, interval_s)
+    return finish(paths, report)
+
+
+def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
+    """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
+    paths = SweepPaths(plan.sweep_dir)
+    check({c.cell_id: c.config for c in plan.cells})
+    with sweep_lock(paths):
+        append_jsonl(
+            paths.sweep_log,
+            {
+                "at": dt.datetime.now(dt.timezone.utc).isoformat(),
+                "command": sys.argv,
+                "overrides": plan.overrides,
+                "cells": [c.cell_id for c in plan.cells],
+                "skipped": [c.cell_id for c in plan.skipped],
+            },
+        )
+        for cell in plan.skipped:
+            append_jsonl(
+                paths.skipped,
+                {
+                    "cell_id": cell.cell_id,
+                    "label": cell.label,
+                    "overrides": cell.overrides,
+                    "reasons": [str(r) for r in cell.refusals],
+                },
+            )
+        # Read inside the lock: a command that held it before this one has recorded its submissions by now.
+        new: dict[str, dict[str, Any]] = {}
+        for cell in plan.cells:
+            already = paths.attempts(cell.cell_id).is_file()
+            launch.write_cell(paths, cell.cell_id, cell.config)
+            if not already:
+                new[cell.cell_id] = cell.config
+        known = len(plan.cells) - len(new)
+        if known:
+            console.out(
+                f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)"
+            )
+        submitted_to_slurm = _submit(paths, new)
+    return _follow(paths, submitted_to_slurm, wait, report, interval_s)
+
+
+def resume(
+    paths: SweepPaths,
+    only: set[str] | None,
+    time_limit_min: int | None,
+    time_factor: float | None,
+    wait: bool,
+    interval_s: float = 5.0,
+) -> Exit:
+    """``gpudays resume``: resubmit the cells that need it (not ok, not does_not_fit, not pending or running)."""
+    with sweep_lock(paths):
+        # States are read inside the lock: cells a concurrent resume has just resubmitted are pending by now.
+        try:
+            states = status.cell_states(paths)
+        except status.SchedulerUnavailable as e:
+            raise LifecycleError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
+        todo = [s for s in states if status.needs_rerun(s.state) and (only is None or s.state in only)]
+        if not todo:
+            console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
+            return Exit.OK
+        configs = {s.cell_id: _rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
+        check(configs)
+        for s in todo:
+            _archive_record(paths, s)
+        console.out(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
+        submitted_to_slurm = _submit(paths, configs)
+    return _follow(paths, submitted_to_slurm, wait, True, interval_s)
+
+
+def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> dict[str, Any]:
+    """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given."""
+    try:
+        cfg = yaml.safe_load(paths.cell_config(s.cell_id).read_text())
+    except (OSError, ValueError, yaml.YAMLError) as e:
+        raise LifecycleError(f"cell {s.cell_id}: cannot read {paths.cell_config(s.cell_id)}: {e}") from e
+    if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict):
+        raise LifecycleError(f"cell {s.cell_id}: {paths.cell_config(s.cell_id)} is not a cell config")
+    if s.state == "timeout" and (time_limit or time_factor):
+        old = int(cfg["cluster"]["time_limit_min"])
+        new = time_limit or int(round(old * (time_factor or 1)))
+        cfg["cluster"]["time_limit_min"] = max(new, 1)
+        console.out(f"  {s.cell_id}: time limit {old} -> {cfg['cluster']['time_limit_min']} min")
+        launch.write_cell(paths, s.cell_id, cfg)
+    return cfg
+
+
+def _archive_record(paths: SweepPaths, s: Any) -> None:
+    """Keep the record of the attempt being replaced next to the new one, under the attempt's name."""
+    record = paths.record(s.cell_id)
+    if record.exists():
+        record.rename(paths.archived_record(s.cell_id, s.attempt, corrupt=s.state == "corrupt"))
+
+
+def states_or_records(paths: SweepPaths) -> list[Any]:
+    """Every cell's state; from the records alone (with a note) when the scheduler cannot be asked."""
+    try:
+        return status.cell_states(paths)
+    except status.SchedulerUnavailable as e:
+        console.note(f"the scheduler could not be asked ({e}); states come from the records alone")
+        return status.cell_states(paths, query_scheduler=False)
+
+
+def wait_for(paths: SweepPaths, interval_s: float = 5.0) -> None:
+    """Block until no cell is pending or running, showing the counts as they change."""
+    states = states_or_records(paths)
+    with console.WaitProgress(len(states)) as progress:
+        while not status.is_done(states):
+            progress.update(states)
+            time.sleep(interval_s)
+            states = states_or_records(paths)
+        progress.update(states)
+
+
+def finish(paths: SweepPaths, report: bool) -> Exit:
+    """Summarise a finished sweep (and write its report); CELLS_FAILED if any cell needs a rerun."""
+    states = states_or_records(paths)
+    c = console.make_console()
+    if report:
+        from analysis.report import write_report
+
+        rep = write_report([paths.root], states={s.cell_id: s.state for s in states})
+        c.print(console.cells_table(rep.cells))
+        c.print(console.problems(rep.problems))
+        c.print(console.files_written(rep.files))
+    c.print(console.summary_line(states, markup=False))
+    bad = [s for s in states if status.needs_rerun(s.state)]
+    if bad:
+        console.out(
+            f"{len(bad)} cell(s) need a rerun: see `{shell_hint('gpudays', 'status', paths.root)}`, "
+            f"then `{shell_hint('gpudays', 'resume', paths.root)}`"
+        )
+    return Exit.CELLS_FAILED if bad else Exit.OK
+
+
+def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str | None, plots: bool) -> Exit:
+    """``gpudays report``: the tables, plots and report.md of one or more sweeps; LifecycleError on a bad budget."""
+    from analysis.estimates import parse_token_budget
+    from analysis.report import write_report
+
+    try:
+        budget = parse_token_budget(tokens)
+    except ValueError as e:
+        raise LifecycleError(f"--tokens {tokens}: {e}") from e
+    if budget.value is not None and not (0 < budget.value < 1e18):
+        raise LifecycleError(f"--tokens {tokens}: give a budget above 0 and below 1e18 tokens, e.g. 20x or 300B")
+    states: dict[str, str] = {}
+    for paths in sweep_dirs:
+        states.update({s.cell_id: s.state for s in states_or_records(paths)})
+    rep = write_report([p.root for p in sweep_dirs], out_dir, tokens=tokens, plots=plots, states=states)
+    c = console.make_console()
+    c.print(console.cells_table(rep.cells))
+    c.print(console.problems(rep.problems))
+    c.print(console.files_written(rep.files))
+    return Exit.OK
+
+
+def show_status(
+    paths: SweepPaths, only: set[str] | None, summary: bool, watch: bool, interval_s: float, check: bool
+) -> Exit:
+    """``gpudays status``: the table (``watch``: refreshed until no cell is pending or running); with ``check``,
+    CELLS_FAILED while any cell needs a rerun."""
+    c = console.make_console()
+    states = states_or_records(paths)
+    if watch and c.is_terminal and not status.is_done(states):
+        from rich.live import Live
+
+        rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
+        with Live(console.status_view(states, only, summary, rows), console=c, auto_refresh=False) as live:
+            while not status.is_done(states):
+                time.sleep(interval_s)
+                states = states_or_records(paths)
+                live.update(console.status_view(states, only, summary, rows), refresh=True)
+    elif watch:
+        wait_for(paths, interval_s)
+        states = states_or_records(paths)
+    c.print(console.status_view(states, only, summary, None))
+    if check and any(status.needs_rerun(s.state) for s in states):
+        return Exit.CELLS_FAILED
+    return Exit.OK
+
+
+def show_cell(paths: SweepPaths, wanted: str) -> Exit:
+    """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
+    ids = paths.cell_ids()
+    matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
+    if len(matches) != 1:
+        what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
+        more = " ..." if len(ids) > 20 else ""
+        raise LifecycleError(f"{what} of {paths.root} match {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
+    (cid,) = matches
+    state = next(s for s in states_or_records(paths) if s.cell_id == cid)
+    attempts = status.read_attempts(paths, cid)
+    logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
+    traceback = (state.record or {}).get("traceback")
+    if not isinstance(traceback, str) or not traceback:
+        traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
+    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
+    return Exit.CELLS_FAILED if status.needs_rerun(state.state) else Exit.OK
+
+
+def _tail(path: Path, max_bytes: int = 8192) -> str | None:
+    """The end of a log (where a job that died without a record left its traceback)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace") or None
+    except OSError:
+        return None

@@ -1,0 +1,137 @@
+"""Cells on this machine: one after another through submitit's local executor, one process per rank.
+
+Never side by side, because a probe would measure the other's load. A CUDA cell runs one rank per GPU (1 to 8)
+on the GPUs this shell may use, and its ranks talk over NCCL; a CPU cell sees no GPU.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import submitit
+
+from orchestrator import cells
+from orchestrator.jobside import CellJob
+from orchestrator.launch import Resources, Submission, SubmissionRefused, next_attempt, resources
+from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.schema import to_config
+
+
+def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str]:
+    """The devices a local cell of ``num_gpus`` GPUs gets: the first ``num_gpus`` this process may use.
+
+    Those are the entries of ``CUDA_VISIBLE_DEVICES`` when it is set (indices, ``GPU-<uuid>`` or ``MIG-<uuid>``),
+    else devices 0 .. num_gpus-1. Raises SubmissionRefused when fewer are visible than the cell asks for.
+    """
+    env = os.environ if environ is None else environ
+    given = env.get("CUDA_VISIBLE_DEVICES")
+    if given is None:
+        return [str(i) for i in range(num_gpus)]
+    visible = [d.strip() for d in given.split(",") if d.strip()]
+    if len(visible) < num_gpus:
+        raise SubmissionRefused(
+            f"a local cell asks for {num_gpus} GPU(s) but CUDA_VISIBLE_DEVICES={given!r} makes only "
+            f"{len(visible)} visible; unset it, widen it, or ask for num_gpus={max(1, len(visible))}"
+        )
+    return visible[:num_gpus]
+
+
+def check_local_gpus(configs: dict[str, dict[str, Any]], device_count: Callable[[], int] | None = None) -> None:
+    """Raise SubmissionRefused when a local CUDA cell asks for more GPUs than this machine lets it see.
+
+    ``device_count``: how many CUDA devices this process sees (default: torch's count, which honours
+    ``CUDA_VISIBLE_DEVICES``); torch is imported only when some local cell is a CUDA cell.
+    """
+    wanted = {cid: int(cfg["num_gpus"]) for cid, cfg in configs.items() if cfg["gpu"]["accelerator"] == "cuda"}
+    if not wanted:
+        return
+    if device_count is None:
+        import torch
+
+        device_count = torch.cuda.device_count
+    have = device_count()
+    short = {cid: n for cid, n in wanted.items() if n > have}
+    if short:
+        names = ", ".join(f"{cid} ({cells.label(to_config(configs[cid]))})" for cid in list(short)[:5])
+        raise SubmissionRefused(
+            f"{len(short)} local cell(s) ask for more GPUs than this machine shows ({have} visible to CUDA): "
+            f"{names}; on this machine use gpu=cpu or num_gpus={have} or less, or submit them with cluster=slurm"
+        )
+
+
+def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
+    """Parameters for submitit's LocalExecutor: one process per rank; a CUDA cell's ranks see its GPUs.
+
+    submitit sets ``CUDA_VISIBLE_DEVICES`` of the job to the first ``gpus_per_node`` entries of ``visible_gpus``
+    (nothing at all when ``gpus_per_node`` is 0, which hides every GPU), so both are given; rank ``r`` then uses
+    device ``r`` of that list (the probe's ``torch.cuda.set_device(local_rank)``) and the ranks talk over NCCL.
+    Devices named by UUID cannot go through ``visible_gpus`` (integers only): they are exported by a setup line,
+    which submitit runs in the shell that starts the job, after its own setting.
+    """
+    params: dict[str, Any] = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
+    if res.accelerator != "cuda":
+        return params
+    devices = local_gpus(res.tasks_per_node, environ)
+    params["gpus_per_node"] = len(devices)
+    if all(d.isdigit() for d in devices):
+        params["visible_gpus"] = [int(d) for d in devices]
+    else:
+        params["setup"] = [f"export CUDA_VISIBLE_DEVICES={shlex.quote(','.join(devices))}"]
+    return params
+
+
+@dataclass
+class LocalRun:
+    """A local cell while it runs: what a progress display needs."""
+
+    cell_id: str
+    label: str
+    job_id: str
+    started_s: float
+    logs: tuple[Path, ...]
+    """Standard output and error of rank 0 (where submitit, DeepSpeed and the probe say what they are doing)."""
+
+
+def submit_local(
+    paths: SweepPaths,
+    configs: dict[str, dict[str, Any]],
+    on_done: Callable[[str], None] | None = None,
+    on_start: Callable[[LocalRun], None] | None = None,
+    on_poll: Callable[[LocalRun], None] | None = None,
+    poll_s: float = 1.0,
+) -> list[Submission]:
+    """Run cells on this machine one after another (never side by side: they would measure each other).
+
+    ``on_start`` is called when a cell's job starts, ``on_poll`` about every ``poll_s`` while it runs, and
+    ``on_done`` with the cell id when it has ended (its record, if any, is written by then).
+    """
+    out: list[Submission] = []
+    for cid, cfg in configs.items():
+        res = resources(cfg)
+        executor = submitit.LocalExecutor(folder=paths.submitit_folder())
+        executor.update_parameters(**local_parameters(res))
+        attempt = next_attempt(paths, cid)
+        job = executor.submit(CellJob(str(paths.root), cid, attempt))
+        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(to_config(cfg)))
+        append_jsonl(paths.attempts(cid), sub.__dict__)
+        out.append(sub)
+        run = LocalRun(cid, cells.label(to_config(cfg)), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
+        if on_start is not None:
+            on_start(run)
+        while not job.done():
+            time.sleep(poll_s)
+            if on_poll is not None:
+                on_poll(run)
+        try:
+            job.results()
+        except Exception:  # noqa: BLE001 - a cell's failure is in its record and logs; the others go on
+            pass
+        if on_done is not None:
+            on_done(cid)
+    return out

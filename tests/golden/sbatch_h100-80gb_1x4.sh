@@ -1,0 +1,32 @@
+#!/bin/bash
+
+# Parameters
+#SBATCH --account=mylab
+#SBATCH --cpus-per-task=8
+#SBATCH --error=/sweeps/demo/jobs/%j/%j_0_log.err
+#SBATCH --gres=gpu:h100:4
+#SBATCH --job-name=gpudays
+#SBATCH --mem=256GB
+#SBATCH --nodes=1
+#SBATCH --ntasks-per-node=4
+#SBATCH --open-mode=append
+#SBATCH --output=/sweeps/demo/jobs/%j/%j_0_log.out
+#SBATCH --partition=gpu
+#SBATCH --qos=normal
+#SBATCH --signal=USR2@90
+#SBATCH --time=120
+#SBATCH --wckey=submitit
+
+# setup
+# gpudays: environment for the probe
+export NCCL_DEBUG=WARN
+export NCCL_IB_DISABLE=0
+module load cuda/12.4
+source "$HOME/miniconda3/etc/profile.d/conda.sh"
+conda activate gpudays
+export PYTHONUNBUFFERED=1
+export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+
+# command
+export SUBMITIT_EXECUTOR=slurm
+srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err python -u -m submitit.core._submit /sweeps/demo/jobs/%j

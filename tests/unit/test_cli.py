@@ -1,0 +1,199 @@
+"""The command line's answers: refusals of bad folders and flags, exit codes, plan without a scheduler, ``show``,
+pasteable hints, per-cell times, every file written, cost columns. Sweep folders are written by hand here
+(config, attempts, record), so nothing runs."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pandas as pd
+import pytest
+
+from orchestrator import cli, console, launch, lifecycle, local
+from orchestrator.lifecycle import Exit
+from orchestrator.paths import SweepPaths, append_jsonl
+
+
+@pytest.fixture(scope="module")
+def tiny_config() -> dict[str, Any]:
+    from orchestrator.sweep import plan
+
+    return plan(["model=pythia-tiny", "gpu=cpu", "num_gpus=1"]).cells[0].config
+
+
+def _cell(sweep_dir: Path, config: dict[str, Any], status: str, **record: Any) -> str:
+    """A cell as a finished local attempt leaves it: config, one attempt, a record and task 0's log."""
+    paths = SweepPaths(sweep_dir)
+    cid = f"{status}{len(paths.cell_ids())}"
+    launch.write_cell(paths, cid, config)
+    job = "999999999"  # no such process: a local attempt that has ended
+    append_jsonl(paths.attempts(cid), {"cell_id": cid, "attempt": 1, "job_id": job, "backend": "local"})
+    paths.job_dir(job).mkdir(parents=True, exist_ok=True)
+    (paths.job_dir(job) / f"{job}_0_log.err").write_text("a log line\n")
+    payload = {"status": status, "cell_id": cid, "attempt": 1, "config": config, "metrics": {}, "environment": {}}
+    paths.record(cid).write_text(json.dumps({**payload, **record}))
+    return cid
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "file", "no cells"])
+def test_report_refuses_a_folder_that_is_not_a_sweep_and_creates_nothing(tmp_path: Path, capsys, make: str) -> None:
+    target = tmp_path / "typo"
+    if make in ("empty", "no cells"):
+        target.mkdir()
+    elif make == "file":
+        target.write_text("x")
+    if make == "no cells":
+        (target / "cells").mkdir()
+    code = cli.main(["report", str(target)])
+    out, err = capsys.readouterr()
+    assert code == Exit.BAD_INPUT
+    assert "sweep.json" in err and "cells/<cell_id>/cell.yaml" in err, "says what a sweep folder holds"
+    assert "calibration" not in out + err
+    before = {"missing": [], "empty": ["typo"], "file": ["typo"], "no cells": ["cells", "typo"]}[make]
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("tokens", ["banana", "0", "-3x", "1e999"])
+def test_a_bad_token_budget_is_bad_input_and_writes_nothing(tmp_path, tiny_config, capsys, tokens: str) -> None:
+    _cell(tmp_path, tiny_config, "ok")
+    code = cli.main(["report", str(tmp_path), f"--tokens={tokens}", "--no-plots"])
+    err = capsys.readouterr().err
+    assert code == Exit.BAD_INPUT
+    assert err.startswith(f"gpudays: error: --tokens {tokens}") and "Traceback" not in err
+    assert not (tmp_path / "cells.csv").exists()
+
+
+def test_plan_exits_0_when_no_cell_would_fit_and_says_so_on_stderr(tmp_path: Path, capsys) -> None:
+    code = cli.main(["plan", "--dir", str(tmp_path / "p"), "model=pythia-12b", "gpu=a100-80gb", "num_gpus=1"])
+    out, err = capsys.readouterr()
+    assert code == Exit.OK
+    assert "predicted not to fit" in out and "no cell of this plan would run" in err
+
+
+def test_plan_on_a_slurm_cluster_asks_no_scheduler(tmp_path: Path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sinfo, sbatch or sacct to be found
+    args = ["--dir", str(tmp_path / "p"), "cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=2"]
+    assert cli.main(["plan", *args]) == Exit.OK
+    out, err = capsys.readouterr()
+    assert "pythia-70m a100-80gb x2" in out and "sinfo" not in out + err
+    # Submission, and the dry run that checks with the scheduler, say the scheduler is missing, in one line.
+    assert cli.main(["sweep", "--dry-run", *args]) == Exit.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "is not on PATH" in err and "Traceback" not in err
+
+
+def test_a_gpu_type_the_cluster_does_not_map_stops_the_sweep_before_anything_is_written(tmp_path, capsys) -> None:
+    sweep_dir = tmp_path / "s"
+    argv = ["sweep", "--dir", str(sweep_dir), "cluster=example-university", "gpu=h200", "model=pythia-70m"]
+    assert cli.main([*argv, "num_gpus=4"]) == Exit.BAD_INPUT
+    err = capsys.readouterr().err
+    assert "gpu=h200" in err and "gres_by_gpu" in err and "constraint_by_gpu" in err and "h100-80gb" in err
+    assert not sweep_dir.exists()
+
+
+def test_status_check_exits_1_while_a_cell_needs_a_rerun(tmp_path: Path, tiny_config, capsys) -> None:
+    _cell(tmp_path, tiny_config, "ok")
+    assert cli.main(["status", str(tmp_path), "--check"]) == Exit.OK
+    _cell(tmp_path, tiny_config, "failed", reason="boom")
+    assert cli.main(["status", str(tmp_path)]) == Exit.OK, "without --check, status only shows"
+    assert cli.main(["status", str(tmp_path), "--check"]) == Exit.CELLS_FAILED
+    assert cli.main(["status", str(tmp_path), "--check", "--summary"]) == Exit.CELLS_FAILED
+    assert "failed 1" in capsys.readouterr().out
+
+
+def test_show_prints_state_reason_traceback_attempts_and_logs(tmp_path: Path, tiny_config, capsys) -> None:
+    frames = "".join(f'  File "probe.py", line {i}, in step\n' for i in range(40))
+    traceback = f"Traceback (most recent call last):\n{frames}ValueError: boom at the end\n"
+    cid = _cell(tmp_path, tiny_config, "failed", reason="ValueError: boom", traceback=traceback)
+    _cell(tmp_path, tiny_config, "ok")
+    assert cli.main(["show", str(tmp_path), cid[:4]]) == Exit.CELLS_FAILED
+    out = capsys.readouterr().out
+    assert cid in out and "failed" in out and "ValueError: boom" in out
+    assert "ValueError: boom at the end" in out and "line 39" in out, "the traceback's tail"
+    assert "line 3," not in out, "only the tail of a long traceback"
+    assert "999999999" in out and "local" in out, "the attempt and its job"
+    assert str(SweepPaths(tmp_path).job_dir("999999999") / "999999999_0_log.err") in out
+    assert cli.main(["show", str(tmp_path), "zzz"]) == Exit.BAD_INPUT
+    assert cid in capsys.readouterr().err, "an unknown cell lists the sweep's cells"
+
+
+def test_hints_to_the_user_can_be_pasted_into_a_shell(tmp_path: Path, tiny_config, capsys) -> None:
+    sweep_dir = tmp_path / "my sweep $(date) it's; &"
+    _cell(sweep_dir, tiny_config, "failed", reason="boom")
+    assert lifecycle.finish(SweepPaths(sweep_dir), report=False) == Exit.CELLS_FAILED
+    out = capsys.readouterr().out
+    hints = [part for part in out.split("`") if part.startswith("gpudays ")]
+    assert [shlex.split(h) for h in hints] == [
+        ["gpudays", "status", str(sweep_dir)],
+        ["gpudays", "resume", str(sweep_dir)],
+    ]
+
+
+def test_after_a_sweep_every_file_written_is_listed(tmp_path: Path, tiny_config, capsys) -> None:
+    _cell(tmp_path, tiny_config, "ok", metrics={"step_time_s": 0.2, "tokens_per_s": 100.0})
+    assert lifecycle.finish(SweepPaths(tmp_path), report=True) == Exit.OK
+    out = capsys.readouterr().out
+    written = {line.removeprefix("wrote ").strip() for line in out.splitlines() if line.startswith("wrote ")}
+    outputs = {str(p) for p in tmp_path.iterdir() if p.is_file() and p.suffix in (".csv", ".png", ".md")}
+    assert written == outputs and {"cells.csv", "best.csv", "report.md"} <= {Path(p).name for p in written}
+
+
+def test_version_and_help_list_every_command_and_the_exit_codes(capsys) -> None:
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("gpudays ")
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("sweep", "plan", "status", "show", "resume", "report", "cluster"):
+        assert any(line.split()[:1] == [command] and len(line.split()) > 2 for line in out.splitlines()), command
+    for code in Exit:
+        assert f"  {code.value} " in out, code
+
+
+def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
+    progress = console.LocalProgress(2)
+    progress.QUIET_S = 0  # piped: a line at every poll, not every 30 s
+    stdout, stderr = tmp_path / "log.out", tmp_path / "log.err"
+    stdout.write_text("submitit INFO starting\n")
+    stderr.write_text("\nloading the model\n\n")  # the newer of the two logs is shown
+    with progress:
+        for cid, took_s in (("first", 100), ("second", 3)):
+            run = local.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
+            progress.start(run)
+            progress.poll(run)
+            progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record={"metrics": {}}))
+    out = capsys.readouterr().out
+    assert "[1/2] first tiny: running, 100 s  | loading the model" in out
+    assert "[1/2] first ok in 100 s" in out
+    assert "[2/2] second ok in 3 s" in out, "the second cell's time is its own, not the sum"
+
+
+def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> None:
+    cell = SimpleNamespace(
+        cell_id="c1",
+        label="pythia-70m h100-80gb x1",
+        config={"gpu": {"memory_gib": 80}},
+        prediction={"predicted_fits": True, "predicted_step_time_s": 0.5, "predicted_gpu_hours": 10.0},
+    )
+    plan = SimpleNamespace(cells=[cell], skipped=[])
+    c = console.make_console()
+    c.print(console.plan_table(plan))
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert "gpu_h" in header and "usd_cloud" not in header
+    cell.prediction |= {
+        "predicted_cost_usd_cloud": 12.5,
+        "predicted_cost_usd_amortised": 3.0,
+        "predicted_energy_kwh": 7,
+    }
+    c.print(console.plan_table(plan))
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert {"usd_cloud", "usd_amortised", "kwh"} <= set(header)
+    frame = pd.DataFrame(
+        [{"cell_id": "c1", "status": "ok", "gpu_hours": 1.0, "cost_usd_cloud": 2.0, "energy_kwh": 3.0}]
+    )
+    c.print(console.cells_table(frame))
+    assert {"gpu_h", "usd_cloud", "kwh"} <= set(capsys.readouterr().out.splitlines()[0].split())
