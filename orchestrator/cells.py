@@ -13,6 +13,9 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.models import config_errors
+from orchestrator.schema import ModelConfig
+
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
 IDENTITY_MODEL_KEYS = (
@@ -195,6 +198,7 @@ def check_values(cell: dict[str, Any]) -> list[Refusal]:
             errors.append(Refusal(f"cluster.{key}", f"{cluster[key]} is not accepted; use an integer >= 1"))
     if int(cluster.get("max_requeue_on_timeout", 0)) < 0:
         errors.append(Refusal("cluster.max_requeue_on_timeout", "use 0 (never requeue) or a positive count"))
+    errors.extend(Refusal(key, problem) for key, problem in config_errors(ModelConfig(**cell["model"])).items())
     errors.extend(check_scheduler_strings(cell))
     return errors
 

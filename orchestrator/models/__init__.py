@@ -79,8 +79,17 @@ def parameter_count_error(model: ModelConfig) -> str | None:
     return (
         f"model {model.name!r}: model.num_parameters={model.num_parameters} disagrees with its architecture "
         f"({model.num_layers} layers, hidden {model.hidden_size}, vocabulary {model.vocab_size}), which has "
-        f"{computed} parameters; the count is derived, so remove the key or fix the architecture"
+        f"{computed} parameters; the count is derived: drop the key (model.num_parameters=null) or fix the architecture"
     )
+
+
+def config_errors(model: ModelConfig) -> dict[str, str]:
+    """Problems with a ``conf/model`` entry, by the key to fix: an unknown ``model.family``, or a published
+    ``model.num_parameters`` that disagrees with the architecture. Empty when there are none."""
+    if model.family not in FAMILIES:
+        return {"model.family": f"{model.family!r} is not a known family; use one of {', '.join(sorted(FAMILIES))}"}
+    error = parameter_count_error(model)
+    return {"model.num_parameters": error} if error else {}
 
 
 def check_num_parameters(model: ModelConfig) -> None:

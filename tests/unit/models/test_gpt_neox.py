@@ -161,3 +161,10 @@ def test_throughput_metrics_on_an_h100() -> None:
 def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
     m = throughput_metrics(cell("model=pythia-tiny", "gpu=cpu"), 16, 0.1)
     assert m["mfu"] is None and m["hfu"] is None and m["model_tflops_per_gpu"] > 0
+
+
+def test_a_sweep_with_a_wrong_published_count_is_refused_naming_the_key() -> None:
+    from orchestrator.sweep import SweepError
+
+    with pytest.raises(SweepError, match=r"model\.num_parameters.*162322944"):
+        plan(["model=pythia-160m", "model.num_parameters=5"], sweep_dir=None)
