@@ -21,7 +21,8 @@ from analysis.predict import (
 )
 from analysis.records import Catalog
 from analysis.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
-from orchestrator.engines.deepspeed.memory import ALLOCATOR_OVERHEAD, GIB, divisors, estimate_micro_batch_size
+from orchestrator.ds_config import divisors
+from orchestrator.engines.deepspeed.memory import ALLOCATOR_OVERHEAD, GIB, estimate_micro_batch_size
 from orchestrator.models import flops_per_token
 from orchestrator.schema import to_config
 
@@ -242,3 +243,11 @@ def test_plan_of_cpu_cells_prices_them_once_calibrated(catalog: Catalog) -> None
     for column in PLAN_COLUMNS:
         assert pd.notna(row[column]), column
     assert row["predicted_cost_usd_cloud"] == pytest.approx(row["predicted_gpu_hours"] * 0.08925)
+
+
+def test_a_published_parameter_count_is_not_an_input(catalog: Catalog) -> None:
+    # Memory and time both follow the architecture; a wrong published figure changes neither.
+    cell = synthetic.cell_config("pythia-160m", "a100-80gb", 2, catalog=catalog)
+    wrong = synthetic.cell_config("pythia-160m", "a100-80gb", 2, catalog=catalog)
+    wrong["model"]["num_parameters"] = 5
+    assert predict_cell(wrong) == predict_cell(cell)

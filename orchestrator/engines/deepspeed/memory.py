@@ -20,11 +20,11 @@ of cells at once with this same arithmetic.
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from orchestrator.ds_config import divisors
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
@@ -129,12 +129,6 @@ def sequences_that_fit(usable_bytes: Any, fixed_bytes: Any, per_sequence_bytes: 
             np.asarray(per_sequence_bytes, dtype=float)
         )
     return _out(np.where(np.isfinite(room), np.maximum(np.floor(room), 0.0), np.nan))
-
-
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, ascending: the micro-batches a per-GPU batch of ``n`` allows."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:

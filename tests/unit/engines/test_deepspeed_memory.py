@@ -4,15 +4,14 @@ and the micro-batch rule the probe and the predictor share."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 
 import pytest
 
+from orchestrator.ds_config import divisors
 from orchestrator.engines.deepspeed.memory import (
     ALLOCATOR_OVERHEAD,
     GIB,
     activation_bytes_per_sequence,
-    divisors,
     estimate_micro_batch_size,
     fixed_bytes,
     largest_fitting_divisor,
@@ -22,8 +21,6 @@ from orchestrator.engines.deepspeed.memory import (
 )
 from orchestrator.schema import Config, MethodConfig, to_config
 from orchestrator.sweep import plan
-
-CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 
 
 def cell(*overrides: str) -> Config:
