@@ -226,9 +226,9 @@ def predict_cell(
 ) -> Prediction:
     """Predict peak memory per GPU and step time of one cell (its resolved config, as in ``cell.yaml``).
 
-    With ``method.micro_batch_size: auto`` the micro-batch is the largest power of two dividing the per-GPU batch
-    that is predicted to fit, as the probe would find; ``micro_batch_size`` forces one (e.g. the measured one).
-    ``fits`` compares the peak with ``gpu.memory_gib × (1 − margin)``, or with ``probe.memory_limit_gib`` when the
+    With ``method.micro_batch_size: auto`` the micro-batch is the largest divisor of the per-GPU batch that is
+    predicted to fit, as the probe's search ends; ``micro_batch_size`` forces one (e.g. the measured one).
+    ``fits`` compares the reserved peak with ``gpu.memory_gib × (1 − margin)``, or with ``probe.memory_limit_gib`` when the
     cell sets one (the probe's own rule). A cell whose model shape is unknown is reported as fitting, with the
     reason, so that nothing is skipped on a guess.
     """
