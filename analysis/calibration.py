@@ -1,6 +1,6 @@
 """Fit the predictor's step-time coefficients and a memory factor, per GPU type, to measured records.
 
-The step time is modelled as ``Σ coefficient × term`` over :data:`analysis.predict.TERMS`: compute at the
+The step time is modelled as ``Σ coefficient × term`` over :data:`analysis.TERMS`: compute at the
 reference rate (the coefficient is 1 / efficiency), nominal communication, nominal offload, and micro-steps (the
 coefficient is a fixed cost per micro-step). The fit is least squares on relative error over subsets of the terms,
 keeping every coefficient positive; a term no record exercises keeps its nominal coefficient.
@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from analysis.inputs import inputs_from_columns, memory_terms
 from analysis.records import MEASURED_FITS
+from analysis.step_time import TERMS, step_terms
+from orchestrator.engines.deepspeed.memory import GIB, allocator_overhead
 
 
 @dataclass
@@ -38,7 +41,7 @@ class GpuCalibration:
 
     @property
     def coefficients(self) -> np.ndarray:
-        """The multipliers of :data:`analysis.predict.TERMS`, in order."""
+        """The multipliers of :data:`analysis.TERMS`, in order."""
         return np.array(
             [1.0 / self.efficiency, self.communication_scale, self.offload_scale, self.overhead_s_per_micro_step]
         )
@@ -94,24 +97,23 @@ def calibrate(records: pd.DataFrame) -> Calibration:
         raise ValueError(
             f"calibrate() needs the cells table of analysis.records.load_cells; missing columns {sorted(missing)}"
         )
-    from analysis import predict  # predict imports this module for Calibration: resolve at call time
-
     step = pd.to_numeric(records["step_time_s"], errors="coerce")
     measured = records[records["status"].isin(MEASURED_FITS) & step.gt(0)]
     out = Calibration()
     if measured.empty:
         return out
-    x = predict.inputs_from_columns({c: measured[c] for c in measured.columns}, len(measured))
+    x = inputs_from_columns({c: measured[c] for c in measured.columns}, len(measured))
     micro = _column(measured, "micro_batch_size")
     accum = _column(measured, "grad_accum_steps")
     micro = np.where(micro >= 1, micro, np.nan)
     accum = np.where(accum >= 1, accum, np.maximum(np.floor(x.per_gpu_batch / np.where(micro >= 1, micro, 1.0)), 1.0))
-    terms = predict.step_terms(x, accum)
-    mem = predict.memory_terms(x)
-    predicted_peak = (
-        mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
-    ) / predict.GIB
-    measured_peak = _column(measured, "peak_memory_gib")
+    terms = step_terms(x, accum)
+    mem = memory_terms(x)
+    allocated = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
+    predicted_peak = allocator_overhead(x.accelerator) * allocated / GIB
+    # The prediction is of the reserved peak (what a GPU runs out of); the CPU's records have only one figure.
+    reserved = _column(measured, "peak_memory_reserved_gib")
+    measured_peak = np.where(np.isfinite(reserved), reserved, _column(measured, "peak_memory_gib"))
     times = step.loc[measured.index].to_numpy(dtype=float)
     for name in sorted(set(x.gpu[x.known])):
         rows = (x.gpu == name) & x.known
@@ -120,7 +122,7 @@ def calibrate(records: pd.DataFrame) -> Calibration:
             continue
         coef, cols = fitted
         full = [0.0, 1.0, 1.0, 0.0]  # nominal coefficients for terms the records say nothing about
-        for j in range(1, len(predict.TERMS)):
+        for j in range(1, len(TERMS)):
             if np.any(terms[rows][:, j] > 0):
                 full[j] = 0.0
         for value, j in zip(coef, cols, strict=True):
@@ -134,7 +136,7 @@ def calibrate(records: pd.DataFrame) -> Calibration:
             memory_scale=memory_scale,
             memory_offset_gib=memory_offset,
             num_records=int(rows.sum()),
-            fitted_terms=tuple(predict.TERMS[j] for j in cols),
+            fitted_terms=tuple(TERMS[j] for j in cols),
         )
         errors = np.abs(terms[rows] @ gcal.coefficients / times[rows] - 1.0)
         gcal.step_time_error_pct = 100.0 * float(np.median(errors))

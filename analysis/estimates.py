@@ -1,13 +1,9 @@
-"""Pure arithmetic behind the report: parameters, FLOPs, training time, GPU-hours, costs, energy, token budgets.
+"""Pure arithmetic behind the report: training time, GPU-hours, costs, energy, token budgets.
 
 Every function here takes numbers (or numpy arrays / pandas Series of them, where that is natural) and returns
-numbers; nothing reads files. Sources of the formulas:
-
-- parameters of a GPT-NeoX model (biases, two LayerNorms per layer, untied embeddings):
-  ``P = L*(12h² + 13h) + 2h + 2*V*h`` (matches every published Pythia total);
-- training FLOPs per step with attention (Narayanan et al. 2021, eq. 3; Korthikanti et al. 2022):
-  ``72*B*s*L*h²*(1 + s/(6h) + V/(12*L*h))``; full activation recomputation adds one forward pass (× 4/3);
-- purchase cost and five-year amortisation as in Khandelwal et al. 2024, "$100K or 100 Days" (arXiv 2410.23261).
+numbers; nothing reads files. The model's own figures (parameters, FLOPs) are its family module's
+(:mod:`orchestrator.models`). Purchase cost and five-year amortisation follow Khandelwal et al. 2024, "$100K or
+100 Days" (arXiv 2410.23261).
 """
 
 from __future__ import annotations
@@ -28,57 +24,6 @@ AMORTISATION_YEARS = 5.0
 
 BASE_MACHINE_USD: dict[int, float] = {1: 1_000.0, 2: 1_500.0, 4: 7_500.0, 8: 10_500.0}
 """Price of a machine without its GPUs, by GPU slots (Khandelwal et al. 2024, cost model)."""
-
-RECOMPUTE_FLOPS_FACTOR = 4.0 / 3.0
-"""Full activation checkpointing runs each forward twice: 4 passes' worth of FLOPs instead of 3."""
-
-
-# --------------------------------------------------------------------------------------------------------------
-# Model arithmetic
-# --------------------------------------------------------------------------------------------------------------
-
-
-def gpt_neox_num_parameters(
-    num_layers: int, hidden_size: int, vocab_size: int, intermediate_size: int | None = None
-) -> int:
-    """Parameters of a GPT-NeoX model with biases, two LayerNorms per layer and untied embeddings.
-
-    Per layer: QKV (3h² + 3h), output projection (h² + h), MLP (2·h·f + f + h), two LayerNorms (4h); with
-    f = 4h that is 12h² + 13h. Plus the final LayerNorm (2h) and input and output embeddings (2·V·h).
-    """
-    h = int(hidden_size)
-    f = int(intermediate_size) if intermediate_size else 4 * h
-    per_layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
-    return int(num_layers) * per_layer + 2 * h + 2 * int(vocab_size) * h
-
-
-def model_flops_per_token(
-    num_layers: float, hidden_size: float, vocab_size: float, seq_length: float, intermediate_size: float | None = None
-) -> float:
-    """Training FLOPs (forward and backward) per token, attention scores and logits included.
-
-    Forward per token and layer: 2·(4h² + 2·h·f) for the weight matmuls and 4·s·h for QKᵀ and attention×V;
-    logits 2·V·h; backward doubles it. With f = 4h this equals Narayanan et al.'s
-    ``72·L·h²·(1 + s/(6h) + V/(12·L·h))`` per token.
-    """
-    h = float(hidden_size)
-    f = float(intermediate_size) if intermediate_size else 4.0 * h
-    forward = float(num_layers) * (2.0 * (4.0 * h * h + 2.0 * h * f) + 4.0 * float(seq_length) * h)
-    return 3.0 * (forward + 2.0 * float(vocab_size) * h)
-
-
-def narayanan_flops_per_step(
-    batch_sequences: float, seq_length: int, num_layers: int, hidden_size: int, vocab_size: int
-) -> float:
-    """Model FLOPs of one training step in the closed form of Narayanan et al. (2021), for checking."""
-    b, s, L, h, v = float(batch_sequences), float(seq_length), float(num_layers), float(hidden_size), float(vocab_size)
-    return 72.0 * b * s * L * h * h * (1.0 + s / (6.0 * h) + v / (12.0 * L * h))
-
-
-def hardware_flops_factor(activation_checkpointing: bool) -> float:
-    """FLOPs actually executed per model FLOP: 4/3 with full activation recomputation, else 1."""
-    return RECOMPUTE_FLOPS_FACTOR if activation_checkpointing else 1.0
-
 
 # --------------------------------------------------------------------------------------------------------------
 # Token budgets

@@ -7,7 +7,7 @@ layout d (data) × t (tensor) × p (pipeline) GPUs.
 Memory per GPU (bytes):
 - model states of the GPU's share Ψ_gpu = Ψ_stage / t, where a stage holds ⌈L/p⌉ layers and one embedding matrix
   (both when p = 1): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
-  parallelism; Rajbhandari et al. 2020, via :func:`analysis.memory.model_state_bytes`);
+  parallelism; Rajbhandari et al. 2020, via :func:`orchestrator.engines.deepspeed.memory.model_state_bytes`);
 - activations with tensor-sequence parallelism and fused attention (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", §4: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
   not kept by flash/SDPA attention); with full recomputation ``2·s·b·h/t`` a layer plus one layer being rerun.
@@ -30,14 +30,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from analysis.memory import GIB, model_state_bytes
-from orchestrator.models import flops_per_token, num_parameters
+from analysis.step_time import DEFAULT_EFFICIENCY
+from orchestrator.engines.deepspeed.memory import GIB, model_state_bytes
+from orchestrator.models import family_module, flops_per_token, num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
-DEFAULT_EFFICIENCY = 0.40
-"""Achieved share of the dense bf16 peak in the matrix products (hardware FLOPs), when nothing is measured: the
-uncalibrated figure of ``analysis.predict``; Megatron-LM reached 44-52% on A100s for 18B-1T models (Narayanan et
-al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience, "BLOOM", 2022)."""
+# DEFAULT_EFFICIENCY, the achieved share of the dense bf16 peak in the matrix products when nothing is measured,
+# is the predictor's uncalibrated figure (set by the H100 records); Megatron-LM reached 44-52% on A100s for
+# 18B-1T models (Narayanan et al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience 2022).
 MEMORY_MARGIN = 0.10
 """Share of GPU memory kept free for the CUDA context, NCCL and fragmentation (as ``analysis.predict``)."""
 LINK_EFFICIENCY = 0.75
@@ -53,8 +53,6 @@ DEFAULT_INTER_NODE_GBITS_S = 8 * 200.0
 NVIDIA DGX A100 SuperPOD reference architecture."""
 FALLBACK_INTRA_NODE_GBYTES_S = 32.0
 """Both directions of PCIe gen 3 x16, for a GPU config that gives neither NVLink nor PCIe figures."""
-LOGIT_BYTES_PER_ENTRY = 12.0
-"""16-bit logits, their fp32 copy for the cross-entropy and its fp32 gradient (as ``analysis.memory``)."""
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 
 
@@ -152,17 +150,22 @@ def stage_parameters(model: ModelConfig, pipeline: int) -> float:
 
 
 def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batches: int) -> float:
-    """Activations the busiest stage keeps for the backward pass (Korthikanti et al. 2022, with sequence parallel)."""
-    s, h, t, b = model.seq_length, model.hidden_size, layout.tensor, layout.micro_batch_size
+    """Activations the busiest stage keeps for the backward pass (Korthikanti et al. 2022, with sequence parallel).
+
+    A layer's bytes per token and the logits' come from the model's family (measured on the real module); tensor
+    parallelism with sequence parallelism splits both over the ``t`` ranks.
+    """
+    s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
+    family = family_module(model.family)
     layers = math.ceil(model.num_layers / layout.pipeline)
-    full_layer = 34.0 * s * b * h / t
+    full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b / t
     if layout.activation_checkpointing:
-        per_micro = layers * 2.0 * s * b * h / t
+        per_micro = layers * family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
         working = full_layer
     else:
         per_micro = layers * full_layer
         working = 0.0
-    logits = s * b * model.vocab_size * LOGIT_BYTES_PER_ENTRY / t
+    logits = family.logit_bytes_per_token(model) * s * b / t
     if layout.pipeline == 1:
         return per_micro + working + logits
     first = min(layout.pipeline, num_micro_batches) * per_micro + working

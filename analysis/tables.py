@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates as est
+from analysis.inputs import inputs_from_columns
 from analysis.predict import DEFAULT_MARGIN, Calibration, predict_frame
 from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, rows_of
 
@@ -40,12 +41,10 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     """Add the training-run estimates to every measured (``ok``) cell; other cells get empty estimates."""
     out = frame.copy()
     ok = out["status"].isin(MEASURED_FITS) if "status" in out.columns else pd.Series(False, index=out.index)
-    layers, hidden, vocab = _col(out, "model_num_layers"), _col(out, "model_hidden_size"), _col(out, "model_vocab_size")
-    ffn = _col(out, "model_intermediate_size")
-    ffn = ffn.fillna(4 * hidden)
-    # gpt_neox_num_parameters, column-wise: per layer 4h² + 2hf + f + 9h, then final LayerNorm and embeddings.
-    formula = layers * (4 * hidden**2 + 2 * hidden * ffn + ffn + 9 * hidden) + 2 * hidden + 2 * vocab * hidden
-    params = _col(out, "num_parameters").fillna(_col(out, "model_num_parameters")).fillna(formula)
+    # The probe's count of the built module where measured, else the family's formula (a published
+    # model_num_parameters is only a check of the architecture, never a figure).
+    formula = pd.Series(inputs_from_columns({c: out[c] for c in out.columns}, len(out)).params, index=out.index)
+    params = _col(out, "num_parameters").fillna(formula)
     out["num_parameters"] = params
 
     seq, batch = _col(out, "model_seq_length"), _col(out, "model_global_batch_size")
@@ -112,7 +111,10 @@ def add_predictions(
     out["predicted_peak_memory_gib"] = as_run["predicted_peak_memory_gib"]
     out["predicted_step_time_s"] = as_run["predicted_step_time_s"]
     # Rounded to 1e-4 %: an exact fit then reads 0, not float noise like -1.1e-14.
-    memory_error = 100.0 * (out["predicted_peak_memory_gib"] / _col(out, "peak_memory_gib") - 1.0)
+    # The prediction is of the reserved peak where the device has a caching allocator (CUDA); the CPU's records
+    # have one figure, the resident-set growth.
+    measured_peak = _col(out, "peak_memory_reserved_gib").fillna(_col(out, "peak_memory_gib"))
+    memory_error = 100.0 * (out["predicted_peak_memory_gib"] / measured_peak - 1.0)
     step_error = 100.0 * (out["predicted_step_time_s"] / _col(out, "step_time_s") - 1.0)
     out["memory_error_pct"] = memory_error.round(4) + 0.0
     out["step_time_error_pct"] = step_error.round(4) + 0.0
@@ -157,7 +159,7 @@ def settings_label(row: Any) -> str:
 
 
 def _model_order(frame: pd.DataFrame) -> pd.Series:
-    return _col(frame, "num_parameters").fillna(_col(frame, "model_num_parameters"))
+    return _col(frame, "num_parameters")
 
 
 def _measured(cells: pd.DataFrame) -> pd.DataFrame:
@@ -169,7 +171,7 @@ def _measured(cells: pd.DataFrame) -> pd.DataFrame:
     return cells.loc[keep, wanted]
 
 
-_SUMMARY_INPUTS = ("status", "num_parameters", "model_num_parameters", "tokens_per_s")
+_SUMMARY_INPUTS = ("status", "num_parameters", "tokens_per_s")
 
 BEST_COLUMNS = (
     "model", "gpu", "num_gpus", "num_nodes", "settings", *SETTING_COLUMNS, "step_time_s", "time_to_train_days",

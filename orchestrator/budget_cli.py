@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from analysis.budget import Measured
     from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
-HELP_DEFAULTS = {"efficiency": 0.40, "max_days": 90.0, "overrun_pct": 25.0, "max_gpus": 1 << 20}
+HELP_DEFAULTS = {"efficiency": 0.54, "max_days": 90.0, "overrun_pct": 25.0, "max_gpus": 1 << 20}
 """The defaults the help text quotes; the values used come from analysis (a test keeps the two equal)."""
 
 SMALLEST_DEFAULT_MODEL = 10_000_000

@@ -14,6 +14,7 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from orchestrator.models import config_errors
 from orchestrator.schema import Config, ModelConfig
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
@@ -221,6 +222,7 @@ def check_values(cell: Config) -> list[Refusal]:
             errors.append(Refusal(f"cluster.{key}", f"{value} is not accepted; use an integer >= 1"))
     if cluster.max_requeue_on_timeout < 0:
         errors.append(Refusal("cluster.max_requeue_on_timeout", "use 0 (never requeue) or a positive count"))
+    errors.extend(Refusal(key, problem) for key, problem in config_errors(cell.model).items())
     errors.extend(check_scheduler_strings(cell))
     return errors
 

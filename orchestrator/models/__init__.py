@@ -1,31 +1,107 @@
 """Model families: one module per family holds all of that family's arithmetic and its builder.
 
-A family module (``gpt_neox`` today) owns, for its architecture: the parameter count, training FLOPs per token
-(with and without activation recomputation), activation bytes, and the transformers config and module that build
-it. The probe, the predictor and the report import these from here; nothing else repeats them. Adding a family is
-one module here, one entry in ``FAMILIES`` and its ``conf/model`` files.
+A family module (``gpt_neox`` today) owns, for its architecture, everything :class:`Family` lists: the parameter
+count, training FLOPs per token (with and without activation recomputation), activation and logit bytes per
+token, the largest single weight, and the transformers config and module that build it. The probe, the DeepSpeed
+memory model, the predictor and the report import these from here; nothing else repeats them. Adding a family is
+one module here that satisfies :class:`Family`, one entry in ``FAMILIES`` and its ``conf/model`` files.
 """
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from orchestrator.models import gpt_neox, llama, olmo2, qwen3
 
 if TYPE_CHECKING:
+    import torch
+
     from orchestrator.schema import Config, GpuConfig, MethodConfig, ModelConfig
 
-FAMILIES: dict[str, ModuleType] = {"gpt_neox": gpt_neox, "llama": llama, "qwen3": qwen3, "olmo2": olmo2}
+
+class Family(Protocol):
+    """What a model family module provides; every function is pure arithmetic except the two builders."""
+
+    def num_parameters(self, model: ModelConfig) -> int:
+        """Parameters of the architecture (checked against the built module's ``numel``)."""
+        ...
+
+    def flops_per_token(self, model: ModelConfig, recompute: bool = False) -> float:
+        """Training FLOPs (forward + backward) per token; ``recompute`` adds what activation checkpointing reruns."""
+        ...
+
+    def activation_bytes_per_token_per_layer(self, model: ModelConfig, attention: str, checkpointing: bool) -> float:
+        """Bytes one layer keeps per token for the backward pass in 16-bit training."""
+        ...
+
+    def logit_bytes_per_token(self, model: ModelConfig, compiled: bool = False) -> float:
+        """Peak bytes per token of the output logits and the loss."""
+        ...
+
+    def largest_weight_elements(self, model: ModelConfig) -> int:
+        """Elements of the largest single weight (what ZeRO-3 gathers at once)."""
+        ...
+
+    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+        """The transformers config of the model."""
+        ...
+
+    def build_model(
+        self, model: ModelConfig, attention: str, dtype: torch.dtype, device: torch.device, init_context: Any = None
+    ) -> torch.nn.Module:
+        """The randomly initialised transformers module."""
+        ...
+
+
+FAMILIES: dict[str, Family] = {
+    "gpt_neox": cast(Family, gpt_neox),
+    "llama": cast(Family, llama),
+    "qwen3": cast(Family, qwen3),
+    "olmo2": cast(Family, olmo2),
+}
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 
 
-def family_module(name: str) -> ModuleType:
+def family_module(name: str) -> Family:
     """The module of family ``name``; a ValueError that lists the known families otherwise."""
     try:
         return FAMILIES[name]
     except KeyError:
         raise ValueError(f"unknown model family {name!r}; known: {', '.join(sorted(FAMILIES))}") from None
+
+
+def parameter_count_error(model: ModelConfig) -> str | None:
+    """Why the published ``model.num_parameters`` is wrong, or None when it is absent or equals the formula.
+
+    The count is derived from the architecture everywhere; a published figure in ``conf/model`` is only a check
+    that the architecture was copied right, so a figure that disagrees is an error, never an input.
+    """
+    if model.num_parameters is None:
+        return None
+    computed = num_parameters(model)
+    if int(model.num_parameters) == computed:
+        return None
+    return (
+        f"model {model.name!r}: model.num_parameters={model.num_parameters} disagrees with its architecture "
+        f"({model.num_layers} layers, hidden {model.hidden_size}, vocabulary {model.vocab_size}), which has "
+        f"{computed} parameters; the count is derived: drop the key (model.num_parameters=null) or fix the architecture"
+    )
+
+
+def config_errors(model: ModelConfig) -> dict[str, str]:
+    """Problems with a ``conf/model`` entry, by the key to fix: an unknown ``model.family``, or a published
+    ``model.num_parameters`` that disagrees with the architecture. Empty when there are none."""
+    if model.family not in FAMILIES:
+        return {"model.family": f"{model.family!r} is not a known family; use one of {', '.join(sorted(FAMILIES))}"}
+    error = parameter_count_error(model)
+    return {"model.num_parameters": error} if error else {}
+
+
+def check_num_parameters(model: ModelConfig) -> None:
+    """Raise a ValueError naming ``model.num_parameters`` when the published figure disagrees (see above)."""
+    error = parameter_count_error(model)
+    if error:
+        raise ValueError(error)
 
 
 def num_parameters(model: ModelConfig) -> int:

@@ -1,8 +1,10 @@
-"""GPT-NeoX (Pythia): parameter count, training FLOPs per token, and the transformers module, from a ModelConfig.
+"""GPT-NeoX (Pythia): parameters, training FLOPs, activation bytes, and the transformers module, from a ModelConfig.
 
-The arithmetic is pure and follows the published formulas; ``build_model`` is the only
-function here that allocates a model. Notation: L layers, h hidden size, f MLP width, a heads, V vocabulary,
-s sequence length, B sequences per optimizer step.
+The arithmetic is pure and follows the published formulas, each checked against the real transformers module in
+``tests/unit/models/`` (parameters against ``numel`` on the meta device, FLOPs against
+``torch.utils.flop_counter.FlopCounterMode``, activation bytes against the tensors a training step keeps);
+``build_model`` is the only function here that allocates a model. Notation: L layers, h hidden size, f MLP
+width, a heads, V vocabulary, s sequence length, B sequences per optimizer step.
 """
 
 from __future__ import annotations
@@ -15,9 +17,29 @@ if TYPE_CHECKING:
 
     from orchestrator.schema import ModelConfig
 
-GIB = 2**30
 ROPE_THETA = 10_000.0
 """Rotary base of every Pythia model (``rotary_emb_base`` in EleutherAI/pythia models/*.yml)."""
+
+# Bytes a bf16 training step keeps for the backward pass, per token of one layer, as measured on the real
+# module (tests/unit/models/test_activation_memory.py: saved tensors of a 2- and a 4-layer model, h=128, a=4,
+# s=256, transformers 5.23, torch 2.13): 36.19*h with SDPA, i.e. 36 bytes per hidden unit plus the attention
+# kernel's fp32 log-sum-exp and its bookkeeping (6 bytes per head). Korthikanti et al.'s 34*h has two 1-byte
+# dropout masks Pythia does not have and lacks the partial-rotary copies of q and k (4 bytes).
+LAYER_BYTES_PER_HIDDEN = 36.0
+LAYER_BYTES_PER_HEAD_SDPA = 6.0
+EAGER_BYTES_PER_SCORE = 5.25
+"""Eager attention keeps the a·s attention probabilities of each token (fp32 softmax output, its bf16 copy, less
+the kernel's log-sum-exp): 78.06*h measured against 36.19*h with SDPA at a=4, s=256, h=128."""
+CHECKPOINT_BYTES_PER_HIDDEN = 2.0
+"""With full activation checkpointing a layer keeps only its 16-bit input (measured: 2.00*h)."""
+LOGIT_BYTES_PER_ENTRY = 12.0
+"""Peak bytes per (token, vocabulary) entry of the logits and the loss, eager: the 16-bit logits (2), their fp32
+copy for the cross-entropy (4) and its log-softmax (4) in the forward; log-softmax, its gradient and the gradient of
+the logits in the backward. Measured 12.0 (peak with V=4096 minus V=1024, bf16); 16 overcounts by a third."""
+COMPILED_LOGIT_BYTES_PER_ENTRY = 6.0
+"""Under torch.compile the fp32 cast and the log-softmax are fused: the 16-bit logits (2; the OOM messages of the
+H100 records ask for exactly 2 bytes per entry) and one fp32 buffer (4). Fitted to the allocated peaks of the
+H100 records of pythia-160m, 410m and 1b with the layer bytes above fixed (6.05; 160m within 0.5%)."""
 
 
 def intermediate_size(model: ModelConfig) -> int:
@@ -37,21 +59,36 @@ def num_parameters(model: ModelConfig) -> int:
     return num_layers * per_layer + 2 * h + 2 * vocab * h
 
 
+def layer_forward_flops_per_token(model: ModelConfig) -> float:
+    """Forward FLOPs of one layer per token: 2*(4h² + 2hf) for the weight products, 4sh for QKᵀ and scores×V."""
+    h, f, seq = model.hidden_size, intermediate_size(model), model.seq_length
+    return float(8 * h * h + 4 * h * f + 4 * seq * h)
+
+
+def recompute_flops_per_token(model: ModelConfig) -> float:
+    """FLOPs that full activation checkpointing adds per token: each layer's forward less its last product.
+
+    transformers checkpoints each decoder layer with torch's non-reentrant checkpoint, which stops recomputing
+    as soon as every tensor the backward needs is rebuilt (``early_stop``). In a GPT-NeoX layer the last product,
+    the MLP's output projection (2hf per token), feeds only the residual sum, which saves nothing, so it is not
+    rerun. FlopCounterMode on the real module measures exactly this (tests/unit/models/test_flops.py): a third
+    more for QKV, attention and the MLP's first product, nothing more for the output projection or the logits.
+    """
+    f = intermediate_size(model)
+    return float(model.num_layers * (layer_forward_flops_per_token(model) - 2 * model.hidden_size * f))
+
+
 def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
     """Training FLOPs (forward and backward) per token of a sequence of the model's ``seq_length``.
 
-    Forward per token and layer: 2*(4h² + 2hf) for the matrix products and 4sh for attention scores and their
-    weighted sum; the logits add 2hV; backward costs twice the forward. With f = 4h this is exactly
-    ``72*B*s*L*h²*(1 + s/(6h) + V/(12*L*h))`` (Narayanan et al. 2021, eq. 3). ``recompute=True`` counts the extra
-    forward of every layer that full activation checkpointing runs (hardware FLOPs): with f = 4h,
-    ``96*B*s*L*h²*(1 + s/(6h) + V/(16*L*h))``; the logits are not recomputed.
+    Forward per token: every layer's :func:`layer_forward_flops_per_token` and 2hV for the logits; backward costs
+    twice the forward. With f = 4h this is exactly ``72*B*s*L*h²*(1 + s/(6h) + V/(12*L*h))`` (Narayanan et al.
+    2021, eq. 3). ``recompute=True`` adds what activation checkpointing reruns (hardware FLOPs):
+    :func:`recompute_flops_per_token`, which with f = 4h is ``L*(16h² + 4sh)``, not the ``L*(24h² + 4sh)`` of a
+    whole extra forward.
     """
-    num_layers, h, vocab = model.num_layers, model.hidden_size, model.vocab_size
-    seq, f = model.seq_length, intermediate_size(model)
-    layer_forward_per_token = 8 * h * h + 4 * h * f + 4 * seq * h
-    layer_passes = 4 if recompute else 3
-    per_token = num_layers * layer_passes * layer_forward_per_token + 3 * 2 * h * vocab
-    return float(per_token)
+    forward = model.num_layers * layer_forward_flops_per_token(model) + 2.0 * model.hidden_size * model.vocab_size
+    return 3.0 * forward + (recompute_flops_per_token(model) if recompute else 0.0)
 
 
 def reference_flops_per_step(model: ModelConfig, sequences: int) -> float:
@@ -59,6 +96,33 @@ def reference_flops_per_step(model: ModelConfig, sequences: int) -> float:
     num_layers, h, vocab = model.num_layers, model.hidden_size, model.vocab_size
     seq = model.seq_length
     return 72.0 * sequences * seq * num_layers * h * h * (1 + seq / (6 * h) + vocab / (12 * num_layers * h))
+
+
+def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool) -> float:
+    """Bytes one layer keeps per token for the backward pass, in 16-bit training (twice that in fp32).
+
+    SDPA and flash attention keep no attention scores; eager keeps the a·s probabilities of each token. With
+    activation checkpointing only the layer's input is kept (the rebuilt layer is :func:`activation_bytes_per_token_per_layer`
+    without checkpointing, counted once by the engine's memory model).
+    """
+    h, heads = model.hidden_size, model.num_heads
+    if checkpointing:
+        return CHECKPOINT_BYTES_PER_HIDDEN * h
+    if attention == "eager":
+        return LAYER_BYTES_PER_HIDDEN * h + EAGER_BYTES_PER_SCORE * heads * model.seq_length
+    return LAYER_BYTES_PER_HIDDEN * h + LAYER_BYTES_PER_HEAD_SDPA * heads
+
+
+def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+    """Peak bytes per token of the logits and the cross-entropy loss (eager, or fused by torch.compile)."""
+    per_entry = COMPILED_LOGIT_BYTES_PER_ENTRY if compiled else LOGIT_BYTES_PER_ENTRY
+    return per_entry * model.vocab_size
+
+
+def largest_weight_elements(model: ModelConfig) -> int:
+    """Elements of the largest single weight: an embedding (V·h) in every Pythia model."""
+    h = model.hidden_size
+    return max(model.vocab_size * h, h * intermediate_size(model), 3 * h * h)
 
 
 def build_model_config(model: ModelConfig, attention: str) -> GPTNeoXConfig:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.models.gpt_neox import COMPILED_LOGIT_BYTES_PER_ENTRY, LOGIT_BYTES_PER_ENTRY
+
 if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.schema import ModelConfig
 
 ROPE_THETA = 10_000.0
 """Rotary base when a model file gives none (transformers' LlamaConfig default)."""
@@ -125,7 +127,7 @@ def rms_norm_bytes(width: int, rows: int = 1, normalised_bytes: int = BYTES_16BI
     return 4 * width + 4 * rows + normalised_bytes * width
 
 
-def attention_bytes(model: ModelConfig, method: MethodConfig) -> int:
+def attention_bytes(model: ModelConfig, attention: str) -> int:
     """Bytes per token the attention itself keeps, from the rotated queries and keys to its output.
 
     Fused attention (sdpa, flash): queries 2ad, keys and values 2kd each (grouped-query attention reaches sdpa
@@ -135,7 +137,7 @@ def attention_bytes(model: ModelConfig, method: MethodConfig) -> int:
     copied to the output projection's layout: 8ad + 6as.
     """
     heads, kv, d, seq = model.num_heads, num_kv_heads(model), head_dim(model), model.seq_length
-    if method.attention == "eager":
+    if attention == "eager":
         return 4 * BYTES_16BIT * heads * d + (4 + BYTES_16BIT) * heads * seq
     return 2 * BYTES_16BIT * heads * d + 2 * BYTES_16BIT * kv * d + 4 * heads
 
@@ -145,8 +147,8 @@ def mlp_bytes(model: ModelConfig) -> int:
     return 4 * BYTES_16BIT * intermediate_size(model)
 
 
-def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes one layer keeps for the backward pass per token with 16-bit activations (bf16, fp16), no checkpointing.
+def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool = False) -> float:
+    """Bytes one layer keeps for the backward pass per token with 16-bit activations (bf16, fp16).
 
     Two pre-norms (``rms_norm_bytes(h)`` each), the inputs of the q/k/v and the gate/up projections (2h each), the
     attention (``attention_bytes``: 4ad + 4kd + 4a with sdpa, 8ad + 6as eager) and the MLP (8f); in all, with sdpa,
@@ -156,12 +158,20 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfi
     checkpointing a layer keeps only its input (2h) until its backward reruns it.
     """
     h = model.hidden_size
+    if checkpointing:
+        return float(BYTES_16BIT * h)
     norms = 2 * rms_norm_bytes(h)
     projection_inputs = 2 * BYTES_16BIT * h
-    return float(norms + projection_inputs + attention_bytes(model, method) + mlp_bytes(model))
+    return float(norms + projection_inputs + attention_bytes(model, attention) + mlp_bytes(model))
 
 
-def largest_tensor_numel(model: ModelConfig) -> int:
+def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+    """Peak bytes per token of the logits and the loss: transformers' causal-LM loss path is the one GPT-NeoX takes
+    (16-bit logits, an fp32 copy for the cross-entropy and its gradient), so the measured per-entry figures apply."""
+    return (COMPILED_LOGIT_BYTES_PER_ENTRY if compiled else LOGIT_BYTES_PER_ENTRY) * model.vocab_size
+
+
+def largest_weight_elements(model: ModelConfig) -> int:
     """Elements of the largest parameter tensor: the V×h embedding, a h×f MLP matrix or the h×ad query matrix.
 
     ZeRO stage 3 gathers a whole parameter at once, so this bounds what one gather holds.

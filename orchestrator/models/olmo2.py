@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.schema import ModelConfig
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (``layer_norm_eps`` of OLMo2-1B-stage1.yaml)."""
@@ -35,7 +35,7 @@ def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
     return llama.flops_per_token(model, recompute, recompute_last_product=True)
 
 
-def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfig) -> float:
+def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool = False) -> float:
     """Bytes one layer keeps for backward per token, 16-bit activations, no checkpointing.
 
     The layer input as the q/k/v projections' input (2h) and the MLP input (2h); the q and k norms, one row each
@@ -43,18 +43,25 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfi
     ``llama.attention_bytes``; the two post-norms, also fp32 (``2 × rms_norm_bytes(h, 1, 4)``); the MLP 8f.
     Checked with ``saved_tensors_hooks`` in the tests, like ``llama``'s.
     """
+    if checkpointing:
+        return float(llama.BYTES_16BIT * model.hidden_size)
     h, d = model.hidden_size, llama.head_dim(model)
     heads, kv = model.num_heads, llama.num_kv_heads(model)
     inputs = 2 * llama.BYTES_16BIT * h
     qk_norms = llama.rms_norm_bytes(heads * d, 1, FP32) + llama.rms_norm_bytes(kv * d, 1, FP32)
     post_norms = 2 * llama.rms_norm_bytes(h, 1, FP32)
-    attention = llama.attention_bytes(model, method)
-    return float(inputs + qk_norms + attention + post_norms + llama.mlp_bytes(model))
+    attention_kept = llama.attention_bytes(model, attention)
+    return float(inputs + qk_norms + attention_kept + post_norms + llama.mlp_bytes(model))
 
 
-def largest_tensor_numel(model: ModelConfig) -> int:
-    """``llama.largest_tensor_numel``: the norms are vectors."""
-    return llama.largest_tensor_numel(model)
+def largest_weight_elements(model: ModelConfig) -> int:
+    """``llama.largest_weight_elements``: the norms are vectors."""
+    return llama.largest_weight_elements(model)
+
+
+def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+    """``llama.logit_bytes_per_token``: the same loss path."""
+    return llama.logit_bytes_per_token(model, compiled)
 
 
 def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:

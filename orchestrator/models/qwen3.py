@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     import torch
     from transformers import PretrainedConfig
 
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.schema import ModelConfig
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (every Qwen3 config.json has 1e-6)."""
@@ -31,19 +31,26 @@ def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
     return llama.flops_per_token(model, recompute)
 
 
-def activation_bytes_per_token_per_layer(model: ModelConfig, method: MethodConfig) -> float:
+def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool = False) -> float:
     """``llama``'s layer plus the per-head q and k norms: ``rms_norm_bytes(a·d, a) + rms_norm_bytes(k·d, k)``.
 
     The norms' outputs go into the rotary multiply, which keeps only its cos/sin tables, so nothing else is added.
     """
+    if checkpointing:
+        return float(llama.BYTES_16BIT * model.hidden_size)
     d, heads, kv = llama.head_dim(model), model.num_heads, llama.num_kv_heads(model)
     qk_norms = llama.rms_norm_bytes(heads * d, heads) + llama.rms_norm_bytes(kv * d, kv)
-    return llama.activation_bytes_per_token_per_layer(model, method) + qk_norms
+    return llama.activation_bytes_per_token_per_layer(model, attention) + qk_norms
 
 
-def largest_tensor_numel(model: ModelConfig) -> int:
-    """``llama.largest_tensor_numel``: the norms are vectors."""
-    return llama.largest_tensor_numel(model)
+def largest_weight_elements(model: ModelConfig) -> int:
+    """``llama.largest_weight_elements``: the norms are vectors."""
+    return llama.largest_weight_elements(model)
+
+
+def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+    """``llama.logit_bytes_per_token``: the same loss path."""
+    return llama.logit_bytes_per_token(model, compiled)
 
 
 def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:

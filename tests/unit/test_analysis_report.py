@@ -60,7 +60,9 @@ def test_cells_csv_has_one_row_per_cell_with_days_and_gpu_hours(tmp_path: Path, 
     assert a100.cost_usd_amortised == pytest.approx(a100.machine_price_usd * a100.time_to_train_days / 1825)
     assert a100.energy_kwh == pytest.approx(a100.gpu_hours * 0.4)
     cpu = table.set_index("cell_id").loc["aaa"]
-    assert np.isnan(cpu.cost_usd_cloud) and np.isnan(cpu.energy_kwh)  # the CPU has no price or board power
+    # The cpu device is priced per core-hour (conf/gpu/cpu.yaml), so its cells are costed like a GPU's.
+    assert cpu.cost_usd_cloud == pytest.approx(cpu.gpu_hours * 0.08925)
+    assert cpu.energy_kwh == pytest.approx(cpu.gpu_hours * 6.25 / 1000)
     assert report.problems == []
     assert {p.name for p in report.files} == {"cells.csv", "best.csv", "frontier.csv", "scaling.csv", "report.md"}
 

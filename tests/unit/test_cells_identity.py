@@ -34,6 +34,6 @@ def test_other_families_carry_what_sets_them_apart() -> None:
 
 def test_an_architecture_field_changes_the_id() -> None:
     base = cell_id(cell("model=smollm2-135m"))
-    assert cell_id(cell("model=smollm2-135m", "model.num_kv_heads=9")) != base
-    assert cell_id(cell("model=smollm2-135m", "model.tie_word_embeddings=false")) != base
+    assert cell_id(cell("model=smollm2-135m", "model.num_kv_heads=9", "model.num_parameters=null")) != base
+    assert cell_id(cell("model=smollm2-135m", "model.tie_word_embeddings=false", "model.num_parameters=null")) != base
     assert cell_id(cell("model=smollm2-135m")) == base

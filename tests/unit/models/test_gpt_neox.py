@@ -1,4 +1,4 @@
-"""GPT-NeoX arithmetic: parameters, FLOPs, peak, throughput, and DeepSpeed's memory model, on typed configs."""
+"""GPT-NeoX arithmetic on typed configs: parameters (against the built module), FLOPs, peak, throughput."""
 
 from __future__ import annotations
 
@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.engines.deepspeed.memory import (
-    activation_bytes_per_sequence,
-    estimate_micro_batch_size,
-    model_state_bytes_per_gpu,
+from orchestrator.models import (
+    check_num_parameters,
+    gpt_neox,
+    num_parameters,
+    parameter_count_error,
+    peak_tflops,
+    throughput_metrics,
 )
-from orchestrator.models import gpt_neox, num_parameters, peak_tflops, throughput_metrics
 from orchestrator.models.gpt_neox import build_model_config, flops_per_token, reference_flops_per_step
 from orchestrator.schema import Config, MethodConfig, to_config
 from orchestrator.sweep import plan
@@ -32,10 +34,47 @@ def method(**overrides: object) -> MethodConfig:
     return dataclasses.replace(MethodConfig(), **overrides)  # type: ignore[arg-type]
 
 
+# Published totals (EleutherAI/pythia README), as listed in REFERENCE.md.
+PUBLISHED_PARAMETERS = {
+    "pythia-70m": 70_426_624,
+    "pythia-160m": 162_322_944,
+    "pythia-410m": 405_334_016,
+    "pythia-1b": 1_011_781_632,
+    "pythia-1.4b": 1_414_647_808,
+    "pythia-2.8b": 2_775_208_960,
+    "pythia-6.9b": 6_857_302_016,
+    "pythia-12b": 11_846_072_320,
+    "pythia-tiny": 165_632,  # not published: 2*(12*64^2 + 13*64) + 2*64 + 2*512*64, by hand
+}
+
+
+def test_every_shipped_model_has_a_known_count() -> None:
+    assert set(MODELS) == set(PUBLISHED_PARAMETERS)
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_parameter_count_matches_the_published_count(name: str) -> None:
     model = cell(f"model={name}").model
-    assert num_parameters(model) == model.num_parameters
+    assert num_parameters(model) == model.num_parameters == PUBLISHED_PARAMETERS[name]
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_parameter_count_matches_the_module_built_at_full_size_on_the_meta_device(name: str) -> None:
+    # The meta device allocates nothing, so even pythia-12b is built whole in a second.
+    torch = pytest.importorskip("torch")
+    model = cell(f"model={name}").model
+    module = gpt_neox.build_model(model, "sdpa", torch.bfloat16, torch.device("meta"))
+    assert sum(p.numel() for p in module.parameters()) == num_parameters(model)
+
+
+def test_a_published_count_that_disagrees_with_the_architecture_is_an_error_naming_the_key() -> None:
+    model = dataclasses.replace(cell("model=pythia-160m").model, num_parameters=5)
+    error = parameter_count_error(model)
+    assert error is not None and "model.num_parameters=5" in error and "162322944" in error
+    with pytest.raises(ValueError, match="model.num_parameters=5"):
+        check_num_parameters(model)
+    # Absent is fine: the count is derived.
+    check_num_parameters(dataclasses.replace(model, num_parameters=None))
 
 
 def test_parameter_count_matches_the_transformers_model_also_with_a_custom_mlp_width() -> None:
@@ -61,9 +100,20 @@ def test_flops_follow_the_reference_formula(name: str) -> None:
     batch, seq = model.global_batch_size, model.seq_length
     tokens = batch * seq
     assert tokens * flops_per_token(model) == pytest.approx(reference_flops_per_step(model, batch), rel=1e-12)
-    h, layers, vocab = model.hidden_size, model.num_layers, model.vocab_size
-    recompute = 96.0 * batch * seq * layers * h * h * (1 + seq / (6 * h) + vocab / (16 * layers * h))
+    h, layers = model.hidden_size, model.num_layers
+    # Checkpointing reruns each layer's forward but its MLP output projection (see test_flops_measured.py):
+    # L*(16h² + 4sh) more per token with f = 4h.
+    recompute = reference_flops_per_step(model, batch) + tokens * layers * (16 * h * h + 4 * seq * h)
     assert tokens * flops_per_token(model, recompute=True) == pytest.approx(recompute, rel=1e-12)
+
+
+def test_flops_per_token_pythia_1b_by_hand() -> None:
+    model = cell("model=pythia-1b").model
+    # Forward per token: 16 layers x (2*(4h^2 + 2*h*4h) + 4*s*h) + 2*V*h with h = s = 2048, V = 50304
+    # = 16 x (100,663,296 + 16,777,216) + 206,045,184 = 2,085,093,376; training x3.
+    assert flops_per_token(model) == 6_255_280_128
+    # Recomputation: 16 x (117,440,512 - 2*2048*8192) = 16 x 83,886,080 = 1,342,177,280 more, +21.5%, not +33%.
+    assert flops_per_token(model, recompute=True) == 6_255_280_128 + 1_342_177_280
 
 
 def test_flops_approach_six_n_per_token_when_attention_and_logits_are_small() -> None:
@@ -113,30 +163,8 @@ def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
     assert m["mfu"] is None and m["hfu"] is None and m["model_tflops_per_gpu"] > 0
 
 
-def test_model_states_follow_the_zero_paper() -> None:
-    psi = 1_000_000
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=0), 4) == 16 * psi
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=1), 4) == 4 * psi + 12 * psi / 4
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=2), 4) == 2 * psi + 14 * psi / 4
-    assert model_state_bytes_per_gpu(psi, method(zero_stage=3), 4) == 16 * psi / 4
-    offloaded = method(zero_stage=3, offload_optimizer=True, offload_params=True)
-    assert model_state_bytes_per_gpu(psi, offloaded, 4) == 2 * psi / 4
+def test_a_sweep_with_a_wrong_published_count_is_refused_naming_the_key() -> None:
+    from orchestrator.sweep import SweepError
 
-
-def test_activation_model_orders_the_settings() -> None:
-    model = cell("model=pythia-410m").model
-    sdpa = activation_bytes_per_sequence(model, method(attention="sdpa"))
-    assert activation_bytes_per_sequence(model, method(attention="eager")) > sdpa
-    # Checkpointing keeps one layer's activations and each layer's input; the logits stay.
-    assert activation_bytes_per_sequence(model, method(activation_checkpointing=True)) < 0.6 * sdpa
-    assert activation_bytes_per_sequence(model, method(precision="fp32")) == pytest.approx(2 * sdpa)
-
-
-def test_micro_batch_estimate_grows_with_memory_and_never_drops_below_one() -> None:
-    cfg = cell("model=pythia-1b", "gpu=h100-80gb")
-    small = estimate_micro_batch_size(cfg, 24.0)
-    large = estimate_micro_batch_size(cfg, 80.0)
-    assert 1 <= small < large <= 64
-    assert estimate_micro_batch_size(cfg, 0.5) == 1
-    checkpointed = dataclasses.replace(cfg, method=method(activation_checkpointing=True))
-    assert estimate_micro_batch_size(checkpointed, 80.0) > large
+    with pytest.raises(SweepError, match=r"model\.num_parameters.*162322944"):
+        plan(["model=pythia-160m", "model.num_parameters=5"], sweep_dir=None)

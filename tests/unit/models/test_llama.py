@@ -44,7 +44,7 @@ def test_parameter_count_is_the_full_size_module_numel(name: str, shipped_model:
     module = llama.build_model(model, "sdpa", torch.bfloat16, torch.device("meta"))
     numel = [p.numel() for p in module.parameters()]  # a tied matrix is listed once
     assert sum(numel) == llama.num_parameters(model) == model.num_parameters
-    assert max(numel) == llama.largest_tensor_numel(model)
+    assert max(numel) == llama.largest_weight_elements(model)
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))
@@ -112,17 +112,17 @@ def test_activation_bytes_are_what_autograd_keeps(
     module = llama.build_model(model, attention, torch.bfloat16, torch.device("cpu"))
     measured = saved_bytes_per_token(module, module.get_submodule("model.layers.1"), model.vocab_size, model.seq_length)
     method = dataclasses.replace(MethodConfig(), attention=attention)
-    assert measured == llama.activation_bytes_per_token_per_layer(model, method)
+    assert measured == llama.activation_bytes_per_token_per_layer(model, method.attention)
 
 
 def test_eager_attention_keeps_the_scores() -> None:
     model = VARIANTS["gqa-tied"]
-    sdpa = llama.activation_bytes_per_token_per_layer(model, MethodConfig(attention="sdpa"))
-    eager = llama.activation_bytes_per_token_per_layer(model, MethodConfig(attention="eager"))
+    sdpa = llama.activation_bytes_per_token_per_layer(model, "sdpa")
+    eager = llama.activation_bytes_per_token_per_layer(model, "eager")
     longer = dataclasses.replace(model, seq_length=2 * model.seq_length)
-    grown = llama.activation_bytes_per_token_per_layer(longer, MethodConfig(attention="eager")) - eager
+    grown = llama.activation_bytes_per_token_per_layer(longer, "eager") - eager
     assert grown == 6 * model.num_heads * model.seq_length  # fp32 softmax and its 16-bit copy, per head
-    assert eager > sdpa == llama.activation_bytes_per_token_per_layer(longer, MethodConfig(attention="sdpa"))
+    assert eager > sdpa == llama.activation_bytes_per_token_per_layer(longer, "sdpa")
 
 
 def test_model_config_is_llama_3_2_shaped(shipped_model: Callable[[str], ModelConfig]) -> None:

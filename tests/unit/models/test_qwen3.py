@@ -44,7 +44,7 @@ def test_parameter_count_is_the_full_size_module_numel(name: str, shipped_model:
     module = qwen3.build_model(model, "sdpa", torch.bfloat16, torch.device("meta"))
     numel = [p.numel() for p in module.parameters()]
     assert sum(numel) == qwen3.num_parameters(model) == model.num_parameters
-    assert max(numel) == qwen3.largest_tensor_numel(model)
+    assert max(numel) == qwen3.largest_weight_elements(model)
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -75,7 +75,7 @@ def test_activation_bytes_are_what_autograd_keeps(attention: str, saved_bytes_pe
     module = qwen3.build_model(TINY, attention, torch.bfloat16, torch.device("cpu"))
     measured = saved_bytes_per_token(module, module.get_submodule("model.layers.1"), TINY.vocab_size, TINY.seq_length)
     method = dataclasses.replace(MethodConfig(), attention=attention)
-    assert measured == qwen3.activation_bytes_per_token_per_layer(TINY, method)
+    assert measured == qwen3.activation_bytes_per_token_per_layer(TINY, method.attention)
 
 
 def test_model_config_is_qwen3_shaped(shipped_model: Callable[[str], ModelConfig]) -> None:

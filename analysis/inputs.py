@@ -1,0 +1,246 @@
+"""The predictor's inputs: the flat columns of the cells table as arrays, with the model's figures derived.
+
+A cell's model appears as its architecture (``model_num_layers``, ``model_hidden_size``...); its parameter count,
+FLOPs per token and activation bytes come from its family module (:mod:`orchestrator.models`), evaluated once per
+distinct model or model × method in the table, so thousands of cells cost a handful of calls. A published
+``model_num_parameters`` is never used as a figure: the architecture decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from orchestrator.engines.deepspeed.memory import activation_bytes_per_sequence, buffer_bytes, model_state_bytes
+from orchestrator.models import family_module
+from orchestrator.schema import MethodConfig, ModelConfig
+
+METHOD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MethodConfig)}
+"""orchestrator.schema.MethodConfig's defaults, for old or partial configs that lack a setting."""
+
+MODEL_FIELDS = ("family", "num_layers", "hidden_size", "num_heads", "vocab_size", "intermediate_size", "seq_length",
+                "global_batch_size", "num_parameters", "train_steps")  # fmt: skip
+GPU_FIELDS = ("accelerator", "architecture", "memory_gib", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_tf32",
+              "peak_tflops_fp32", "supports_tf32", "cloud_usd_per_gpu_hour", "purchase_price_usd",
+              "board_power_w")  # fmt: skip
+DEFAULT_FAMILY = ModelConfig.family
+
+
+def flat_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
+    """A nested cell config (as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table."""
+    if not isinstance(cell, Mapping) or hasattr(cell, "_get_node"):
+        from omegaconf import OmegaConf  # only needed for configs straight from Hydra
+
+        cell = OmegaConf.to_container(cell, resolve=True)  # type: ignore[assignment]
+        if not isinstance(cell, Mapping):
+            raise TypeError(f"a cell config must be a mapping, got {type(cell).__name__}")
+
+    def section(key: str) -> Mapping[str, Any]:
+        value = cell.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
+    row: dict[str, Any] = {f"model_{k}": model.get(k) for k in MODEL_FIELDS}
+    row.update({f"gpu_{k}": gpu.get(k) for k in GPU_FIELDS})
+    row.update({k: method.get(k) for k in METHOD_DEFAULTS if k != "micro_batch_size"})
+    row.update(
+        model=model.get("name"),
+        gpu=gpu.get("name"),
+        micro_batch_size_setting=method.get("micro_batch_size"),
+        num_gpus=cell.get("num_gpus"),
+        num_nodes=cell.get("num_nodes"),
+        probe_memory_limit_gib=probe.get("memory_limit_gib"),
+    )
+    return row
+
+
+@dataclass
+class Inputs:
+    """The predictor's inputs as arrays, one element per cell."""
+
+    layers: np.ndarray
+    hidden: np.ndarray
+    heads: np.ndarray
+    vocab: np.ndarray
+    seq: np.ndarray
+    batch: np.ndarray
+    params: np.ndarray
+    """Parameters, from the family's formula."""
+    flops_per_token: np.ndarray
+    """Training FLOPs per token with what activation checkpointing recomputes (hardware FLOPs)."""
+    per_sequence: np.ndarray
+    """Activation bytes one sequence adds to the peak (DeepSpeed's memory model, the family's figures)."""
+    largest_weight: np.ndarray
+    known: np.ndarray
+    gpu: np.ndarray
+    accelerator: np.ndarray
+    arch: np.ndarray
+    memory_gib: np.ndarray
+    limit_gib: np.ndarray
+    reference_tflops: np.ndarray
+    """The dense peak for the cell's precision; NaN where the device has none."""
+    num_gpus: np.ndarray
+    num_nodes: np.ndarray
+    stage: np.ndarray
+    precision: np.ndarray
+    attention: np.ndarray
+    offload_optimizer: np.ndarray
+    offload_params: np.ndarray
+    checkpointing: np.ndarray
+    compile: np.ndarray
+    micro_setting: np.ndarray
+    """The cell's fixed micro-batch; NaN for ``auto``."""
+
+    @property
+    def per_gpu_batch(self) -> np.ndarray:
+        return np.maximum(np.floor(self.batch / self.num_gpus), 1.0)
+
+
+def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
+    """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""
+
+    def num(name: str, default: float = np.nan) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default)
+        series = values if isinstance(values, pd.Series) else pd.Series(values, dtype=object)
+        out = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        return np.where(np.isnan(out), default, out)
+
+    def text(name: str, default: str) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default, dtype=object)
+        return np.array([v if isinstance(v, str) and v else default for v in values], dtype=object)
+
+    def flag(name: str, default: bool) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default)
+        return np.array([bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in values], dtype=bool)
+
+    layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
+    heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")
+    ffn = num("model_intermediate_size")
+    family = text("model_family", DEFAULT_FAMILY)
+    known = np.all([np.isfinite(x) & (x > 0) for x in (layers, hidden, heads, vocab, seq, batch)], axis=0)
+    known &= np.array([f in _known_families() for f in family], dtype=bool)
+
+    precision = text("precision", METHOD_DEFAULTS["precision"])
+    attention = text("attention", METHOD_DEFAULTS["attention"])
+    checkpointing = flag("activation_checkpointing", False)
+    compiled = flag("compile", False)
+    tf32 = flag("tf32", True) & flag("gpu_supports_tf32", True)
+    peak_tf32 = num("gpu_peak_tflops_tf32")
+    fp32_peak = np.where(tf32 & (peak_tf32 > 0), peak_tf32, num("gpu_peak_tflops_fp32"))
+    reference = np.select(
+        [precision == "bf16", precision == "fp16"],
+        [num("gpu_peak_tflops_bf16"), num("gpu_peak_tflops_fp16")],
+        default=fp32_peak,
+    )
+
+    shapes = [family, layers, hidden, heads, vocab, np.where(ffn > 0, ffn, 0.0), seq]
+    methods = [attention, checkpointing, compiled, precision]
+
+    def model_of(key: tuple[Any, ...]) -> ModelConfig:
+        fam, n_layers, h, a, v, f, s = key[:7]
+        return ModelConfig(
+            name="", family=fam, num_layers=int(n_layers), hidden_size=int(h), num_heads=int(a),
+            vocab_size=int(v), intermediate_size=int(f) or None, seq_length=int(s),
+        )  # fmt: skip
+
+    def per_model(key: tuple[Any, ...]) -> tuple[float, ...]:
+        model = model_of(key)
+        fam = family_module(model.family)
+        return (
+            float(fam.num_parameters(model)),
+            fam.flops_per_token(model, False),
+            fam.flops_per_token(model, True),
+            float(fam.largest_weight_elements(model)),
+        )
+
+    def per_model_method(key: tuple[Any, ...]) -> tuple[float, ...]:
+        method = MethodConfig(
+            attention=key[7], activation_checkpointing=bool(key[8]), compile=bool(key[9]), precision=key[10]
+        )
+        return (activation_bytes_per_sequence(model_of(key), method),)
+
+    params, flops, flops_recompute, largest = _by_distinct(shapes, known, per_model, 4)
+    (per_sequence,) = _by_distinct(shapes + methods, known, per_model_method, 1)
+    micro_setting = num("micro_batch_size_setting")
+    return Inputs(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        seq=seq,
+        batch=batch,
+        params=params,
+        flops_per_token=np.where(checkpointing, flops_recompute, flops),
+        per_sequence=per_sequence,
+        largest_weight=largest,
+        known=known,
+        gpu=text("gpu", ""),
+        accelerator=text("gpu_accelerator", "cuda"),
+        arch=text("gpu_architecture", ""),
+        memory_gib=num("gpu_memory_gib"),
+        limit_gib=num("probe_memory_limit_gib"),
+        reference_tflops=np.where(reference > 0, reference, np.nan),
+        num_gpus=np.maximum(num("num_gpus", 1.0), 1.0),
+        num_nodes=np.maximum(num("num_nodes", 1.0), 1.0),
+        stage=num("zero_stage", 0.0),
+        precision=precision,
+        attention=attention,
+        offload_optimizer=flag("offload_optimizer", False),
+        offload_params=flag("offload_params", False),
+        checkpointing=checkpointing,
+        compile=compiled,
+        micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
+    )
+
+
+def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
+    """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
+    and what offload keeps in host memory instead."""
+    params, grads, optimizer = model_state_bytes(
+        x.params, x.stage, x.num_gpus, x.precision, x.offload_optimizer, x.offload_params
+    )
+    full = sum(model_state_bytes(x.params, x.stage, x.num_gpus, x.precision))
+    return {
+        "params": params,
+        "grads": grads,
+        "optimizer": optimizer,
+        "buffers": buffer_bytes(x.params, x.largest_weight, x.stage, x.num_gpus, x.precision),
+        "per_sequence": x.per_sequence,
+        "offloaded": full - params - grads - optimizer,
+    }
+
+
+def _known_families() -> set[str]:
+    from orchestrator.models import FAMILIES
+
+    return set(FAMILIES)
+
+
+def _by_distinct(
+    keys: list[np.ndarray], known: np.ndarray, compute: Callable[[tuple[Any, ...]], tuple[float, ...]], width: int
+) -> list[np.ndarray]:
+    """``compute`` once per distinct key among the known rows, spread back to every row (NaN where unknown)."""
+    out = np.full((width, len(known)), np.nan)
+    rows = np.flatnonzero(known)
+    if len(rows) == 0:
+        return list(out)
+    frame = pd.DataFrame({i: k[rows] for i, k in enumerate(keys)})
+    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(frame))
+    values = np.array([compute(tuple(_plain(v) for v in key)) for key in uniques], dtype=float).reshape(-1, width)
+    out[:, rows] = values[codes].T
+    return list(out)
+
+
+def _plain(value: Hashable) -> Any:
+    # numpy scalars from the index, as plain Python values for the dataclasses.
+    return value.item() if isinstance(value, np.generic) else value

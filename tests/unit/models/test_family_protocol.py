@@ -1,0 +1,42 @@
+"""Every registered family provides the whole Family protocol, and every shipped model plans under its family."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.models import FAMILIES, Family
+from orchestrator.sweep import plan
+
+CONF_MODELS = sorted((Path(__file__).resolve().parents[3] / "conf" / "model").glob("*.yaml"))
+PROTOCOL = [name for name, _ in inspect.getmembers(Family, inspect.isfunction) if not name.startswith("_")]
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_family_provides_the_protocol_with_its_parameters(family: str) -> None:
+    module = FAMILIES[family]
+    for name in PROTOCOL:
+        assert hasattr(module, name), f"{family} lacks {name}"
+        wanted = list(inspect.signature(getattr(Family, name)).parameters)[1:]
+        got = list(inspect.signature(getattr(module, name)).parameters)
+        assert got[: len(wanted)] == wanted, f"{family}.{name}{got} does not take {wanted}"
+
+
+def test_every_shipped_model_names_a_known_family() -> None:
+    for path in CONF_MODELS:
+        family = (yaml.safe_load(path.read_text()) or {}).get("family", "gpt_neox")
+        assert family in FAMILIES, f"{path.name}: family {family!r}"
+
+
+def test_a_grid_can_mix_families_and_every_cell_gets_a_prediction() -> None:
+    p = plan(["model=smollm2-135m,pythia-160m,qwen3-0.6b,olmo2-1b", "gpu=h100-80gb", "num_gpus=8"], sweep_dir=None)
+    assert len(p.cells) == 4
+    from orchestrator.sweep import predict
+
+    predict(p, run_anyway=True)
+    for cell in p.cells:
+        assert cell.prediction["predicted_step_time_s"] > 0, cell.label
+        assert cell.prediction["predicted_peak_memory_gib"] > 0, cell.label
