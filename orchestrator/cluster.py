@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import fcntl
 import glob
+import hashlib
 import json
 import os
 import random
@@ -70,6 +71,10 @@ SYSTEM_BIN_DIRS = ("/usr/sbin", "/sbin", "/usr/bin", "/bin")
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
 DB_PASSWORD = "gpudays-local-only"  # MariaDB listens on 127.0.0.1 only, for the lifetime of the cluster.
+# Unix socket paths (sun_path) hold at most 107 bytes and a NUL. slurmstepd names its sockets
+# SPOOL/NODE_JOBID.STEPID, with ids up to 10 digits each: the spool folders must stay short.
+MAX_SOCKET_PATH_BYTES = 107
+RUNTIME_ROOT = Path("/tmp")
 # Daemon ports are drawn from here: below Linux's ephemeral range (32768-60999), so that no client socket
 # opened while the cluster is down takes a port the next `up` expects to reuse.
 PORT_RANGE = (20000, 32000)
@@ -92,21 +97,48 @@ class ClusterLayout:
 
         STATE_DIR/
           etc/     slurm.conf, slurmdbd.conf, gres.conf (SLURM_CONF points here; rewritten by every `up`)
-          munge/   munge.key, munge.socket, munged.log (owned by user munge)
-          mysql/   data/, mysqld.sock, mysqld.log (owned by user mysql)
+          munge/   munge.key, munged.log (owned by user munge)
+          mysql/   data/, mysqld.log (owned by user mysql)
           log/     slurmctld.log, slurmdbd.log, slurmd.node1.log, ... and each daemon's stdout (NAME.out)
           run/     pid files the daemons write themselves
-          spool/   slurmctld's saved state, each slurmd's spool (its job steps run with it as their cwd)
+          spool/   slurmctld's saved state
           dev/     NODE/gpu0..: the fake GPUs, character devices
+          runtime  a symbolic link to the runtime folder below
           ports.json   the ports chosen by the first `up`, reused while they are free
           pids.json    every daemon `up` started, with pid and start time: what `down` stops
           sessions/    who uses the cluster through `LocalCluster.session` (test sessions)
+
+    Every Unix socket lives in a short runtime folder of its own, ``/tmp/gd-HASH`` (8 hex digits of the state
+    folder's path), whatever the state folder's length: a socket path longer than 107 bytes cannot be bound,
+    and slurmd's job steps make sockets named after job and step ids in their spool folder::
+
+        RUNTIME_DIR/
+          munge/   munge.socket (owned by user munge)
+          mysql/   mysqld.sock (owned by user mysql)
+          spool/   slurmd.NODE/: each slurmd's spool (its job steps run with it as their cwd)
     """
 
     state_dir: Path
+    runtime_root: Path = RUNTIME_ROOT
+    """Where the runtime folder is made; short, and searchable by every user."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "state_dir", Path(self.state_dir).absolute())
+        object.__setattr__(self, "runtime_root", Path(self.runtime_root).absolute())
+
+    @property
+    def runtime_dir(self) -> Path:
+        digest = hashlib.sha256(str(self.state_dir).encode()).hexdigest()[:8]
+        return self.runtime_root / f"gd-{digest}"
+
+    @property
+    def runtime_link(self) -> Path:
+        """A symbolic link in the state folder to :attr:`runtime_dir`: where to find the sockets."""
+        return self.state_dir / "runtime"
+
+    def longest_socket_path(self, node: str) -> Path:
+        """The longest socket path a job step on ``node`` may make (job and step ids of 10 digits)."""
+        return self.slurmd_spool(node) / f"{node}_4294967294.4294967294"
 
     @property
     def etc_dir(self) -> Path:
@@ -131,7 +163,7 @@ class ClusterLayout:
 
     @property
     def munge_socket(self) -> Path:
-        return self.munge_dir / "munge.socket"
+        return self.runtime_dir / "munge" / "munge.socket"
 
     @property
     def munge_key(self) -> Path:
@@ -147,7 +179,7 @@ class ClusterLayout:
 
     @property
     def mysql_socket(self) -> Path:
-        return self.mysql_dir / "mysqld.sock"
+        return self.runtime_dir / "mysql" / "mysqld.sock"
 
     @property
     def log_dir(self) -> Path:
@@ -166,7 +198,7 @@ class ClusterLayout:
         return self.spool_dir / "slurmctld"
 
     def slurmd_spool(self, node: str) -> Path:
-        return self.spool_dir / f"slurmd.{node}"
+        return self.runtime_dir / "spool" / f"slurmd.{node}"
 
     def gpu_devices(self, node: str, num_gpus: int) -> list[Path]:
         return [self.state_dir / "dev" / node / f"gpu{i}" for i in range(num_gpus)]
@@ -260,6 +292,13 @@ class ClusterSpec:
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be at least 1, got {self.gpus_per_node}")
         object.__setattr__(self, "node_names", node_names(self.num_nodes))
+        longest = self.layout.longest_socket_path(self.node_names[-1])
+        if len(str(longest).encode()) > MAX_SOCKET_PATH_BYTES:
+            raise ValueError(
+                f"the runtime folder {self.layout.runtime_dir} is too long: job steps would make sockets such as "
+                f"{longest} ({len(str(longest).encode())} bytes), over the limit of {MAX_SOCKET_PATH_BYTES} "
+                "bytes of a Unix socket path. Choose a shorter runtime_root."
+            )
 
 
 def node_names(num_nodes: int) -> tuple[str, ...]:
@@ -289,7 +328,7 @@ CredType=cred/munge
 AuthInfo=socket={paths.munge_socket},cred_expire={spec.cred_expire_s}
 
 StateSaveLocation={paths.slurmctld_state_dir}
-SlurmdSpoolDir={paths.spool_dir}/slurmd.%n
+SlurmdSpoolDir={paths.runtime_dir}/spool/slurmd.%n
 SlurmctldPidFile={paths.run_dir}/slurmctld.pid
 SlurmdPidFile={paths.run_dir}/slurmd.%n.pid
 SlurmctldLogFile={paths.daemon_log("slurmctld")}
@@ -535,6 +574,26 @@ def _live_leases(folder: Path) -> list[Path]:
     return live
 
 
+def _make_runtime_dir(paths: ClusterLayout) -> None:
+    """Create the short runtime folder (sockets, slurmd spools), refusing one that someone else made."""
+    runtime = paths.runtime_dir
+    with contextlib.suppress(FileExistsError):
+        runtime.mkdir(mode=0o755)
+    info = runtime.lstat()
+    # /tmp is writable by all: a folder or link planted there by another user must not receive our sockets.
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.geteuid():
+        raise ClusterError(
+            f"{runtime}, the runtime folder of {paths.state_dir}, exists but is not a folder owned by this user. "
+            "Remove it, or choose another state folder."
+        )
+    runtime.chmod(0o755)
+    if paths.runtime_link.is_symlink() or paths.runtime_link.exists():
+        if paths.runtime_link.is_symlink() and Path(os.readlink(paths.runtime_link)) == runtime:
+            return
+        paths.runtime_link.unlink()
+    paths.runtime_link.symlink_to(runtime)
+
+
 def _host_memory_mib() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemTotal:"):
@@ -640,6 +699,7 @@ class LocalCluster:
         return {
             "state_dir": str(self.state_dir),
             "slurm_conf": str(self.slurm_conf),
+            "runtime_dir": str(self.layout.runtime_dir),
             "up": self.is_up(),
             "daemons": daemons,
             "sinfo": sinfo,
@@ -751,6 +811,7 @@ class LocalCluster:
         for folder in (paths.etc_dir, paths.log_dir, paths.run_dir, paths.spool_dir):
             folder.mkdir(parents=True, exist_ok=True)
         paths.state_dir.chmod(0o755)
+        _make_runtime_dir(paths)
         spec = ClusterSpec(
             layout=paths,
             hostname=socket.gethostname(),
@@ -872,10 +933,11 @@ class LocalCluster:
 
     def _start_munged(self, deadline: float) -> None:
         paths = self.layout
-        paths.munge_dir.mkdir(exist_ok=True)
-        shutil.chown(paths.munge_dir, "munge", "munge")
-        # munged refuses a socket folder others cannot search; its key stays private (mode 600).
-        paths.munge_dir.chmod(0o755)
+        for folder in (paths.munge_dir, paths.munge_socket.parent):
+            folder.mkdir(exist_ok=True)
+            shutil.chown(folder, "munge", "munge")
+            # munged refuses a socket folder others cannot search; its key stays private (mode 600).
+            folder.chmod(0o755)
         if not paths.munge_key.is_file():
             subprocess.run(
                 [_program("mungekey"), "--create", f"--keyfile={paths.munge_key}"],
@@ -919,8 +981,9 @@ class LocalCluster:
 
     def _start_mariadb(self, spec: ClusterSpec, deadline: float) -> None:
         paths = self.layout
-        paths.mysql_dir.mkdir(exist_ok=True)
-        shutil.chown(paths.mysql_dir, "mysql", "mysql")
+        for folder in (paths.mysql_dir, paths.mysql_socket.parent):
+            folder.mkdir(exist_ok=True)
+            shutil.chown(folder, "mysql", "mysql")
         if not (paths.mysql_data_dir / "mysql").is_dir():
             install = subprocess.run(
                 [
@@ -1071,6 +1134,7 @@ class LocalCluster:
             with self._locked():
                 self._down_locked(timeout_s, log)
         if purge and self.state_dir.exists():
+            shutil.rmtree(self.layout.runtime_dir, ignore_errors=True)
             shutil.rmtree(self.state_dir)
             log(f"Deleted {self.state_dir}.")
 
@@ -1161,6 +1225,7 @@ def main(argv: list[str]) -> int:
 def _print_status(status: dict[str, object]) -> int:
     print(f"state folder: {status['state_dir']}")
     print(f"SLURM_CONF:   {status['slurm_conf']}")
+    print(f"sockets in:   {status['runtime_dir']}")
     print(f"cluster:      {'up' if status['up'] else 'down'}")
     for daemon in status["daemons"]:  # type: ignore[attr-defined]
         print(f"  {daemon['name']:<14} pid {daemon['pid']:<8} {'alive' if daemon['alive'] else 'dead'}")

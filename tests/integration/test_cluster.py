@@ -258,6 +258,45 @@ def test_private_cluster_starts_and_stops_without_leaving_a_process(slurm_cluste
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+def test_cluster_in_a_long_folder_runs_jobs_whose_ids_have_two_digits(slurm_cluster: LocalCluster) -> None:
+    """A state folder of 80+ characters: job steps' sockets (NODE_JOBID.STEPID in slurmd's spool) stay short.
+
+    With the spool inside such a folder, job 10 onwards could not be launched: the socket path passed 107 bytes,
+    SLURM requeued and held each job. A second cluster next to the session's, on its own ports.
+    """
+    parent = Path(tempfile.mkdtemp(prefix="gpudays-cluster-test-", dir="/tmp"))
+    parent.chmod(0o755)  # munged and MariaDB, other users, reach their folders inside it
+    state_dir = parent / "a-state-folder-whose-name-is-long-enough-to-matter"
+    assert len(str(state_dir)) >= 80
+    cluster = LocalCluster(state_dir)
+
+    def quiet(_message: str) -> None:
+        pass
+
+    try:
+        with cluster.session(log=quiet):
+            runtime = cluster.layout.runtime_dir
+            assert (state_dir / "runtime").resolve() == runtime
+            job_ids = [sbatch(cluster, "true", "--output=/dev/null", wait=False) for _ in range(12)]
+            assert int(job_ids[-1]) >= 10, f"a fresh cluster numbers jobs from 1, got {job_ids}"
+            deadline = time.monotonic() + 90
+            while cluster.run_client(["squeue", "-h", "-o", "%A %T %r"]).strip():
+                assert time.monotonic() < deadline, cluster.run_client(["squeue", "-o", "%A %T %r"])
+                time.sleep(0.5)
+            for job_id in job_ids:
+                # -D lists every attempt: a job requeued after a failed launch would show two.
+                rows = sacct(cluster, job_id, "JobID,State")
+                assert [r["State"] for r in rows if r["JobID"] == job_id] == ["COMPLETED"], rows
+            sockets = [p for p in runtime.rglob("*") if p.is_socket()]
+            assert cluster.layout.munge_socket in sockets and cluster.layout.mysql_socket in sockets
+            assert all(len(str(p).encode()) <= 107 for p in sockets), sockets
+        assert not cluster.is_up()
+    finally:
+        cluster.down(purge=True, log=quiet)
+        shutil.rmtree(parent, ignore_errors=True)
+    assert not cluster.layout.runtime_dir.exists()
+
+
 def test_command_line_env_and_status(
     slurm_cluster: LocalCluster, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
