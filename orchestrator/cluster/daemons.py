@@ -259,9 +259,13 @@ class DaemonSet:
             deadline,
         )
 
-    def job_step_pids(self, node: str) -> list[int]:
-        """The slurmstepd processes of ``node``, found by their working folder, and all their descendants."""
-        return processes.processes_in(self.layout.slurmd_spool(node), "slurmstepd")
+    def job_step_pids(self, node: str, spool: Path | None = None) -> list[int]:
+        """The slurmstepd processes of ``node``, found by their working folder, and all their descendants.
+
+        ``spool``: the folder its slurmd runs in, when known (a cluster started by an earlier version kept it in
+        the state folder); by default the one of :class:`ClusterLayout`.
+        """
+        return processes.processes_in(spool or self.layout.slurmd_spool(node), "slurmstepd")
 
 
 def json_list(path: Path) -> list[dict[str, Any]]:

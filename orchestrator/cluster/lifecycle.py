@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
+import psutil
 from filelock import FileLock
 
 import orchestrator.cluster.processes as processes
@@ -248,7 +249,8 @@ class LocalCluster:
         records = [r for r in self.daemons() if r.name == f"slurmd.{node}" and r.alive()]
         if not records:
             raise ClusterError(f"{node} has no running slurmd (see {self.layout.pids_file}).")
-        processes.kill([records[0].pid, *(self._daemons.job_step_pids(node) if with_jobs else [])])
+        spool = processes.working_folder(records[0].pid)
+        processes.kill([records[0].pid, *(self._daemons.job_step_pids(node, spool) if with_jobs else [])])
         processes.wait_until(lambda: processes.gone(records[0]), 10, 0.05)
 
     def start_node(self, node: str, timeout_s: float = 30) -> None:
@@ -287,10 +289,11 @@ class LocalCluster:
         started = time.monotonic()
         cancelled = self._cancel_all_jobs() if any(r.name == "slurmctld" for r in alive) else ""
         for record in reversed(alive):
+            spool = processes.working_folder(record.pid)
             processes.stop(record, timeout_s)
             # Job steps outlive their slurmd; a stopped cluster leaves none running.
             if record.name.startswith("slurmd."):
-                processes.kill(self._daemons.job_step_pids(record.name.removeprefix("slurmd.")))
+                processes.kill(self._daemons.job_step_pids(record.name.removeprefix("slurmd."), spool))
         self._daemons.save([])
         log(
             f"The local SLURM cluster is down: {cancelled}{len(alive)} daemons stopped "
@@ -331,10 +334,16 @@ def _live_leases(folder: Path) -> list[Path]:
     """Session leases (named PID-STARTTIME) in ``folder`` whose process still runs; stale ones are removed."""
     live = []
     for lease in folder.glob("[0-9]*-[0-9]*"):
-        pid, _, started_at = lease.name.partition("-")
-        # The name keeps whole seconds: a start within a second of it is the same process.
-        if pid.isdigit() and started_at.isdigit() and processes.is_running(int(pid), int(started_at) + 0.5):
+        pid, _, started = lease.name.partition("-")
+        if pid.isdigit() and started.isdigit() and _lease_is_live(int(pid), int(started)):
             live.append(lease)
         else:
             lease.unlink(missing_ok=True)
     return live
+
+
+def _lease_is_live(pid: int, started: int) -> bool:
+    # The name keeps whole seconds: a start within a second of it is the same process. Leases written by an
+    # earlier version hold clock ticks since boot instead; a session of that version may share the cluster.
+    since_boot = psutil.boot_time() + started / os.sysconf("SC_CLK_TCK")
+    return processes.is_running(pid, started + 0.5) or processes.is_running(pid, since_boot)

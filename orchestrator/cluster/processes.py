@@ -93,6 +93,14 @@ def kill(pids: Iterable[int], sig: int = signal.SIGKILL) -> None:
             psutil.Process(pid).send_signal(sig)
 
 
+def working_folder(pid: int) -> Path | None:
+    """The current folder of ``pid``; None if it is gone."""
+    try:
+        return Path(psutil.Process(pid).cwd())
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return None
+
+
 def processes_in(folder: Path, name_prefix: str) -> list[int]:
     """Processes named ``name_prefix...`` whose working folder is ``folder``, and all their descendants."""
     found: list[int] = []

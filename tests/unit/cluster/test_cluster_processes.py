@@ -77,6 +77,11 @@ def test_leases_of_gone_processes_are_removed(tmp_path: Path) -> None:
     (tmp_path / f"{os.getpid()}-1000").touch()  # this pid, but a start long ago: another process
     assert _live_leases(tmp_path) == [mine]
     assert [p.name for p in tmp_path.iterdir()] == [mine.name]
+    # A lease of an earlier version, in clock ticks since boot, of a session that still runs, is kept.
+    ticks = int(Path(f"/proc/{os.getpid()}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    legacy = tmp_path / f"{os.getpid()}-{ticks}"
+    legacy.touch()
+    assert sorted(_live_leases(tmp_path)) == sorted([mine, legacy])
 
 
 def test_ports_are_chosen_once_and_reused_while_free(tmp_path: Path) -> None:
