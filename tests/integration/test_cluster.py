@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.cluster import LocalCluster, main
@@ -242,8 +243,9 @@ def test_private_cluster_starts_and_stops_without_leaving_a_process(slurm_cluste
         down_s = time.monotonic() - started
         print(f"fresh private cluster: up {up_s:.1f} s, down {down_s:.1f} s")
         assert not any(d.alive() for d in daemons)
-        leftovers = [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and str(state_dir) in _cmdline(e)]
-        assert leftovers == [], f"processes still running from {state_dir}: {leftovers}"
+        folders = (str(state_dir), str(cluster.layout.runtime_dir))
+        leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline", "cwd"]) if _uses(p.info, folders)]
+        assert leftovers == [], f"processes still running from {folders}: {leftovers}"
         assert cluster.daemons() == []
         # Stopping one cluster never touches another.
         assert all(r.alive() for r in others_before)
@@ -320,8 +322,7 @@ def test_time_limit_ends_job_as_timeout(slurm_cluster: LocalCluster) -> None:
     assert ended_after_s < 120
 
 
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def _uses(info: dict[str, object], folders: tuple[str, ...]) -> bool:
+    """True if a process (psutil's ``info``) runs in or names one of ``folders``."""
+    text = " ".join([*(info.get("cmdline") or []), str(info.get("cwd") or "")])  # type: ignore[misc]
+    return any(folder in text for folder in folders)
