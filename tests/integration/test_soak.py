@@ -29,7 +29,8 @@ def load_soak() -> ModuleType:
 
 def test_a_sweep_under_faults_ends_with_every_cell_ok_once(slurm_cluster: LocalCluster) -> None:
     soak = load_soak()
-    settings = soak.SoakSettings(cells=24, seed=1, sleep_s=2.0, node_down_s=25.0, drain_timeout_s=240.0,
+    # Cells sleep 4 s, so that tasks cancelled or requeued while running are caught before they end.
+    settings = soak.SoakSettings(cells=24, seed=1, sleep_s=4.0, node_down_s=25.0, drain_timeout_s=240.0,
                                  resume_timeout_s=120.0, max_resumes=2)  # fmt: skip
     # Not pytest's tmp_path: the jobs write records into the sweep folder as they run, like users' folders.
     with tempfile.TemporaryDirectory(prefix="gpudays-soak-test-") as work:
