@@ -279,9 +279,10 @@ def run_soak(
             log(f"resume {result.resumes}: exit {resumed.returncode}; {said[0] if said else ''}")
         except subprocess.TimeoutExpired:
             result.problems.append(f"gpudays resume --wait did not return within {settings.resume_timeout_s:.0f} s")
-            break
         states = status.cell_states(paths)
         log(f"  {status.summary_line(states, markup=False)}")
+        if result.problems:
+            break
     result.total_s = time.monotonic() - started
     result.reruns = {
         cell_id: len(attempts) - 1 for cell_id, attempts in attempts_by_cell(paths).items() if len(attempts) > 1
