@@ -13,6 +13,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from orchestrator.cluster import LocalCluster, main
@@ -242,8 +243,9 @@ def test_private_cluster_starts_and_stops_without_leaving_a_process(slurm_cluste
         down_s = time.monotonic() - started
         print(f"fresh private cluster: up {up_s:.1f} s, down {down_s:.1f} s")
         assert not any(d.alive() for d in daemons)
-        leftovers = [e.name for e in Path("/proc").iterdir() if e.name.isdigit() and str(state_dir) in _cmdline(e)]
-        assert leftovers == [], f"processes still running from {state_dir}: {leftovers}"
+        folders = (str(state_dir), str(cluster.layout.runtime_dir))
+        leftovers = [p.info for p in psutil.process_iter(["pid", "cmdline", "cwd"]) if _uses(p.info, folders)]
+        assert leftovers == [], f"processes still running from {folders}: {leftovers}"
         assert cluster.daemons() == []
         # Stopping one cluster never touches another.
         assert all(r.alive() for r in others_before)
@@ -256,6 +258,45 @@ def test_private_cluster_starts_and_stops_without_leaving_a_process(slurm_cluste
     finally:
         cluster.down(purge=True, log=quiet)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def test_cluster_in_a_long_folder_runs_jobs_whose_ids_have_two_digits(slurm_cluster: LocalCluster) -> None:
+    """A state folder of 80+ characters: job steps' sockets (NODE_JOBID.STEPID in slurmd's spool) stay short.
+
+    With the spool inside such a folder, job 10 onwards could not be launched: the socket path passed 107 bytes,
+    SLURM requeued and held each job. A second cluster next to the session's, on its own ports.
+    """
+    parent = Path(tempfile.mkdtemp(prefix="gpudays-cluster-test-", dir="/tmp"))
+    parent.chmod(0o755)  # munged and MariaDB, other users, reach their folders inside it
+    state_dir = parent / "a-state-folder-whose-name-is-long-enough-to-matter"
+    assert len(str(state_dir)) >= 80
+    cluster = LocalCluster(state_dir)
+
+    def quiet(_message: str) -> None:
+        pass
+
+    try:
+        with cluster.session(log=quiet):
+            runtime = cluster.layout.runtime_dir
+            assert (state_dir / "runtime").resolve() == runtime
+            job_ids = [sbatch(cluster, "true", "--output=/dev/null", wait=False) for _ in range(12)]
+            assert int(job_ids[-1]) >= 10, f"a fresh cluster numbers jobs from 1, got {job_ids}"
+            deadline = time.monotonic() + 90
+            while cluster.run_client(["squeue", "-h", "-o", "%A %T %r"]).strip():
+                assert time.monotonic() < deadline, cluster.run_client(["squeue", "-o", "%A %T %r"])
+                time.sleep(0.5)
+            for job_id in job_ids:
+                # -D lists every attempt: a job requeued after a failed launch would show two.
+                rows = sacct(cluster, job_id, "JobID,State")
+                assert [r["State"] for r in rows if r["JobID"] == job_id] == ["COMPLETED"], rows
+            sockets = [p for p in runtime.rglob("*") if p.is_socket()]
+            assert cluster.layout.munge_socket in sockets and cluster.layout.mysql_socket in sockets
+            assert all(len(str(p).encode()) <= 107 for p in sockets), sockets
+        assert not cluster.is_up()
+    finally:
+        cluster.down(purge=True, log=quiet)
+        shutil.rmtree(parent, ignore_errors=True)
+    assert not cluster.layout.runtime_dir.exists()
 
 
 def test_command_line_env_and_status(
@@ -281,8 +322,7 @@ def test_time_limit_ends_job_as_timeout(slurm_cluster: LocalCluster) -> None:
     assert ended_after_s < 120
 
 
-def _cmdline(proc: Path) -> str:
-    try:
-        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+def _uses(info: dict[str, object], folders: tuple[str, ...]) -> bool:
+    """True if a process (psutil's ``info``) runs in or names one of ``folders``."""
+    text = " ".join([*(info.get("cmdline") or []), str(info.get("cwd") or "")])  # type: ignore[misc]
+    return any(folder in text for folder in folders)

@@ -67,13 +67,16 @@ def test_slurm_conf_points_every_daemon_at_the_private_ports_and_paths() -> None
     assert conf["AccountingStorageType"] == "accounting_storage/slurmdbd"
     assert conf["AccountingStoragePort"] == "21002"
     # Daemons and clients must both find the private munged, for slurmctld and for slurmdbd connections.
-    assert conf["AuthInfo"].split(",")[0] == f"socket={STATE_DIR}/munge/munge.socket"
-    assert conf["AccountingStoragePass"] == f"{STATE_DIR}/munge/munge.socket"
+    runtime = ClusterLayout(STATE_DIR).runtime_dir
+    assert conf["AuthInfo"].split(",")[0] == f"socket={runtime}/munge/munge.socket"
+    assert conf["AccountingStoragePass"] == f"{runtime}/munge/munge.socket"
     # Several slurmd on one host need their own spool, pid and log files.
     for key in ("SlurmdSpoolDir", "SlurmdPidFile", "SlurmdLogFile"):
         assert "%n" in conf[key]
-    for key in ("StateSaveLocation", "SlurmdSpoolDir", "SlurmctldPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
+    for key in ("StateSaveLocation", "SlurmctldPidFile", "SlurmctldLogFile", "SlurmdLogFile"):
         assert conf[key].startswith(f"{STATE_DIR}/"), key
+    # Job steps make their sockets in the spool folder: it lives in the short runtime folder.
+    assert conf["SlurmdSpoolDir"] == f"{runtime}/spool/slurmd.%n"
     assert conf["SlurmUser"] == "root" and conf["SlurmdUser"] == "root"
 
 
@@ -124,7 +127,7 @@ def test_slurmdbd_conf_uses_mysql_on_the_private_port() -> None:
     assert conf["StoragePort"] == "21003"
     assert conf["DbdPort"] == "21002"
     assert conf["DbdHost"] == "box"
-    assert conf["AuthInfo"] == f"socket={STATE_DIR}/munge/munge.socket"
+    assert conf["AuthInfo"] == f"socket={ClusterLayout(STATE_DIR).runtime_dir}/munge/munge.socket"
     assert conf["LogFile"] == f"{STATE_DIR}/log/slurmdbd.log"
 
 
@@ -144,6 +147,27 @@ def test_spec_rejects_inconsistent_ports_and_nodes(ports: ClusterPorts, num_node
 def test_spec_rejects_a_max_array_size_slurm_does_not_accept() -> None:
     with pytest.raises(ValueError, match="max_array_size"):
         make_spec(max_array_size=0)
+
+
+def test_sockets_stay_short_whatever_the_length_of_the_state_folder() -> None:
+    short, long = ClusterLayout(Path("/srv/s")), ClusterLayout(Path("/srv/" + "deep-folder/" * 20 + "state"))
+    assert len(str(long.state_dir)) > 200
+    assert long.runtime_dir.parent == Path("/tmp") and re.fullmatch(r"gd-[0-9a-f]{8}", long.runtime_dir.name)
+    # One runtime folder per state folder, the same at every start.
+    assert long.runtime_dir != short.runtime_dir
+    assert long.runtime_dir == ClusterLayout(Path("/srv/" + "deep-folder/" * 20 + "state")).runtime_dir
+    for path in (long.munge_socket, long.mysql_socket, long.longest_socket_path("node2")):
+        assert path.is_relative_to(long.runtime_dir)
+        assert len(str(path).encode()) <= 107, path
+    # A job step's socket: NODE_JOBID.STEPID with ids of up to 10 digits.
+    assert long.longest_socket_path("node2").name == "node2_4294967294.4294967294"
+    make_spec(layout=long)
+
+
+def test_spec_refuses_a_runtime_folder_whose_sockets_would_be_too_long() -> None:
+    layout = ClusterLayout(STATE_DIR, runtime_root=Path("/run/" + "x" * 60))
+    with pytest.raises(ValueError, match=r"too long.*limit of 107 bytes of a Unix socket path"):
+        make_spec(layout=layout)
 
 
 def test_missing_packages_names_the_debian_package_of_each_missing_program(tmp_path: Path) -> None:

@@ -1,0 +1,43 @@
+"""A small soak on the real local cluster: a sweep of two dozen cells under cancellations, a requeue and a node
+killed for a while, then resumed; every cell must end ok exactly once. ``benchmarks/soak.py`` is the full size."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+from orchestrator.cluster import LocalCluster
+
+pytestmark = pytest.mark.slurm
+
+SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
+
+
+def load_soak() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("soak", SOAK)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["soak"] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_sweep_under_faults_ends_with_every_cell_ok_once(slurm_cluster: LocalCluster) -> None:
+    soak = load_soak()
+    # Cells sleep 4 s, so that tasks cancelled or requeued while running are caught before they end.
+    settings = soak.SoakSettings(cells=24, seed=1, sleep_s=4.0, node_down_s=25.0, drain_timeout_s=240.0,
+                                 resume_timeout_s=120.0, max_resumes=2)  # fmt: skip
+    # Not pytest's tmp_path: the jobs write records into the sweep folder as they run, like users' folders.
+    with tempfile.TemporaryDirectory(prefix="gpudays-soak-test-") as work:
+        result = soak.run_soak(slurm_cluster, Path(work) / "sweep", settings)
+        print(soak.report(result))
+    assert any("before it started" in fault for fault in result.faults), result.faults
+    assert result.drained_s is not None, result.problems
+    # The cancelled array (6 cells), the cancelled tasks and those on the killed node needed another attempt.
+    assert len(result.reruns) >= 6
+    assert result.problems == []
