@@ -203,7 +203,11 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--no-plots", action="store_true")
     rp.set_defaults(func=cmd_report)
 
-    cl = command("cluster", "a throwaway real SLURM cluster on this machine: up, down, status, env")
+    # Everything after `cluster`, --help included, goes to the cluster's own parser, which lists its verbs.
+    cl = sub.add_parser(
+        "cluster", help="a throwaway real SLURM cluster on this machine: up, down, status, env", add_help=False,
+        prefix_chars="+",
+    )  # fmt: skip
     cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
     cl.set_defaults(func=cmd_cluster)
     budget_cli.add_parser(sub)

@@ -197,3 +197,14 @@ def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> N
     )
     c.print(console.cells_table(frame))
     assert {"gpu_h", "usd_cloud", "kwh"} <= set(capsys.readouterr().out.splitlines()[0].split())
+
+
+def test_cluster_help_lists_its_verbs(capsys) -> None:
+    from orchestrator import cli
+
+    with pytest.raises(SystemExit) as ended:
+        cli.main(["cluster", "--help"])
+    assert ended.value.code == 0
+    out = capsys.readouterr().out
+    for verb in ("up", "down", "status", "env"):
+        assert f"    {verb} " in out, out
