@@ -107,7 +107,9 @@ def print_predictions(plan: sweep_mod.Plan) -> None:
                 "cell_id": cell.cell_id,
                 "cell": cell.label,
                 "runs": runs,
-                "fits": {True: "yes", False: "NO"}.get(bool(p["predicted_fits"]), "?") if "predicted_fits" in p else "?",
+                "fits": {True: "yes", False: "NO"}.get(bool(p["predicted_fits"]), "?")
+                if "predicted_fits" in p
+                else "?",
                 "mb": p.get("predicted_micro_batch_size"),
                 "mem_gib": p.get("predicted_peak_memory_gib"),
                 "of_gib": cell.config["gpu"]["memory_gib"],
@@ -210,7 +212,7 @@ def run_local(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> None:
 
     def done(cid: str) -> None:
         state = {s.cell_id: s for s in status.cell_states(paths, query_scheduler=False)}[cid]
-        step = (state.record or {}).get("metrics", {}).get("step_time_s")
+        step = state.record.metrics.get("step_time_s") if state.record else None
         step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
         print(f"  {cid} {state.state}{step_txt} ({time.monotonic() - start:.0f} s){_reason(state)}")
 
@@ -366,6 +368,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_resume(args: argparse.Namespace) -> int:
     """Resubmit the cells that need it: not ok, not does_not_fit, not pending or running."""
     from orchestrator import launch, status
+    from orchestrator.states import parse_state, rerun_selectable
 
     paths = _sweep_paths(args.sweep_dir)
     if paths is None:
@@ -388,7 +391,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
         except status.SchedulerUnavailable as e:
             _err(f"cannot tell which cells need a rerun: {e}")
             return 1
-        todo = [s for s in states if status.needs_rerun(s.state) and (only is None or s.state in only)]
+        todo = [s for s in states if rerun_selectable(s.state, None if only is None else map(parse_state, only))]
+        todo, held_said = status.settle_held(todo)
+        for line in held_said:
+            print(f"  {line}")
         if not todo:
             print(f"nothing to resume: {status.summary_line(states, markup=False)}")
             return 0
@@ -424,12 +430,10 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> dict[str, Any]:
     """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given."""
-    import yaml
-
     from orchestrator import launch
+    from orchestrator.record import read_cell_config
 
-    cfg = yaml.safe_load(paths.cell_config(s.cell_id).read_text())
-    assert isinstance(cfg, dict)
+    cfg = read_cell_config(paths.cell_config(s.cell_id))
     if s.state == "timeout" and (time_limit or time_factor):
         old = int(cfg["cluster"]["time_limit_min"])
         new = time_limit or int(round(old * (time_factor or 1)))
