@@ -14,8 +14,8 @@ from typing import Any, cast
 from analysis.records import Catalog
 from orchestrator.paths import SweepPaths
 from orchestrator.record import Metrics, Record, write_record
-from orchestrator.states import RecordStatus
 from orchestrator.schema import MethodConfig
+from orchestrator.states import RecordStatus
 
 METHOD = {f.name: f.default for f in fields(MethodConfig)}
 """orchestrator.schema.MethodConfig's defaults (as conf/method/default.yaml), the base of every synthetic cell."""
