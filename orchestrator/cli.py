@@ -282,6 +282,7 @@ def wait_for(paths: SweepPaths, interval_s: float = 5.0) -> None:
 def finish(paths: SweepPaths, report: bool) -> int:
     """Summarise a finished sweep; exit non-zero if any cell failed (its record or ``status`` says why)."""
     from orchestrator import status
+    from orchestrator.states import UNFIXABLE
 
     states = _states_or_records(paths)
     if report:
@@ -296,7 +297,10 @@ def finish(paths: SweepPaths, report: bool) -> int:
     bad = [s for s in states if status.needs_rerun(s.state)]
     if bad:
         print(f"{len(bad)} cell(s) need a rerun: see `gpudays status {paths.root}`, then `gpudays resume {paths.root}`")
-    return 1 if bad else 0
+    unfixable = [s for s in states if s.state in UNFIXABLE]
+    if unfixable:
+        print(f"{len(unfixable)} cell(s) cannot run as configured; a rerun cannot fix them: see `gpudays status {paths.root}`")
+    return 1 if bad or unfixable else 0
 
 
 def _sweep_paths(arg: str) -> SweepPaths | None:

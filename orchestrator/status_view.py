@@ -4,12 +4,20 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orchestrator.states import ACTIVE, ANSWERS, STATES, State
 
-if TYPE_CHECKING:
-    from orchestrator.status import CellState
+
+class CellState(Protocol):
+    """What is shown of a cell (``orchestrator.status.CellState`` has it)."""
+
+    cell_id: str
+    state: State
+    attempt: int
+    job_id: str | None
+    reason: str | None
+    label: str | None
 
 STATE_STYLE = {
     State.NEW: "white",

@@ -169,8 +169,8 @@ def test_requeued_cell_was_shown_pending_again_and_ran_to_the_end_once(faulted: 
     shown = faulted.seen["requeued"]
     assert any(s.startswith(("pending:", "running:")) and "requeued" in s for s in shown), shown
     record = faulted.states["requeued"].record
-    assert record is not None and record["attempt"] == 1
-    assert record["environment"]["slurm_restart_count"] == "1"
+    assert record is not None and record.attempt == 1
+    assert record.environment["slurm_restart_count"] == "1"
 
 
 def test_timed_out_cell_requeued_itself_once_then_ended_as_timeout(faulted: FaultedSweep) -> None:
@@ -185,9 +185,9 @@ def test_timed_out_cell_requeued_itself_once_then_ended_as_timeout(faulted: Faul
 
 def test_failed_cell_has_its_exception_and_traceback_in_the_record(faulted: FaultedSweep) -> None:
     record = faulted.states["failed"].record
-    assert record is not None and record["status"] == "failed"
-    assert "max_steps" in record["reason"]
-    assert "Traceback" in record["traceback"] and "ValueError" in record["traceback"]
+    assert record is not None and record.status == "failed"
+    assert "max_steps" in (record.reason or "")
+    assert record.traceback and "Traceback" in record.traceback and "ValueError" in record.traceback
 
 
 def test_node_fail_and_corrupt_are_named(faulted: FaultedSweep) -> None:
