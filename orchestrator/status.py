@@ -121,11 +121,18 @@ def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]
     unsure = [j for j in ids if j not in acct.jobs or acct.jobs[j].state == "PENDING"]
     if unsure:
         try:
-            # squeue's word on a queued job is the newer one (and it alone says why a job waits).
-            acct.merge(slurm.squeue(unsure), prefer_other=True)
+            live = slurm.squeue(unsure)
         except slurm.SlurmUnavailable as e:
             if note is not None:
                 raise SchedulerUnavailable(f"{note}; {e}") from e
+        else:
+            # squeue lists every queued job; one accounting still calls pending but squeue does not list was
+            # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
+            # alone says why a job waits.
+            for j in unsure:
+                if j not in live.jobs and j in acct.jobs:
+                    del acct.jobs[j]
+            acct.merge(live, prefer_other=True)
     return acct, note
 
 

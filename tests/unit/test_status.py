@@ -261,3 +261,19 @@ def test_summary_and_table_show_every_state_present(sweep: SweepPaths) -> None:
     console = Console(width=200, record=True)
     console.print(status.table(states, only={"ok"}))
     assert "c2" not in console.export_text()
+
+
+def test_a_task_accounting_still_calls_pending_but_squeue_does_not_list_is_not_pending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # sacct's pending range still holds 24_9 a moment after `scancel 24_9`; squeue, the controller, does not.
+    monkeypatch.setattr(slurm, "sacct", lambda ids: sacct("24_0|25|RUNNING|0:0|None", "24_[1-9%2]|24|PENDING|0:0|None"))
+    monkeypatch.setattr(
+        slurm, "squeue", lambda ids: slurm.parse_squeue("24_0|RUNNING|None\n24_[1-8%2]|PENDING|JobArrayTaskLimit\n")
+    )
+    acct, note = status.ask_scheduler(["24_9", "24_8", "24_0"])
+    assert note is None
+    just_now = (NOW - dt.timedelta(seconds=2)).isoformat()
+    assert classify(submission(job_id="24_9", at=just_now), acct=acct).state == "lost"
+    assert classify(submission(job_id="24_8", at=just_now), acct=acct).state == "pending"
+    assert classify(submission(job_id="24_0", at=just_now), acct=acct).state == "running"
