@@ -45,7 +45,7 @@ import submitit
 from orchestrator import cells, slurm
 from orchestrator.paths import SweepPaths, write_json_atomic
 from orchestrator.record import Metrics, Record, read_cell_config, write_record
-from orchestrator.states import RecordStatus
+from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
 PORT_BASE, PORT_SPAN = 20_000, 20_000
 
@@ -205,7 +205,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 "requeued_after_preemption": (requeues or {}).get("preemption", 0),
             }
         )
-        status, reason = judge(result, _time_limit_signal, env.job_id)
+        status, reason = judge(result, _time_limit_signal)
         record = Record(
             cell_id=cell_id,
             sweep=cell["name"],
@@ -250,10 +250,8 @@ def unfixable_reason(traceback_text: str | None) -> str | None:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
-def judge(
-    result: dict[str, Any], time_signal: tuple[str, float] | None, job_id: str | None = None
-) -> tuple[RecordStatus, str | None]:
-    """The record's status and reason from the probe's result and the signals the job got.
+def judge(result: dict[str, Any], time_signal: tuple[str, float] | None) -> tuple[RecordStatus, str | None]:
+    """The record's status and reason from the probe's result and the time-limit signal the job got, if any.
 
     An answer (ok, does_not_fit, oom) stands. Any other outcome after SLURM's time-limit warning or its SIGTERM at
     the limit is ``timeout``: the signal reaches every process of the job, so a compiler or a collective dies of it
@@ -264,18 +262,13 @@ def judge(
     except ValueError:
         return RecordStatus.FAILED, f"the probe returned an unknown status {result.get('status')!r}"
     reason = result.get("reason")
-    if status in (RecordStatus.OK, RecordStatus.DOES_NOT_FIT, RecordStatus.OOM):
+    if state_of_record(status) in ANSWERS:
         return status, reason
     if time_signal is not None:
         name, at = time_signal
         when = dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%S")
-        left = seconds_left(job_id, float("nan")) if job_id else float("nan")
-        left_txt = f", {left:.0f} s before the limit" if left == left else ""
         what = f"{status.value}: {reason}" if reason else status.value
-        return (
-            RecordStatus.TIMEOUT,
-            f"SLURM's time limit: {name} at {when} UTC{left_txt}; the probe then ended ({what})",
-        )
+        return RecordStatus.TIMEOUT, f"SLURM's time limit: {name} at {when} UTC; the probe then ended ({what})"
     if status is RecordStatus.FAILED:
         invalid = unfixable_reason(result.get("traceback"))
         if invalid is not None:
