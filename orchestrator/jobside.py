@@ -30,6 +30,7 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import sys
@@ -250,12 +251,24 @@ def unfixable_reason(traceback_text: str | None) -> str | None:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
+def _caused_by(signal_name: str, result: dict[str, Any]) -> bool:
+    """Whether a failure came from SLURM's time-limit signal: SIGTERM at the limit always; the warning when the
+    failure names it (a child process that died of it)."""
+    if signal_name == "SIGTERM":
+        return True
+    number = signal.Signals[signal_name].value if signal_name in signal.Signals.__members__ else -1
+    text = f"{result.get('reason') or ''}\n{result.get('traceback') or ''}"
+    return re.search(rf"\b{signal_name}\b|signal {number}\b|<Signals\.{signal_name}", text) is not None
+
+
 def judge(result: dict[str, Any], time_signal: tuple[str, float] | None) -> tuple[RecordStatus, str | None]:
     """The record's status and reason from the probe's result and the time-limit signal the job got, if any.
 
-    An answer (ok, does_not_fit, oom) stands. Any other outcome after SLURM's time-limit warning or its SIGTERM at
-    the limit is ``timeout``: the signal reaches every process of the job, so a compiler or a collective dies of it
-    and the probe reports that death as its own failure. A failure of the config itself is ``invalid``.
+    An answer (ok, does_not_fit, oom) stands. SLURM's signals reach every process of the job, so a compiler or a
+    collective dies of them and the probe reports that death as its own failure: a failure after SIGTERM at the
+    limit is ``timeout`` (the job is out of time whatever failed), and so is one that names the time-limit warning
+    (``ninja ... died with <Signals.SIGUSR2: 12>``); a failure of its own after the warning keeps its status. A
+    failure of the config itself is ``invalid``.
     """
     try:
         status = RecordStatus(result.get("status", "failed"))
@@ -264,7 +277,7 @@ def judge(result: dict[str, Any], time_signal: tuple[str, float] | None) -> tupl
     reason = result.get("reason")
     if state_of_record(status) in ANSWERS:
         return status, reason
-    if time_signal is not None:
+    if time_signal is not None and _caused_by(time_signal[0], result):
         name, at = time_signal
         when = dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%S")
         what = f"{status.value}: {reason}" if reason else status.value

@@ -129,6 +129,9 @@ def test_a_failure_after_the_time_limit_signal_is_a_timeout_whatever_failed() ->
     assert reason is not None and "SLURM's time limit: SIGUSR2" in reason and "compile_error" in reason
     status, _ = jobside.judge({"status": "comm_error", "reason": "peer gone"}, ("SIGTERM", time.time()))
     assert status is RecordStatus.TIMEOUT
+    # A failure of its own after the warning (the probe rejects its settings) is not the time limit's doing.
+    own = {"status": "failed", "reason": "ValueError: probe.max_steps=0", "traceback": "ValueError: max_steps"}
+    assert jobside.judge(own, ("SIGUSR2", time.time())) == (RecordStatus.FAILED, "ValueError: probe.max_steps=0")
     # An answer stands, signal or not; without a signal a compile error is one.
     assert jobside.judge({"status": "ok"}, ("SIGUSR2", time.time()))[0] is RecordStatus.OK
     assert jobside.judge({"status": "oom", "reason": "x"}, ("SIGUSR2", time.time()))[0] is RecordStatus.OOM
