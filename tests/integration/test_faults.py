@@ -38,7 +38,9 @@ FAULTS: dict[str, list[str]] = {
     "timeout": [*SLEEP, "model.seq_length=35", "probe.sleep_s=600", "cluster.time_limit_min=1"],
     "requeued": [*SLEEP, "model.seq_length=36", "probe.sleep_s=15"],
     "corrupt": [*SLEEP, "model.seq_length=37", "probe.sleep_s=1"],
-    "failed": ["probe=quick", "method.micro_batch_size=4", "probe.max_steps=0"],
+    # DeepSpeed builds its CPU comm op first: minutes on a busy machine. A time-limit warning during that build
+    # would make the cell a timeout (the build dies of the signal), so this cell gets room to reach its fault.
+    "failed": ["probe=quick", "method.micro_batch_size=4", "probe.max_steps=0", "cluster.time_limit_min=20"],
 }
 FIXES: dict[str, list[str]] = {
     "node_fail": [*FAULTS["node_fail"][:-2], "probe.sleep_s=1", "cluster.cpus_per_gpu=8"],
@@ -46,7 +48,7 @@ FIXES: dict[str, list[str]] = {
     "timeout": [*FAULTS["timeout"][:-2], "probe.sleep_s=1", "cluster.time_limit_min=1"],
     "requeued": FAULTS["requeued"],
     "corrupt": FAULTS["corrupt"],
-    "failed": ["probe=quick", "method.micro_batch_size=4"],
+    "failed": ["probe=quick", "method.micro_batch_size=4", "cluster.time_limit_min=20"],
 }
 
 
@@ -133,7 +135,7 @@ def faulted(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactor
 
     states = wait_until(
         lambda: (lambda now: now if status.is_done(list(now.values())) else None)(look()),
-        300,
+        900,
         "every cell to end",
         interval_s=2,
     )
