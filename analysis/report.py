@@ -25,8 +25,8 @@ Identity and settings
 Outcome
 
 - ``status``: ``ok``; ``does_not_fit`` (not even micro-batch 1 fits) or ``oom``; a failure (``failed``,
-  ``comm_error``, ``compile_error``, ``timeout``...); ``corrupt_record`` (record unreadable); ``no_record`` (no
-  record yet), or the scheduler state passed in. ``reason``: text. ``attempt``: submission number of the record.
+  ``comm_error``, ``compile_error``, ``timeout``, ``invalid``...); ``corrupt`` (record unusable, as ``gpudays
+  status`` says); ``no_record`` (no record yet), or the state passed in. ``reason``: text. ``attempt``: submission number of the record.
 
 Measured by the probe (per GPU unless said otherwise)
 

@@ -1,7 +1,7 @@
 """Synthetic sweep folders with records of the probe's shape, for tests, golden files and the benchmark.
 
-A synthetic record is what the probe would write (``record.json``: schema_version 1, status, settings, the whole
-resolved config, metrics, environment, times), with figures chosen by the caller. Nothing here runs a probe.
+A synthetic record is an :class:`orchestrator.record.Record`, as the job side builds it, written by the same
+writer, with figures chosen by the caller. Nothing here runs a probe.
 """
 
 from __future__ import annotations
@@ -9,11 +9,13 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from analysis.records import Catalog
 from orchestrator.paths import SweepPaths
+from orchestrator.record import Metrics, Record, write_record
 from orchestrator.schema import MethodConfig
+from orchestrator.states import RecordStatus
 
 METHOD = {f.name: f.default for f in fields(MethodConfig)}
 """orchestrator.schema.MethodConfig's defaults (as conf/method/default.yaml), the base of every synthetic cell."""
@@ -95,27 +97,25 @@ def record(
     sweep: str = "synthetic",
     attempt: int = 1,
     finished_at: str = "2026-11-22T00:10:14+00:00",
-) -> dict[str, Any]:
-    """A whole record as the probe writes it."""
+) -> Record:
+    """A whole record as the job side writes it (``status``: a RecordStatus value)."""
     method = config["method"]
-    return {
-        "schema_version": 1,
-        "cell_id": cell_id,
-        "sweep": sweep,
-        "attempt": attempt,
-        "status": status,
-        "reason": reason,
-        "traceback": None,
-        "settings": {
+    return Record(
+        cell_id=cell_id,
+        sweep=sweep,
+        attempt=attempt,
+        status=RecordStatus(status),
+        reason=reason,
+        settings={
             "model": config["model"]["name"],
             "gpu": config["gpu"]["name"],
             "num_gpus": config["num_gpus"],
             "num_nodes": config["num_nodes"],
             **method,
         },
-        "config": config,
-        "metrics": metrics_ or {},
-        "environment": {
+        config=config,
+        metrics=cast(Metrics, metrics_ or {}),
+        environment={
             "hostnames": [f"node{i + 1}" for i in range(int(config["num_nodes"]))],
             "device_name": config["gpu"]["name"],
             "torch": "2.13.0",
@@ -125,21 +125,24 @@ def record(
             "slurm_array_task_id": None,
             "world_size": config["num_gpus"],
         },
-        "started_at": "2026-11-22T00:10:00+00:00",
-        "finished_at": finished_at,
-    }
+        started_at="2026-11-22T00:10:00+00:00",
+        finished_at=finished_at,
+    )
 
 
 def write_cell(
-    sweep_dir: Path, cell_id: str, config: dict[str, Any], record_: dict[str, Any] | str | None = None
+    sweep_dir: Path, cell_id: str, config: dict[str, Any], record_: Record | dict[str, Any] | str | None = None
 ) -> Path:
-    """Write ``cells/<cell_id>/cell.yaml`` and, if given, its record (a dict, or raw text to write as is)."""
+    """Write ``cells/<cell_id>/cell.yaml`` and, if given, its record: a Record (through the job side's writer),
+    or, to test the reader, a dict or raw text written as they are."""
     paths = SweepPaths(sweep_dir)
     folder = paths.cell_dir(cell_id)
     folder.mkdir(parents=True, exist_ok=True)
     # JSON is valid YAML and about a hundred times faster to write than yaml.safe_dump.
     paths.cell_config(cell_id).write_text(json.dumps(config, indent=1) + "\n")
-    if record_ is not None:
+    if isinstance(record_, Record):
+        write_record(paths.record(cell_id), record_)
+    elif record_ is not None:
         text = record_ if isinstance(record_, str) else json.dumps(record_, indent=1, sort_keys=True)
         paths.record(cell_id).write_text(text)
     return folder

@@ -46,7 +46,7 @@ def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
 def _group(group: str) -> dict[str, dict[str, Any]]:
     import yaml
 
-    from analysis.records import CONF_DIR
+    from analysis.catalog import CONF_DIR
 
     out: dict[str, dict[str, Any]] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):

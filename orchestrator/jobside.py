@@ -30,9 +30,9 @@ import datetime as dt
 import json
 import os
 import platform
+import re
 import signal
 import socket
-import subprocess
 import sys
 import time
 import traceback
@@ -42,13 +42,13 @@ from types import FrameType
 from typing import Any, cast
 
 import submitit
-from omegaconf import OmegaConf
 
-from orchestrator import cells
+from orchestrator import cells, slurm
 from orchestrator.paths import SweepPaths, write_json_atomic
+from orchestrator.record import Metrics, Record, read_cell_config, write_record
 from orchestrator.schema import to_config
+from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
-RECORD_SCHEMA_VERSION = 1
 PORT_BASE, PORT_SPAN = 20_000, 20_000
 
 SIGNAL_DELAY_S = 90
@@ -64,6 +64,18 @@ DEFAULT_MAX_REQUEUE_ON_TIMEOUT = 1
 _requeuing = False
 # Set once the probe has returned: a requeue now would only run a finished cell again.
 _probe_done = False
+# When SLURM's time-limit warning, or its SIGTERM at the limit, reached this process (time.time()); a failure
+# after it is the time limit's doing, whatever the probe was doing (a compiler killed by the signal included).
+_time_limit_signal: tuple[str, float] | None = None
+
+UNFIXABLE_ERRORS = (
+    "StrictDataclassClassValidationError",
+    "StrictDataclassFieldValidationError",
+    "omegaconf.errors.ValidationError",
+)
+"""Exceptions that say the cell's config cannot be built (transformers validates an architecture this way): the
+same config fails the same way on every rerun, so the record says ``invalid``."""
+MAX_REASON_CHARS = 500
 
 
 def _say(message: str) -> None:
@@ -127,7 +139,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     """
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
-    cell = cast(dict[str, Any], OmegaConf.to_container(OmegaConf.load(paths.cell_config(cell_id)), resolve=True))
+    cell = read_cell_config(paths.cell_config(cell_id))
     env = submitit.JobEnvironment()
     rank, world_size, local_rank = env.global_rank, env.num_tasks, env.local_rank
     local_world_size = max(1, world_size // max(1, env.num_nodes))
@@ -195,47 +207,93 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 "requeued_after_preemption": (requeues or {}).get("preemption", 0),
             }
         )
-        record = {
-            "schema_version": RECORD_SCHEMA_VERSION,
-            "cell_id": cell_id,
-            "sweep": cell["name"],
-            "attempt": attempt,
-            "status": result.get("status", "failed"),
-            "reason": result.get("reason"),
-            "traceback": result.get("traceback"),
-            "settings": cells.settings(to_config(cell)),
-            "config": cell,
-            "metrics": result.get("metrics") or {},
-            "environment": environment,
-            "started_at": started_at,
-            "finished_at": _now(),
-        }
-        write_json_atomic(paths.record(cell_id), record)
+        status, reason = judge(result, _time_limit_signal)
+        record = Record(
+            cell_id=cell_id,
+            sweep=cell["name"],
+            attempt=attempt,
+            status=status,
+            reason=reason,
+            traceback=result.get("traceback"),
+            settings=cells.settings(to_config(cell)),
+            config=cell,
+            metrics=cast(Metrics, result.get("metrics") or {}),
+            environment=environment,
+            started_at=started_at,
+            finished_at=_now(),
+        )
+        write_record(paths.record(cell_id), record)
+        return status.value
     return str(result.get("status", "failed"))
 
 
-def describe(record: dict[str, Any]) -> str:
-    """One line for a terminal: id, status, step time."""
-    step = (record.get("metrics") or {}).get("step_time_s")
-    step_txt = f"{step:.4g} s/step" if isinstance(step, (int, float)) else ""
-    return f"{record.get('cell_id')} {record.get('status')} {step_txt} {record.get('reason') or ''}".strip()
+def final_exception(traceback_text: str | None) -> str | None:
+    """The last exception of a formatted traceback, every line of its message (``Type: line1\n  line2``)."""
+    if not traceback_text:
+        return None
+    lines = traceback_text.rsplit("Traceback (most recent call last):", 1)[-1].splitlines()
+    # Frames are indented; the exception starts at the first line that is not (its message may be indented).
+    start = next((i for i, line in enumerate(lines) if line.strip() and not line[0].isspace()), None)
+    if start is None:
+        return None
+    return "\n".join(line for line in lines[start:] if line.strip())
+
+
+def unfixable_reason(traceback_text: str | None) -> str | None:
+    """The reason of a failure no rerun can fix (see UNFIXABLE_ERRORS), whole, on one line; None for others."""
+    exc = final_exception(traceback_text)
+    if exc is None:
+        return None
+    type_name = exc.split(":", 1)[0].strip()
+    if not any(type_name == name or type_name.endswith(f".{name}") for name in UNFIXABLE_ERRORS):
+        return None
+    text = " ".join(line.strip() for line in exc.splitlines())
+    text = type_name.rsplit(".", 1)[-1] + text[len(type_name) :]
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
+
+
+def _caused_by(signal_name: str, result: dict[str, Any]) -> bool:
+    """Whether a failure came from SLURM's time-limit signal: SIGTERM at the limit always; the warning when the
+    failure names it (a child process that died of it)."""
+    if signal_name == "SIGTERM":
+        return True
+    number = signal.Signals[signal_name].value if signal_name in signal.Signals.__members__ else -1
+    text = f"{result.get('reason') or ''}\n{result.get('traceback') or ''}"
+    return re.search(rf"\b{signal_name}\b|signal {number}\b|<Signals\.{signal_name}", text) is not None
+
+
+def judge(result: dict[str, Any], time_signal: tuple[str, float] | None) -> tuple[RecordStatus, str | None]:
+    """The record's status and reason from the probe's result and the time-limit signal the job got, if any.
+
+    An answer (ok, does_not_fit, oom) stands. SLURM's signals reach every process of the job, so a compiler or a
+    collective dies of them and the probe reports that death as its own failure: a failure after SIGTERM at the
+    limit is ``timeout`` (the job is out of time whatever failed), and so is one that names the time-limit warning
+    (``ninja ... died with <Signals.SIGUSR2: 12>``); a failure of its own after the warning keeps its status. A
+    failure of the config itself is ``invalid``.
+    """
+    try:
+        status = RecordStatus(result.get("status", "failed"))
+    except ValueError:
+        return RecordStatus.FAILED, f"the probe returned an unknown status {result.get('status')!r}"
+    reason = result.get("reason")
+    if state_of_record(status) in ANSWERS:
+        return status, reason
+    if time_signal is not None and _caused_by(time_signal[0], result):
+        name, at = time_signal
+        when = dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%S")
+        what = f"{status.value}: {reason}" if reason else status.value
+        return RecordStatus.TIMEOUT, f"SLURM's time limit: {name} at {when} UTC; the probe then ended ({what})"
+    if status is RecordStatus.FAILED:
+        invalid = unfixable_reason(result.get("traceback"))
+        if invalid is not None:
+            return RecordStatus.INVALID, f"the cell's config cannot be built: {invalid}"
+    return status, reason
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
     """Seconds until SLURM ends this job (its EndTime, which a requeue resets); ``fallback_end`` if unknown."""
-    if job_id:
-        try:
-            out = subprocess.run(
-                ["squeue", "-h", "-j", job_id, "-o", "%e"],
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            ).stdout.strip()
-            return dt.datetime.fromisoformat(out.splitlines()[0]).timestamp() - time.time()
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
-            pass
-    return fallback_end - time.time()
+    end = slurm.end_time(job_id) if job_id else None
+    return end.timestamp() - time.time() if end is not None else fallback_end - time.time()
 
 
 class CellJob(submitit.helpers.Checkpointable):
@@ -281,10 +339,7 @@ class CellJob(submitit.helpers.Checkpointable):
         submitit_handler = signal.getsignal(warning)
         if not callable(submitit_handler) or env.global_rank != 0:
             return  # only rank 0 requeues (submitit's rule too); other ranks are ended by SLURM
-        cell = cast(
-            dict[str, Any],
-            OmegaConf.to_container(OmegaConf.load(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id))),
-        )
+        cell = read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id))
         limit_s = 60.0 * float(cell["cluster"]["time_limit_min"])
         max_timeouts = int(cell["cluster"].get("max_requeue_on_timeout", DEFAULT_MAX_REQUEUE_ON_TIMEOUT))
         fallback_end = time.time() + limit_s  # the job started a moment before this process
@@ -307,12 +362,14 @@ class CellJob(submitit.helpers.Checkpointable):
                 self._requeue_reason = None
 
         def on_warning(signum: int, frame: FrameType | None) -> None:
+            global _time_limit_signal
             if _probe_done:
                 return
             left_s = seconds_left(job_id, fallback_end)
             if left_s > SIGNAL_DELAY_S + SLURM_CHECK_INTERVAL_S + 5:
                 requeue_now("preemption", signum, frame)
                 return
+            _time_limit_signal = (signal.Signals(signum).name, time.time())
             used = self.requeues.get("timeout", 0)
             if used >= max_timeouts:
                 _say(
@@ -328,4 +385,15 @@ class CellJob(submitit.helpers.Checkpointable):
             signal.signal(signal.SIGALRM, lambda _s, f: requeue_now("timeout", signum, f))
             signal.setitimer(signal.ITIMER_REAL, delay_s)
 
+        def on_terminate(signum: int, frame: FrameType | None) -> None:
+            # SLURM's SIGTERM at the time limit (submitit's own handler only logs it): what dies of it now, a
+            # compiler or a peer, is the time limit's doing. A SIGTERM long before the limit is a cancellation.
+            global _time_limit_signal
+            if _time_limit_signal is None and seconds_left(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
+                _time_limit_signal = ("SIGTERM", time.time())
+            if callable(submitit_terminate):
+                submitit_terminate(signum, frame)
+
+        submitit_terminate = signal.getsignal(signal.SIGTERM)
         signal.signal(warning, on_warning)
+        signal.signal(signal.SIGTERM, on_terminate)

@@ -17,9 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
-import re
 import shlex
-import subprocess
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +27,7 @@ import jinja2
 import submitit
 import yaml
 
-from orchestrator import cells
+from orchestrator import cells, slurm
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.schema import to_config
@@ -245,33 +243,16 @@ class SubmissionRefused(Exception):
     """The scheduler would not accept some cells as configured; nothing was submitted. The message says why."""
 
 
-def _run(cmd: Sequence[str], stdin: str | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    try:
-        return subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except FileNotFoundError as e:
-        raise SubmissionRefused(
-            f"`{cmd[0]}` is not on PATH: cluster=slurm submits with SLURM's commands (sbatch, sacct, sinfo, scontrol), "
-            "so run gpudays on a machine that has them (a login node), or use cluster=local"
-        ) from e
-    except subprocess.TimeoutExpired as e:
-        raise SubmissionRefused(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
-
-
 def scheduler_max_array_size() -> int | None:
     """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
-    try:
-        out = _run(["scontrol", "show", "config"], timeout_s=30).stdout
-    except SubmissionRefused:
-        return None
-    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
-    return int(m.group(1)) if m else None
+    return slurm.max_array_size()
 
 
 def _partitions() -> list[str]:
-    result = _run(["sinfo", "-h", "-o", "%R"])
-    if result.returncode != 0:
-        raise SubmissionRefused(f"`sinfo` failed ({result.returncode}): {result.stderr.strip()[:300]}")
-    return sorted(set(result.stdout.split()))
+    try:
+        return slurm.partitions()
+    except slurm.SlurmUnavailable as e:
+        raise SubmissionRefused(str(e)) from e
 
 
 def _user() -> str:
@@ -282,26 +263,15 @@ def _user() -> str:
 
 def _sacctmgr_names(args: Sequence[str]) -> list[str] | None:
     """First column of a sacctmgr listing; None where accounting cannot be asked (then sbatch alone judges)."""
-    try:
-        result = _run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
-    except SubmissionRefused:
-        return None
-    if result.returncode != 0:
-        return None
-    return sorted({line.split("|")[0] for line in result.stdout.splitlines() if line.strip()})
+    return slurm.sacctmgr_names(args)
 
 
 def _what_the_cluster_has() -> str:
     """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
-    lines = []
-    out = _run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout
-    for line in out.splitlines():
-        part, nodes, cpus, mem, gres, features, limit = (line.split("|") + [""] * 7)[:7]
-        lines.append(
-            f"partition {part}: {nodes} node(s) of {cpus} CPUs, {mem} MB, gres {gres}, features {features}, "
-            f"time limit {limit}"
-        )
-    return "\n    ".join(lines)
+    try:
+        return "\n    ".join(p.describe() for p in slurm.partition_summary())
+    except slurm.SlurmUnavailable as e:
+        return f"(sinfo could not be asked: {e})"
 
 
 def check_slurm(configs: dict[str, dict[str, Any]]) -> None:
@@ -343,9 +313,11 @@ def check_slurm(configs: dict[str, dict[str, Any]]) -> None:
         executor = submitit.SlurmExecutor(folder="/tmp/gpudays-test-only/%j")
         executor.update_parameters(**slurm_parameters(res))
         script = executor._make_submission_file_text("true", "test-only")
-        result = _run(["sbatch", "--test-only"], stdin=script)
-        if result.returncode != 0:
-            said = " ".join(line.strip() for line in result.stderr.splitlines() if line.strip())
+        try:
+            said = slurm.sbatch_test_only(script)
+        except slurm.SlurmUnavailable as e:
+            raise SubmissionRefused(str(e)) from e
+        if said is not None:
             problems.append(f"{who}: the cluster refuses {describe_request(res)}: {said[:400]}")
     if problems:
         raise SubmissionRefused(

@@ -20,10 +20,10 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator import console, launch, local, status
 from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.record import BadCellConfig, read_cell_config
+from orchestrator.states import UNFIXABLE, parse_state, rerun_selectable
 
 
 class Exit(IntEnum):
@@ -244,7 +244,12 @@ def resume(
             states = status.cell_states(paths)
         except status.SchedulerUnavailable as e:
             raise LifecycleError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
-        todo = [s for s in states if status.needs_rerun(s.state) and (only is None or s.state in only)]
+        wanted = None if only is None else [parse_state(name) for name in only]
+        todo = [s for s in states if rerun_selectable(s.state, wanted)]
+        # Held cells are released or cancelled for resubmission here; what was done is said.
+        todo, held_said = status.settle_held(todo)
+        for line in held_said:
+            console.out(f"  {line}")
         if not todo:
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
             return Exit.OK
@@ -260,10 +265,10 @@ def resume(
 def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> dict[str, Any]:
     """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given."""
     try:
-        cfg = yaml.safe_load(paths.cell_config(s.cell_id).read_text())
-    except (OSError, ValueError, yaml.YAMLError) as e:
-        raise LifecycleError(f"cell {s.cell_id}: cannot read {paths.cell_config(s.cell_id)}: {e}") from e
-    if not isinstance(cfg, dict) or not isinstance(cfg.get("cluster"), dict):
+        cfg = read_cell_config(paths.cell_config(s.cell_id))
+    except BadCellConfig as e:
+        raise LifecycleError(f"cell {s.cell_id}: {e}") from e
+    if not isinstance(cfg.get("cluster"), dict):
         raise LifecycleError(f"cell {s.cell_id}: {paths.cell_config(s.cell_id)} is not a cell config")
     if s.state == "timeout" and (time_limit or time_factor):
         old = int(cfg["cluster"]["time_limit_min"])
@@ -319,7 +324,13 @@ def finish(paths: SweepPaths, report: bool) -> Exit:
             f"{len(bad)} cell(s) need a rerun: see `{shell_hint('gpudays', 'status', paths.root)}`, "
             f"then `{shell_hint('gpudays', 'resume', paths.root)}`"
         )
-    return Exit.CELLS_FAILED if bad else Exit.OK
+    unfixable = [s for s in states if s.state in UNFIXABLE]
+    if unfixable:
+        console.out(
+            f"{len(unfixable)} cell(s) cannot run as configured, and a rerun cannot fix them: see "
+            f"`{shell_hint('gpudays', 'status', paths.root)}`"
+        )
+    return Exit.CELLS_FAILED if bad or unfixable else Exit.OK
 
 
 def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str | None, plots: bool) -> Exit:
@@ -381,7 +392,7 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     state = next(s for s in states_or_records(paths) if s.cell_id == cid)
     attempts = status.read_attempts(paths, cid)
     logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
-    traceback = (state.record or {}).get("traceback")
+    traceback = state.record.traceback if state.record is not None else None
     if not isinstance(traceback, str) or not traceback:
         traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
     console.make_console().print(console.cell_detail(state, attempts, logs, traceback))

@@ -141,7 +141,7 @@ def test_a_preempted_cell_is_requeued_by_the_cluster_and_ends_ok_once(
         2,
     )
     assert final.state == "ok", final
-    assert final.record is not None and final.record["environment"]["slurm_restart_count"] == "1"
+    assert final.record is not None and final.record.environment["slurm_restart_count"] == "1"
     assert len(status.read_attempts(paths, cid)) == 1, "SLURM requeued it; gpudays submitted nothing more"
 
 
@@ -171,3 +171,75 @@ def test_two_resumes_at_once_never_submit_a_cell_twice(slurm_cluster: LocalClust
     assert {s.state for s in states} == {"ok"}, [(s.cell_id, s.state, s.reason) for s in states]
     for cid in paths.cell_ids():
         assert json.loads(paths.record(cid).read_text())["attempt"] == 2
+
+
+def test_tasks_cancelled_while_pending_are_lost_at_once_and_resume_reruns_them(
+    slurm_cluster: LocalCluster, tmp_path: Path, capsys
+) -> None:
+    sweep_dir = tmp_path / "scancel"
+    code = cli.main(
+        ["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=3", "cluster.array_parallelism=2",
+         "model.seq_length=range(64,76)"]
+    )  # fmt: skip
+    assert code == 0
+    paths = SweepPaths(sweep_dir)
+    job_of = {status.read_attempts(paths, cid)[-1]["job_id"]: cid for cid in paths.cell_ids()}
+    array = next(iter(job_of)).split("_")[0]
+    victims = [f"{array}_{task}" for task in (8, 9, 10, 11)]
+    # Two run at a time, three seconds each: tasks 8-11 are still pending, and leave no trace once cancelled.
+    slurm_cluster.run_client(["scancel", *victims])
+    # Submitted a moment ago, yet not pending: squeue lists the array, and these tasks are not in it.
+    now = {s.job_id: s for s in status.cell_states(paths)}
+    assert {now[v].state for v in victims} == {"lost"}, [(v, now[v].state, now[v].reason) for v in victims]
+    states = wait_until(
+        lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 120, "the others to end", 1
+    )
+    assert status.counts(states) == {"ok": 8, "lost": 4}, [(s.job_id, s.state, s.reason) for s in states]
+    capsys.readouterr()
+    assert cli.main(["resume", str(sweep_dir), "--wait", "--interval", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "resubmitting 4 cell(s)" in out and out.strip().splitlines()[-1] == "12 cell(s): ok 12", out
+    assert sorted(len(status.read_attempts(paths, cid)) for cid in paths.cell_ids()) == [1] * 8 + [2] * 4
+
+
+def test_a_held_task_is_released_by_resume_and_a_cancelled_array_is_rerun(
+    slurm_cluster: LocalCluster, tmp_path: Path, capsys
+) -> None:
+    sweep_dir = tmp_path / "held"
+    args = ["--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=2", "cluster.array_parallelism=1"]
+    assert cli.main(["sweep", *args, "model.seq_length=80,81,82"]) == 0
+    paths = SweepPaths(sweep_dir)
+    jobs = sorted(status.read_attempts(paths, cid)[-1]["job_id"] for cid in paths.cell_ids())
+    held_job = jobs[-1]
+    slurm_cluster.run_client(["scontrol", "hold", held_job])
+    held = wait_until(
+        lambda: (lambda s: s if s.state == "held" else None)(
+            next(s for s in status.cell_states(paths) if s.job_id == held_job)
+        ),
+        30,
+        "status to show the held task",
+    )
+    assert "JobHeld" in (held.reason or "") and held.held is not None
+    # Held waits for a person, not for time: waiting ends once the others are done.
+    wait_until(lambda: status.is_done(status.cell_states(paths)), 120, "the other tasks to end", 1)
+    assert status.counts(status.cell_states(paths)) == {"held": 1, "ok": 2}
+    capsys.readouterr()
+    assert cli.main(["resume", str(sweep_dir)]) == 0
+    assert f"released job {held_job}" in capsys.readouterr().out
+    states = wait_until(
+        lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 120, "the released task", 1
+    )
+    assert status.counts(states) == {"ok": 3}
+    assert all(len(status.read_attempts(paths, cid)) == 1 for cid in paths.cell_ids()), "released, not resubmitted"
+
+    # A whole array cancelled before any task started: every cell is cancelled, and resume reruns them.
+    assert cli.main(["sweep", *args, "model.seq_length=83,84"]) == 0
+    new = [cid for cid in paths.cell_ids() if status.read_attempts(paths, cid)[-1]["job_id"] not in jobs]
+    array = status.read_attempts(paths, new[0])[-1]["job_id"].split("_")[0]
+    slurm_cluster.run_client(["scancel", array])
+    states = wait_until(
+        lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 60, "the cancel to show", 1
+    )
+    assert {s.state for s in states if s.cell_id in new} == {"cancelled"}, [(s.state, s.reason) for s in states]
+    assert cli.main(["resume", str(sweep_dir), "--wait", "--interval", "1"]) == 0
+    assert status.counts(status.cell_states(paths)) == {"ok": 5}

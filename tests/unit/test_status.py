@@ -1,4 +1,4 @@
-"""Cell states from records, submissions and the scheduler's accounting (sacct text as SLURM 22.05 prints it)."""
+"""Cell states from records, submissions and the scheduler's accounting (sacct and squeue text as SLURM prints it)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import status
+from orchestrator import cli, slurm, status
 from orchestrator.paths import SweepPaths, append_jsonl, write_json_atomic
+from orchestrator.record import BadRecord, Record
+from orchestrator.states import STATES, HeldAction, RecordStatus, State
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
 LONG_AGO = (NOW - dt.timedelta(hours=1)).isoformat()
@@ -19,42 +21,19 @@ def submission(attempt: int = 1, job_id: str = "40_3", backend: str = "slurm", a
     return {"cell_id": "c1", "attempt": attempt, "job_id": job_id, "backend": backend, "submitted_at": at}
 
 
-def record(status_: str = "ok", attempt: int = 1, **extra: object) -> dict:
-    return {"cell_id": "c1", "status": status_, "attempt": attempt, "reason": extra.pop("reason", None), **extra}
+def record(status_: str = "ok", attempt: int = 1, reason: str | None = None) -> Record:
+    return Record("c1", RecordStatus(status_), attempt, reason=reason)
 
 
-def classify(latest, rec=None, problem=None, job=None, asked=True) -> status.CellState:
-    return status.classify("c1", latest, rec, problem, job, asked, None, NOW)
+def sacct(*lines: str) -> slurm.Accounting:
+    """Accounting as sacct -P -X --duplicates -o JobID,JobIDRaw,State,ExitCode,Reason prints it."""
+    return slurm.parse_sacct("\n".join(lines) + "\n")
 
 
-# ---- sacct and squeue output ----------------------------------------------------------------------------
-
-
-def test_sacct_lines_give_each_task_its_newest_run_and_the_runs_before() -> None:
-    text = "\n".join(
-        [
-            "40_0|COMPLETED|0:0",
-            "40_1|CANCELLED by 0|0:15",
-            "40_2|REQUEUED|0:0",
-            "40_2|NODE_FAIL|0:0",
-            "40_2|RUNNING|0:0",
-            "40_[5-7,9%2]|PENDING|0:0",
-            "41|TIMEOUT|0:0",
-            "",
-        ]
-    )
-    jobs = status.parse_sacct(text)
-    assert jobs["40_0"].state == "COMPLETED" and jobs["40_0"].history == ()
-    assert jobs["40_1"].state == "CANCELLED" and jobs["40_1"].exit_code == "0:15"
-    assert jobs["40_2"].state == "RUNNING" and jobs["40_2"].history == ("REQUEUED", "NODE_FAIL")
-    assert {j for j in jobs if j.startswith("40_")} == {"40_0", "40_1", "40_2", "40_5", "40_6", "40_7", "40_9"}
-    assert jobs["40_9"].state == "PENDING"
-    assert jobs["41"].state == "TIMEOUT"
-
-
-def test_squeue_lines_expand_pending_array_ranges() -> None:
-    jobs = status.parse_squeue("40_[3-4%16]|PENDING\n40_1|RUNNING\n")
-    assert {j: v.state for j, v in jobs.items()} == {"40_3": "PENDING", "40_4": "PENDING", "40_1": "RUNNING"}
+def classify(latest, rec=None, acct=None, asked=True) -> status.CellState:
+    if asked and acct is None:
+        acct = slurm.Accounting()
+    return status.classify("c1", latest, rec, acct if asked else None, None, NOW)
 
 
 # ---- one cell -------------------------------------------------------------------------------------------
@@ -69,15 +48,15 @@ def test_squeue_lines_expand_pending_array_ranges() -> None:
         ("TIMEOUT", "timeout"),
         ("PREEMPTED", "preempted"),
         ("NODE_FAIL", "node_fail"),
-        ("CANCELLED", "cancelled"),
-        ("OUT_OF_MEMORY", "oom"),
+        ("CANCELLED by 1000", "cancelled"),
+        ("OUT_OF_MEMORY", "host_oom"),
         ("FAILED", "failed"),
         ("COMPLETED", "failed"),
         ("SOMETHING_NEW", "failed"),
     ],
 )
 def test_without_a_record_the_scheduler_decides(sacct_state: str, expected: str) -> None:
-    state = classify(submission(), job=status.SchedulerJob(sacct_state, "0:0"))
+    state = classify(submission(), acct=sacct(f"40_3|43|{sacct_state}|0:0|None"))
     assert state.state == expected
     assert state.scheduler_state == sacct_state
     if expected not in status.ACTIVE:
@@ -86,26 +65,25 @@ def test_without_a_record_the_scheduler_decides(sacct_state: str, expected: str)
 
 def test_a_record_of_the_latest_attempt_decides_whatever_the_scheduler_says() -> None:
     rec = record("does_not_fit", attempt=2, reason="micro-batch 1 does not fit")
-    state = classify(submission(attempt=2), rec, job=status.SchedulerJob("FAILED"))
+    state = classify(submission(attempt=2), rec, acct=sacct("40_3|43|FAILED|1:0|None"))
     assert (state.state, state.reason, state.attempt) == ("does_not_fit", "micro-batch 1 does not fit", 2)
 
 
 def test_a_record_of_an_older_attempt_never_masks_the_new_attempts_job() -> None:
     old = record("failed", attempt=1, reason="ValueError: bad")
-    assert classify(submission(attempt=2), old, job=status.SchedulerJob("PENDING")).state == "pending"
-    assert classify(submission(attempt=2), old, job=status.SchedulerJob("TIMEOUT")).state == "timeout"
+    assert classify(submission(attempt=2), old, acct=sacct("40_[3-4]|40|PENDING|0:0|None")).state == "pending"
+    assert classify(submission(attempt=2), old, acct=sacct("40_3|43|TIMEOUT|0:0|None")).state == "timeout"
 
 
 def test_probe_failure_statuses_are_failed_with_the_status_in_the_reason() -> None:
     state = classify(submission(), record("comm_error", reason="rank 1 gone"))
     assert state.state == "failed" and state.reason == "comm_error: rank 1 gone"
-    state = classify(submission(), record("exploded"))
-    assert state.state == "failed" and "unknown record status 'exploded'" in (state.reason or "")
+    assert classify(submission(), record("invalid", reason="heads")).state == "invalid"
+    assert classify(submission(), record("timeout", reason="SIGUSR2")).state == "timeout"
 
 
 def test_a_requeued_job_names_its_earlier_runs() -> None:
-    job = status.SchedulerJob("PENDING", history=("NODE_FAIL",))
-    state = classify(submission(), job=job)
+    state = classify(submission(), acct=sacct("40_3|43|NODE_FAIL|0:0|None", "40_3|43|PENDING|0:0|BeginTime"))
     assert state.state == "pending" and state.reason == "requeued: earlier run(s) of this job ended NODE_FAIL"
     assert state.history == ("NODE_FAIL",)
 
@@ -116,22 +94,86 @@ def test_unknown_to_the_scheduler_is_lost_but_not_right_after_submission() -> No
     assert classify(just_now).state == "pending"
 
 
+def test_a_task_cancelled_while_pending_is_lost_as_soon_as_its_array_is_known_however_recent() -> None:
+    # Array 24 after `scancel 24_8 24_9 24_10 24_11` while they pended, once the rest ran (SLURM 22.05 output):
+    # the cancelled tasks have no line anywhere; the last task to start took the array's own record (24_7|24).
+    acct = sacct(*(f"24_{t}|{25 + t}|COMPLETED|0:0|None" for t in range(7)), "24_7|24|COMPLETED|0:0|None")
+    acct.merge(slurm.parse_squeue(""))
+    just_now = (NOW - dt.timedelta(seconds=5)).isoformat()
+    for task in (8, 11):
+        state = classify(submission(job_id=f"24_{task}", at=just_now), acct=acct)
+        assert state.state == "lost", state
+        assert "never started" in (state.reason or "")
+        assert status.needs_rerun(state.state)
+    # While squeue still shows the others pending as a range, a task missing from it is gone too.
+    pending = slurm.parse_squeue("24_[2-7%2]|PENDING|JobArrayTaskLimit\n24_0|RUNNING|None\n24_1|RUNNING|None\n")
+    assert classify(submission(job_id="24_9", at=just_now), acct=pending).state == "lost"
+    assert classify(submission(job_id="24_5", at=just_now), acct=pending).state == "pending"
+
+
+def test_a_whole_array_cancelled_before_any_task_started_is_cancelled() -> None:
+    # `scancel 30` before any task ran: sacct keeps only the array's own record, under the bare id.
+    acct = sacct("30|30|CANCELLED by 0|0:0|None")
+    state = classify(submission(job_id="30_2"), acct=acct)
+    assert state.state == "cancelled" and "array 30 was cancelled before task 2 started" in (state.reason or "")
+    # The pending range form of the same record (tasks 0-1 still pending when the array was cancelled).
+    acct = sacct("36_0|38|CANCELLED by 0|0:0|None", "36_[1-2%1]|36|CANCELLED by 0|0:0|None")
+    assert classify(submission(job_id="36_2"), acct=acct).state == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("reason", "action"),
+    [
+        ("JobHeldUser", HeldAction.RELEASE),
+        ("JobHeldAdmin", HeldAction.ADMIN),
+        ("launch failed requeued held", HeldAction.RESUBMIT),
+        ("job requeued in held state", HeldAction.RELEASE),
+    ],
+)
+def test_a_held_job_is_held_with_what_resume_does(reason: str, action: HeldAction) -> None:
+    acct = sacct("36_[1-2%1]|36|PENDING|0:0|None")
+    acct.merge(slurm.parse_squeue(f"36_1|PENDING|JobArrayTaskLimit\n36_2|PENDING|{reason}\n"), prefer_other=True)
+    held = classify(submission(job_id="36_2"), acct=acct)
+    assert held.state == "held" and held.held is action and reason in (held.reason or "")
+    assert classify(submission(job_id="36_1"), acct=acct).state == "pending"
+    assert status.needs_rerun(held.state) and status.is_done([held])
+
+
 def test_a_damaged_record_is_corrupt_unless_the_latest_attempt_is_still_queued_or_running() -> None:
-    assert classify(submission(), problem="record is not valid JSON").state == "corrupt"
-    running = classify(submission(attempt=2), problem="record is not valid JSON", job=status.SchedulerJob("RUNNING"))
+    bad = BadRecord("record is not valid JSON")
+    assert classify(submission(), bad).state == "corrupt"
+    running = classify(submission(attempt=2), bad, acct=sacct("40_3|43|RUNNING|0:0|None"))
     assert running.state == "running" and "damaged" in (running.reason or "")
-    ended = classify(submission(attempt=2), problem="record is not valid JSON", job=status.SchedulerJob("FAILED"))
+    ended = classify(submission(attempt=2), bad, acct=sacct("40_3|43|FAILED|1:0|None"))
     assert ended.state == "corrupt"
 
 
-def test_never_submitted_is_new_and_not_asking_the_scheduler_leaves_pending() -> None:
+def test_never_submitted_is_new_and_not_asking_the_scheduler_is_unknown_never_pending() -> None:
     assert classify(None).state == "new"
-    assert classify(submission(), asked=False).state == "pending"
+    unknown = classify(submission(), asked=False)
+    assert unknown.state == "unknown" and not status.needs_rerun(unknown.state)
+    assert not status.is_done([unknown])
 
 
-@pytest.mark.parametrize("state", status.STATES)
-def test_what_resume_reruns(state: str) -> None:
-    assert status.needs_rerun(state) == (state not in ("ok", "does_not_fit", "pending", "running"))
+@pytest.mark.parametrize("state", STATES)
+def test_what_resume_reruns(state: State) -> None:
+    expected = state not in ("ok", "does_not_fit", "oom", "pending", "running", "invalid", "unknown")
+    assert status.needs_rerun(state) == expected
+
+
+def test_resume_releases_user_holds_and_resubmits_failed_launches(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, list[str]]] = []
+    monkeypatch.setattr(slurm, "release", lambda ids: calls.append(("release", [str(i) for i in ids])))
+    monkeypatch.setattr(slurm, "cancel", lambda ids: calls.append(("cancel", [str(i) for i in ids])))
+    cells = [
+        status.CellState("a", State.HELD, 1, "5_1", held=HeldAction.RELEASE),
+        status.CellState("b", State.HELD, 1, "5_2", held=HeldAction.RESUBMIT),
+        status.CellState("c", State.LOST, 1, "5_3"),
+    ]
+    rest, said = status.settle_held(cells)
+    assert [c.cell_id for c in rest] == ["b", "c"]
+    assert calls == [("release", ["5_1"]), ("cancel", ["5_2"])]
+    assert "released job 5_1" in said[0] and "cancelled" in said[1]
 
 
 # ---- files on disk --------------------------------------------------------------------------------------
@@ -140,20 +182,22 @@ def test_what_resume_reruns(state: str) -> None:
 @pytest.fixture
 def sweep(tmp_path: Path) -> SweepPaths:
     paths = SweepPaths(tmp_path / "sweep")
-    for cid in ("aaa", "bbb", "ccc", "ddd", "eee"):
+    for cid in ("aaa", "bbb", "ccc", "ddd", "eee", "fff", "ggg"):
         paths.cell_config(cid).parent.mkdir(parents=True)
         paths.cell_config(cid).write_text("name: t\n")
     return paths
 
 
 def test_records_on_disk_half_written_foreign_or_unreadable_are_corrupt(sweep: SweepPaths) -> None:
-    full = {"cell_id": "aaa", "status": "ok", "attempt": 1, "metrics": {"step_time_s": 1.0}}
+    full = {"schema_version": 1, "cell_id": "aaa", "status": "ok", "attempt": 1, "metrics": {"step_time_s": 1.0}}
     write_json_atomic(sweep.record("aaa"), full)
     text = json.dumps({**full, "cell_id": "bbb"})
     sweep.record("bbb").write_text(text[: len(text) // 2])  # cut short, as by a crash mid-write
     write_json_atomic(sweep.record("ccc"), {**full, "cell_id": "aaa"})  # copied from another cell
     write_json_atomic(sweep.record("ddd"), ["not", "a", "record"])
-    for cid in ("aaa", "bbb", "ccc", "ddd"):
+    write_json_atomic(sweep.record("fff"), {"status": "ok"})
+    sweep.record("ggg").write_bytes(b"\x00\xff garbage")
+    for cid in ("aaa", "bbb", "ccc", "ddd", "fff", "ggg"):
         append_jsonl(sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1"})
 
     states = {s.cell_id: s for s in status.cell_states(sweep, query_scheduler=False, now=NOW)}
@@ -162,8 +206,28 @@ def test_records_on_disk_half_written_foreign_or_unreadable_are_corrupt(sweep: S
     assert states["ccc"].state == "corrupt" and "belongs to cell 'aaa'" in (states["ccc"].reason or "")
     assert states["ddd"].state == "corrupt"
     assert states["eee"].state == "new"
-    assert all(status.needs_rerun(states[c].state) for c in ("bbb", "ccc", "ddd", "eee"))
-    assert status.counts(list(states.values())) == {"new": 1, "ok": 1, "corrupt": 3}
+    assert states["fff"].state == "corrupt" and "lacks required field" in (states["fff"].reason or "")
+    assert states["ggg"].state == "corrupt" and "not UTF-8" in (states["ggg"].reason or "")
+    assert all(status.needs_rerun(states[c].state) for c in ("bbb", "ccc", "ddd", "eee", "fff", "ggg"))
+    assert status.counts(list(states.values())) == {"new": 1, "ok": 1, "corrupt": 5}
+
+
+def test_status_and_report_call_the_same_records_corrupt_without_a_traceback(sweep: SweepPaths, capsys) -> None:
+    write_json_atomic(sweep.record("aaa"), {"status": "ok"})
+    sweep.record("bbb").write_bytes(b"\x00\xff garbage")
+    for cid in ("aaa", "bbb"):
+        append_jsonl(sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1"})
+    assert cli.main(["status", str(sweep.root), "--state", "corrupt"]) == 0
+    shown = capsys.readouterr().out
+    assert "corrupt 2" in shown and "aaa" in shown and "bbb" in shown
+    assert cli.main(["report", str(sweep.root), "--no-plots"]) == 0
+    out = capsys.readouterr()
+    assert "Traceback" not in out.out + out.err
+    import pandas as pd
+
+    table = pd.read_csv(sweep.output("cells.csv")).set_index("cell_id")
+    assert table.loc["aaa", "status"] == "corrupt" and "lacks required field" in table.loc["aaa", "reason"]
+    assert table.loc["bbb", "status"] == "corrupt" and "not UTF-8" in table.loc["bbb", "reason"]
 
 
 def test_an_attempt_line_cut_short_is_skipped_and_the_one_before_counts(sweep: SweepPaths) -> None:
@@ -184,8 +248,8 @@ def test_summary_and_table_show_every_state_present(sweep: SweepPaths) -> None:
     from rich.console import Console
 
     states = [
-        status.CellState("c1", "ok", 1, "1_0", label="pythia-70m a100 x1"),
-        status.CellState("c2", "timeout", 2, "2_0", reason="SLURM state TIMEOUT", label="pythia-1b a100 x8"),
+        status.CellState("c1", State.OK, 1, "1_0", label="pythia-70m a100 x1"),
+        status.CellState("c2", State.TIMEOUT, 2, "2_0", reason="SLURM state TIMEOUT", label="pythia-1b a100 x8"),
     ]
     assert status.summary_line(states, markup=False) == "2 cell(s): ok 1, timeout 1"
     console = Console(width=200, record=True)
@@ -197,3 +261,19 @@ def test_summary_and_table_show_every_state_present(sweep: SweepPaths) -> None:
     console = Console(width=200, record=True)
     console.print(status.table(states, only={"ok"}))
     assert "c2" not in console.export_text()
+
+
+def test_a_task_accounting_still_calls_pending_but_squeue_does_not_list_is_not_pending(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # sacct's pending range still holds 24_9 a moment after `scancel 24_9`; squeue, the controller, does not.
+    monkeypatch.setattr(slurm, "sacct", lambda ids: sacct("24_0|25|RUNNING|0:0|None", "24_[1-9%2]|24|PENDING|0:0|None"))
+    monkeypatch.setattr(
+        slurm, "squeue", lambda ids: slurm.parse_squeue("24_0|RUNNING|None\n24_[1-8%2]|PENDING|JobArrayTaskLimit\n")
+    )
+    acct, note = status.ask_scheduler(["24_9", "24_8", "24_0"])
+    assert note is None
+    just_now = (NOW - dt.timedelta(seconds=2)).isoformat()
+    assert classify(submission(job_id="24_9", at=just_now), acct=acct).state == "lost"
+    assert classify(submission(job_id="24_8", at=just_now), acct=acct).state == "pending"
+    assert classify(submission(job_id="24_0", at=just_now), acct=acct).state == "running"

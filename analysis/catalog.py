@@ -1,0 +1,206 @@
+"""The model and GPU configs of ``conf/``, by name, and the columns they give a cell in the report's table.
+
+A record carries its own copy of the cell's config; what an old or truncated record lacks comes from today's
+``conf/``, and a GPU's prices always do, so that an updated price reaches old sweeps.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from orchestrator.cells import IDENTITY_METHOD_KEYS
+
+try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
+    _YamlLoader: Any = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover - depends on how PyYAML was built
+    _YamlLoader = yaml.SafeLoader
+
+CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
+
+SETTING_KEYS = IDENTITY_METHOD_KEYS
+"""The method settings of a cell, as the orchestrator names them."""
+MODEL_KEYS = (
+    "num_layers",
+    "hidden_size",
+    "num_heads",
+    "vocab_size",
+    "intermediate_size",
+    "seq_length",
+    "global_batch_size",
+    "train_steps",
+    "num_parameters",
+)
+GPU_KEYS = (
+    "accelerator",
+    "architecture",
+    "memory_gib",
+    "peak_tflops_bf16",
+    "peak_tflops_fp16",
+    "peak_tflops_tf32",
+    "peak_tflops_fp32",
+    "supports_bf16",
+    "supports_tf32",
+    "board_power_w",
+    "purchase_price_usd",
+    "cloud_usd_per_gpu_hour",
+)
+GPU_PRICE_KEYS = ("board_power_w", "purchase_price_usd", "cloud_usd_per_gpu_hour")
+"""Figures that change over time: taken from today's ``conf/gpu`` when the GPU is known there."""
+
+
+@dataclass
+class Catalog:
+    """The model and GPU configs of ``conf/``, by name, to fill in what an old or truncated record lacks."""
+
+    models: dict[str, dict[str, Any]] = field(default_factory=dict)
+    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    _cache: dict[tuple[Any, ...], tuple[dict[str, Any], str | None]] = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def load(cls, conf_dir: Path | None = None) -> Catalog:
+        """Read ``conf/model/*.yaml`` and ``conf/gpu/*.yaml``; a missing folder gives an empty catalog."""
+        root = Path(conf_dir) if conf_dir is not None else CONF_DIR
+        return cls(models=_read_group(root / "model"), gpus=_read_group(root / "gpu"))
+
+    def _cached(self, key: tuple[Any, ...], build: Any) -> tuple[dict[str, Any], str | None]:
+        # Thousands of cells share a handful of model and GPU configs: flatten each distinct one once.
+        try:
+            hit = self._cache.get(key)
+        except TypeError:  # an unhashable value somewhere in the config: no caching for it
+            return build()
+        if hit is None:
+            hit = self._cache[key] = build()
+        return hit
+
+    def method_columns(self, method: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+        """The settings columns of a cell: from its config's method, else from the record's settings."""
+
+        def build() -> tuple[dict[str, Any], str | None]:
+            columns: dict[str, Any] = {}
+            for key in SETTING_KEYS:
+                value = method.get(key, settings.get(key))
+                if key == "zero_stage":
+                    columns[key] = as_int(value)
+                elif key == "micro_batch_size":
+                    columns["micro_batch_size_setting"] = (
+                        "auto" if value in (None, "auto") else (as_int(value) or str(value))
+                    )
+                elif key in ("precision", "attention"):
+                    columns[key] = as_name(value)
+                else:
+                    columns[key] = as_bool(value)
+            return columns, None
+
+        key: tuple[Any, ...] = ("method", *method.items())
+        if not all(k in method for k in SETTING_KEYS):  # settings fill the gaps, so they are part of the key
+            key = (*key, "settings", *settings.items())
+        return self._cached(key, build)[0]
+
+    def model_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The ``model_*`` columns of a cell, and a problem to report, if any.
+
+        A record's own copy of the config comes first: it is what was measured. What it lacks comes from
+        today's ``conf/model``.
+        """
+
+        def build() -> tuple[dict[str, Any], str | None]:
+            known = self.models.get(name or "")
+            merged = {**known, **{k: v for k, v in stored.items() if v is not None}} if known else dict(stored)
+            problem = None
+            if not known and name and not all(merged.get(k) for k in ("num_layers", "hidden_size", "vocab_size")):
+                problem = (
+                    f"model {name!r} is not in conf/model and its config has no shape; "
+                    "FLOPs and predictions are left empty"
+                )
+            return {f"model_{k}": as_number(merged.get(k)) for k in MODEL_KEYS}, problem
+
+        return self._cached(("model", name, *stored.items()), build)
+
+    def gpu_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+        """The ``gpu_*`` columns of a cell, and a problem to report, if any.
+
+        Hardware figures come from the record's own config first; prices and board power of a GPU that
+        ``conf/gpu`` knows always come from there, so that an updated price reaches old sweeps.
+        """
+
+        def build() -> tuple[dict[str, Any], str | None]:
+            known = self.gpus.get(name or "")
+            problem = None
+            if known:
+                merged = {**known, **{k: v for k, v in stored.items() if v is not None}}
+                merged.update({k: known.get(k) for k in GPU_PRICE_KEYS})
+            else:
+                merged = dict(stored)
+                if name and self.gpus:
+                    kept = any(stored.get(k) is not None for k in GPU_PRICE_KEYS)
+                    tail = "used the figures stored with the cell" if kept else "costs and energy are left empty"
+                    problem = f"GPU {name!r} is not in conf/gpu (known: {', '.join(sorted(self.gpus))}); {tail}"
+            columns: dict[str, Any] = {}
+            for key in GPU_KEYS:
+                value = merged.get(key)
+                if key in ("accelerator", "architecture"):
+                    columns[f"gpu_{key}"] = as_name(value)
+                elif key.startswith("supports"):
+                    columns[f"gpu_{key}"] = as_bool(value)
+                else:
+                    columns[f"gpu_{key}"] = as_number(value)
+            return columns, problem
+
+        return self._cached(("gpu", name, *stored.items()), build)
+
+
+def _read_group(folder: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    if not folder.is_dir():
+        return out
+    for path in sorted(folder.glob("*.yaml")):
+        try:
+            data = yaml.load(path.read_text(), Loader=_YamlLoader)
+        except (OSError, yaml.YAMLError):
+            continue
+        if isinstance(data, dict):
+            data.pop("defaults", None)
+            out[str(data.get("name", path.stem))] = data
+    return out
+
+
+def as_number(value: Any) -> float | None:
+    """A finite float, or None for anything missing, non-numeric or not finite (bools are not numbers here)."""
+    kind = type(value)
+    if kind is float:  # the common cases first: this runs for every field of every record
+        return value if math.isfinite(value) else None
+    if kind is int:
+        return float(value)
+    if value is None or kind is bool:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def as_int(value: Any) -> int | None:
+    out = as_number(value)
+    return int(out) if out is not None and out == int(out) else None
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def as_name(value: Any) -> str | None:
+    return str(value) if value not in (None, "") else None

@@ -1,0 +1,329 @@
+"""Every call to a SLURM command, and the parsing of what it prints, in one place.
+
+``sbatch --test-only``, ``sacct``, ``squeue``, ``sinfo``, ``scontrol`` (show, release, requeue), ``sacctmgr`` and
+``scancel`` run through :func:`run`, which turns a missing command or one that does not answer into
+:class:`SlurmUnavailable`. Job ids are parsed once, into :class:`JobId`: ``12`` (a job), ``12_3`` (task 3 of
+array 12), and the ranges that ``sacct`` and ``squeue`` print for array tasks not yet started, ``12_[4-7,9%2]``
+(``%2``: at most two at once).
+
+What sacct shows of an array (checked on SLURM 22.05 and 23.02): a task that started has its own line
+(``12_3|15|...``, the raw id is the task's own job id; the last task to start reuses the array's, ``12_7|12``);
+tasks not started yet share the array's own record, printed as a range (``12_[8-11%2]|12|PENDING``) or, when no
+task ever started, as the bare array id (``12|12|CANCELLED by 0`` after ``scancel 12``). A pending task cancelled
+by itself (``scancel 12_9``) leaves no line anywhere: it drops out of the range and never gets a record.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import subprocess
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from orchestrator.states import normalize_slurm_state
+
+DEFAULT_TIMEOUT_S = 60.0
+
+
+class SlurmUnavailable(RuntimeError):
+    """A SLURM command is not installed, did not answer in time, or failed; the message says which and why."""
+
+
+def run(
+    cmd: Sequence[str], stdin: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> subprocess.CompletedProcess[str]:
+    """Run one SLURM command and return what it did (a non-zero exit is the caller's to judge).
+
+    Raises SlurmUnavailable when the command is not on PATH or does not answer within ``timeout_s``.
+    """
+    try:
+        return subprocess.run(list(cmd), input=stdin, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except FileNotFoundError as e:
+        raise SlurmUnavailable(
+            f"`{cmd[0]}` is not on PATH: cluster=slurm needs SLURM's commands (sbatch, sacct, squeue, sinfo, scontrol), "
+            "so run gpudays on a machine that has them (a login node), or use cluster=local"
+        ) from e
+    except subprocess.TimeoutExpired as e:
+        raise SlurmUnavailable(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
+
+
+def _checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
+    result = run(cmd, timeout_s=timeout_s)
+    if result.returncode != 0 and not any(e in result.stderr for e in ok_errors):
+        raise SlurmUnavailable(f"`{cmd[0]}` failed ({result.returncode}): {result.stderr.strip()[:300]}")
+    return result.stdout
+
+
+# ---- job ids --------------------------------------------------------------------------------------------------
+
+_JOB_ID = re.compile(r"^(\d+)(?:_(\d+))?$")
+_RANGE = re.compile(r"^(\d+)_\[([0-9,\-]+)(?:%\d+)?\]$")
+
+
+@dataclass(frozen=True, order=True)
+class JobId:
+    """A job (``12``) or one task of an array job (``12_3``)."""
+
+    job: int
+    """The job id; for an array task, the array's id."""
+    task: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> JobId:
+        """``"12"`` or ``"12_3"``; raises ValueError for anything else (a range is :func:`expand_job_ids`'s)."""
+        m = _JOB_ID.match(str(text).strip())
+        if not m:
+            raise ValueError(f"not a SLURM job id: {text!r} (expected 12 or 12_3)")
+        return cls(int(m.group(1)), int(m.group(2)) if m.group(2) is not None else None)
+
+    @property
+    def array(self) -> str:
+        """The id to ask sacct and squeue about: the array's for a task, else the job's own."""
+        return str(self.job)
+
+    def __str__(self) -> str:
+        return f"{self.job}_{self.task}" if self.task is not None else str(self.job)
+
+
+def expand_job_ids(text: str) -> list[JobId]:
+    """``12_[3-5,7%2]`` -> 12_3 12_4 12_5 12_7; ``12_3`` -> 12_3; ``12`` -> 12. Raises ValueError otherwise."""
+    m = _RANGE.match(text.strip())
+    if not m:
+        return [JobId.parse(text)]
+    job = int(m.group(1))
+    out: list[JobId] = []
+    for part in m.group(2).split(","):
+        if "-" in part:
+            lo, hi = part.split("-")
+            out.extend(JobId(job, i) for i in range(int(lo), int(hi) + 1))
+        elif part:
+            out.append(JobId(job, int(part)))
+    return out
+
+
+def _arrays(job_ids: Iterable[JobId]) -> str:
+    return ",".join(sorted({j.array for j in job_ids}, key=lambda a: (len(a), a)))
+
+
+# ---- sacct and squeue -----------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """What the scheduler says of one job or array task: its newest run, and the runs before it."""
+
+    state: str
+    """SLURM's state name, normalized (``CANCELLED``, not ``CANCELLED by 0``)."""
+    exit_code: str | None = None
+    reason: str | None = None
+    """Why a pending job waits (squeue's %r): ``JobHeldUser``, ``launch failed requeued held``..."""
+    history: tuple[str, ...] = ()
+    """States of earlier runs of the same job id (a requeued job runs again under it), oldest first."""
+    raw_state: str = ""
+    """The state as printed, e.g. ``CANCELLED by 1000``."""
+
+
+@dataclass
+class Accounting:
+    """What sacct and squeue said of some jobs: each task by id, and each array's own record."""
+
+    jobs: dict[JobId, JobInfo] = field(default_factory=dict)
+    arrays: dict[str, JobInfo] = field(default_factory=dict)
+    """An array's own record (tasks never started: a pending range, or the bare array id), by array id."""
+    seen: set[str] = field(default_factory=set)
+    """Arrays (and plain jobs) either command listed at all."""
+
+    def merge(self, other: Accounting, prefer_other: bool = False) -> None:
+        """Add what ``other`` knows; where both know a job, keep ours unless ``prefer_other``."""
+        for jid, info in other.jobs.items():
+            if prefer_other or jid not in self.jobs:
+                self.jobs[jid] = info
+        for array, info in other.arrays.items():
+            if prefer_other or array not in self.arrays:
+                self.arrays[array] = info
+        self.seen |= other.seen
+
+
+SACCT_FORMAT = "JobID,JobIDRaw,State,ExitCode,Reason"
+SQUEUE_FORMAT = "%i|%T|%r"
+
+
+def _none(text: str) -> str | None:
+    text = text.strip()
+    return None if text in ("", "None", "(null)") else text
+
+
+def parse_sacct(text: str) -> Accounting:
+    """``sacct -n -P -X --duplicates -o JobID,JobIDRaw,State,ExitCode,Reason`` -> each task's runs, each array's own
+    record. Lines it cannot read are skipped; the three-column form (no JobIDRaw, no Reason) is read too."""
+    runs: dict[JobId, list[JobInfo]] = {}
+    out = Accounting()
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) >= 5:
+            job_text, raw_id, state, exit_code, reason = parts[:5]
+        elif len(parts) >= 2:
+            job_text, raw_id, state = parts[0], "", parts[1]
+            exit_code, reason = (parts[2] if len(parts) > 2 else ""), ""
+        else:
+            continue
+        if not state.strip():
+            continue
+        try:
+            ids = expand_job_ids(job_text)
+        except ValueError:
+            continue
+        info = JobInfo(normalize_slurm_state(state), _none(exit_code), _none(reason), raw_state=state.strip())
+        out.seen.add(ids[0].array)
+        is_array_record = "[" in job_text or (raw_id.strip() == job_text.strip() and ids[0].task is None)
+        if is_array_record:
+            out.arrays[ids[0].array] = info
+        for jid in ids:
+            runs.setdefault(jid, []).append(info)
+    for jid, rs in runs.items():
+        newest = rs[-1]
+        out.jobs[jid] = JobInfo(
+            newest.state, newest.exit_code, newest.reason, tuple(r.state for r in rs[:-1]), newest.raw_state
+        )
+    return out
+
+
+def parse_squeue(text: str) -> Accounting:
+    """``squeue -h -r -t all -o '%i|%T|%r'`` -> each job's state and reason (pending ranges expanded)."""
+    out = Accounting()
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 2 or not parts[1].strip():
+            continue
+        try:
+            ids = expand_job_ids(parts[0])
+        except ValueError:
+            continue
+        state = parts[1].strip()
+        reason = _none(parts[2]) if len(parts) > 2 else None
+        info = JobInfo(normalize_slurm_state(state), None, reason, raw_state=state)
+        out.seen.add(ids[0].array)
+        if "[" in parts[0]:
+            out.arrays[ids[0].array] = info
+        for jid in ids:
+            out.jobs[jid] = info
+    return out
+
+
+def sacct(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Accounting:
+    """One sacct call for the arrays of ``job_ids``; raises SlurmUnavailable when accounting cannot be asked."""
+    if not job_ids:
+        return Accounting()
+    cmd = ["sacct", "-n", "-P", "-X", "--duplicates", "-o", SACCT_FORMAT, "-j", _arrays(job_ids)]
+    return parse_sacct(_checked(cmd, timeout_s))
+
+
+def squeue(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Accounting:
+    """One squeue call (the controller's live view: queued, running, just ended) for the arrays of ``job_ids``."""
+    if not job_ids:
+        return Accounting()
+    cmd = ["squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, "-j", _arrays(job_ids)]
+    return parse_squeue(_checked(cmd, timeout_s, ok_errors=("Invalid job id",)))
+
+
+def end_time(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
+    """When SLURM will end a running job (its EndTime, which a requeue resets); None if it cannot tell."""
+    try:
+        out = run(["squeue", "-h", "-j", job_id, "-o", "%e"], timeout_s=timeout_s).stdout.strip()
+        return dt.datetime.fromisoformat(out.splitlines()[0])
+    except (SlurmUnavailable, ValueError, IndexError):
+        return None
+
+
+# ---- acting on jobs -------------------------------------------------------------------------------------------
+
+
+def release(job_ids: Sequence[JobId]) -> None:
+    """``scontrol release`` held jobs; raises SlurmUnavailable with SLURM's words when it refuses."""
+    if job_ids:
+        _checked(["scontrol", "release", ",".join(map(str, job_ids))])
+
+
+def requeue(job_ids: Sequence[JobId]) -> None:
+    """``scontrol requeue`` jobs (they keep their ids and run again)."""
+    if job_ids:
+        _checked(["scontrol", "requeue", ",".join(map(str, job_ids))])
+
+
+def cancel(job_ids: Sequence[JobId]) -> None:
+    """``scancel`` jobs; one that already ended is no error."""
+    if job_ids:
+        _checked(["scancel", *map(str, job_ids)], ok_errors=("already completed", "Invalid job id"))
+
+
+def show_job(job_id: JobId) -> dict[str, str]:
+    """``scontrol show job -o``: the job's fields (``JobState``, ``Reason``...) as a dict."""
+    out = _checked(["scontrol", "show", "job", "-o", str(job_id)])
+    return dict(re.findall(r"(\w+)=(\S*)", out.splitlines()[0] if out.strip() else ""))
+
+
+# ---- the cluster: what it has, what it would accept -----------------------------------------------------------
+
+
+def max_array_size(timeout_s: float = 30) -> int | None:
+    """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
+    try:
+        out = run(["scontrol", "show", "config"], timeout_s=timeout_s).stdout
+    except SlurmUnavailable:
+        return None
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def partitions() -> list[str]:
+    """The partition names ``sinfo`` lists; raises SlurmUnavailable when it fails."""
+    return sorted(set(_checked(["sinfo", "-h", "-o", "%R"]).split()))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One line of ``sinfo -e``: a partition and the nodes of one kind in it."""
+
+    name: str
+    nodes: str
+    cpus: str
+    memory_mb: str
+    gres: str
+    features: str
+    time_limit: str
+
+    def describe(self) -> str:
+        return (
+            f"partition {self.name}: {self.nodes} node(s) of {self.cpus} CPUs, {self.memory_mb} MB, gres {self.gres}, "
+            f"features {self.features}, time limit {self.time_limit}"
+        )
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """``sinfo -h -e -o '%R|%D|%c|%m|%G|%f|%l'`` -> one Partition a line."""
+    return [Partition(*(line.split("|") + [""] * 7)[:7]) for line in text.splitlines() if line.strip()]
+
+
+def partition_summary() -> list[Partition]:
+    """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
+    return parse_sinfo(run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout)
+
+
+def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
+    """First column of a ``sacctmgr -n -P`` listing; None where accounting cannot be asked."""
+    try:
+        result = run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
+    except SlurmUnavailable:
+        return None
+    if result.returncode != 0:
+        return None
+    return sorted({line.split("|")[0] for line in result.stdout.splitlines() if line.strip()})
+
+
+def sbatch_test_only(script: str) -> str | None:
+    """``sbatch --test-only`` of a job script: None if SLURM would accept it, else what it said."""
+    result = run(["sbatch", "--test-only"], stdin=script)
+    if result.returncode == 0:
+        return None
+    return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip()) or f"exit {result.returncode}"
