@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.models import llama
+import orchestrator.models.llama as llama
 
 if TYPE_CHECKING:
     import torch

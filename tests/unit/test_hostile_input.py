@@ -158,20 +158,9 @@ def _files(root: Path) -> dict[Path, bytes]:
     return {p: p.read_bytes() for p in (root / "cells").rglob("*") if p.is_file()}
 
 
-# Crashes in the reading of records and states, outside the command line; each names where the fix belongs.
-KNOWN_CRASHES = {
-    "record not UTF-8": "orchestrator.status.read_record catches OSError, not the UnicodeDecodeError of read_text",
-    "attempts not UTF-8": "orchestrator.status.read_attempts catches FileNotFoundError, not UnicodeDecodeError",
-    "record with huge numbers": "analysis.records: an integer metric above int64 (10**40) fails pandas' Int64 cast",
-}
-
-
 @pytest.mark.parametrize(
     "damage",
-    [
-        pytest.param(d, marks=pytest.mark.xfail(reason=KNOWN_CRASHES[d], strict=False)) if d in KNOWN_CRASHES else d
-        for d in DAMAGE
-    ],
+    list(DAMAGE),
 )
 def test_damaged_sweep_folders_give_clear_answers_and_keep_every_record(
     measured_sweep: Path, tmp_path: Path, canary: Path, capsys, monkeypatch, damage: str
