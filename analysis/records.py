@@ -119,6 +119,15 @@ def _section(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
+def scheduler_job_id(environment: Mapping[str, Any]) -> str | None:
+    """The job's id as ``gpudays status`` and ``squeue`` show it: ``ARRAY_TASK`` (``9_0``) for an array task, else
+    the plain job id. SLURM_JOB_ID alone (``18``) names an array task by a number nobody sees elsewhere."""
+    array, task = as_name(environment.get("slurm_array_job_id")), as_name(environment.get("slurm_array_task_id"))
+    if array and task:
+        return f"{array}_{task}"
+    return as_name(environment.get("job_id")) or as_name(environment.get("slurm_job_id"))
+
+
 def flatten_cell(
     cell_id: str,
     sweep: str,
@@ -169,7 +178,7 @@ def flatten_cell(
     row["device_name"] = as_name(environment.get("device_name"))
     row["torch_version"] = as_name(environment.get("torch"))
     row["deepspeed_version"] = as_name(environment.get("deepspeed"))
-    row["slurm_job_id"] = as_name(environment.get("slurm_job_id"))
+    row["slurm_job_id"] = scheduler_job_id(environment)
     row["started_at"] = as_name(record.started_at) if record else None
     row["finished_at"] = as_name(record.finished_at) if record else None
 

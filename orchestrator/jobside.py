@@ -44,6 +44,7 @@ from typing import Any, cast
 import submitit
 
 from orchestrator import cells, slurm
+from orchestrator.cells import TIME_LIMIT_WARNING_S
 from orchestrator.paths import SweepPaths, write_json_atomic
 from orchestrator.record import Metrics, Record, read_cell_config, write_record
 from orchestrator.schema import to_config
@@ -51,8 +52,9 @@ from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
 PORT_BASE, PORT_SPAN = 20_000, 20_000
 
-SIGNAL_DELAY_S = 90
-"""``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default)."""
+SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
+"""``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same
+figure that planning keeps free when it checks a probe against the time limit."""
 SLURM_CHECK_INTERVAL_S = 30
 """slurmctld checks time limits and sends warnings this often, so a warning may come this much early."""
 REQUEUE_MARGIN_S = 15
