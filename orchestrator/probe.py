@@ -38,6 +38,7 @@ Run one rank by hand on a resolved cell config: ``python -m orchestrator.probe C
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import socket
@@ -76,6 +77,8 @@ class _Probe(RankGroup):
         super().__init__(cell, rank, world_size, local_rank)
         self.batches: list[Any] = []
         self.built = False
+
+    def check_options(self) -> None:
         if self.config.probe.step_timing not in STEP_TIMINGS:
             raise ValueError(
                 f"probe.step_timing={self.config.probe.step_timing!r}: accepted are {', '.join(STEP_TIMINGS)}"
@@ -261,6 +264,7 @@ class _Probe(RankGroup):
             below = plan.micro_batch_size
 
     def run(self) -> dict[str, Any]:
+        self.guarded(self.check_options)
         self.guarded(self.setup)
         assert self.memory is not None
         self.phase_s["startup_s"] = time.perf_counter() - self.started
@@ -338,7 +342,8 @@ class _Probe(RankGroup):
         self.metrics.update(self.phase_s)
         self.metrics["probe_wall_s"] = time.perf_counter() - self.started
         if self.engine is not None and "engine" not in self.environment:
-            self.environment.update(self.engine.describe())
+            with contextlib.suppress(Exception):  # a record must be written even if the engine cannot say more
+                self.environment.update(self.engine.describe())
         return {
             "status": status,
             "reason": reason,

@@ -6,10 +6,13 @@ Two ways to time an optimizer step of ``grad_accum_steps`` micro-batches:
 * ``whole``: run the whole accumulation cycle and time it; each sample costs a full step.
 * ``composed``: time a few micro-steps that do not end the cycle (forward and backward; ZeRO-2/3 also reduce or
   partition gradients there) and the micro-step at the boundary (forward, backward, then the gradient reduction,
-  clipping and the optimizer step), and compose::
+  clipping and the optimizer step), back to back as a cycle runs them, and compose::
 
-      boundary_s  = boundary_micro_step_s - micro_step_s       (reduction + optimizer)
-      step_time_s = grad_accum_steps * micro_step_s + boundary_s
+      step_time_s = first_micro_step_s + (grad_accum_steps - 2) * micro_step_s + boundary_micro_step_s
+                  = grad_accum_steps * micro_step_s + boundary_s
+
+  where ``micro_step_s`` is the mean of the steady micro-steps (after the first of the cycle) and ``boundary_s``
+  what the cycle costs beyond them: the reduction and the optimizer step, and the first micro-step's extra.
 
   Every micro-step of a cycle does the same work, so this is the whole step's time without running all of it:
   a sample costs ``COMPOSED_MICRO_STEPS + 1`` micro-steps instead of ``grad_accum_steps``. With no accumulation
@@ -205,7 +208,13 @@ def compose_step_s(grad_accum_steps: int, micro_step_s: float, boundary_micro_st
 
 @dataclass(frozen=True)
 class ComposedSample:
-    """One composed measurement: micro-steps inside the cycle, then the boundary micro-step."""
+    """One composed measurement: micro-steps inside the cycle, then the boundary micro-step.
+
+    The first micro-step after a boundary can differ from the rest (gradients were just zeroed, ZeRO-3 starts a
+    new prefetch trace); a real cycle has one of it, so it counts once and the others stand for the remaining
+    ``grad_accum_steps - 2``. ``micro_step_s`` is the steady micro-step; ``boundary_s`` all a cycle costs beyond
+    ``grad_accum_steps`` steady micro-steps, so that ``step_s = grad_accum_steps * micro_step_s + boundary_s``.
+    """
 
     micro_steps_s: tuple[float, ...]
     boundary_micro_step_s: float
@@ -213,16 +222,20 @@ class ComposedSample:
 
     @property
     def micro_step_s(self) -> float:
-        return statistics.fmean(self.micro_steps_s) if self.micro_steps_s else self.boundary_micro_step_s
-
-    @property
-    def boundary_s(self) -> float:
-        """Gradient reduction and optimizer step: what the boundary micro-step costs beyond a plain one."""
-        return self.boundary_micro_step_s - self.micro_step_s
+        steady = self.micro_steps_s[1:] or self.micro_steps_s
+        return statistics.fmean(steady) if steady else self.boundary_micro_step_s
 
     @property
     def step_s(self) -> float:
-        return compose_step_s(self.grad_accum_steps, self.micro_step_s, self.boundary_micro_step_s)
+        if len(self.micro_steps_s) < 2:
+            return compose_step_s(self.grad_accum_steps, self.micro_step_s, self.boundary_micro_step_s)
+        first = self.micro_steps_s[0]
+        return first + compose_step_s(self.grad_accum_steps - 1, self.micro_step_s, self.boundary_micro_step_s)
+
+    @property
+    def boundary_s(self) -> float:
+        """Gradient reduction and optimizer step (and the first micro-step's extra): beyond steady micro-steps."""
+        return self.step_s - self.grad_accum_steps * self.micro_step_s
 
     @property
     def cost_s(self) -> float:

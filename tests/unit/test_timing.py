@@ -65,11 +65,17 @@ def test_a_step_is_its_micro_steps_and_the_boundary() -> None:
     assert compose_step_s(1, 0.45, 0.75) == 0.75, "no accumulation: the boundary micro-step is the step"
     with pytest.raises(ValueError, match="grad_accum_steps=0"):
         compose_step_s(0, 1.0, 1.0)
-    sample = ComposedSample((0.4, 0.5, 0.45, 0.45), 0.75, grad_accum_steps=64)
+    # The first micro-step after a boundary (0.6 s) counts once; the steady ones (0.45 s) stand for the other 62.
+    sample = ComposedSample((0.6, 0.44, 0.46, 0.45), 0.75, grad_accum_steps=64)
     assert sample.micro_step_s == pytest.approx(0.45)
-    assert sample.boundary_s == pytest.approx(0.30)
-    assert sample.step_s == pytest.approx(64 * 0.45 + 0.30)
-    assert sample.cost_s == pytest.approx(2.55)
+    assert sample.step_s == pytest.approx(0.6 + 62 * 0.45 + 0.75)
+    assert sample.boundary_s == pytest.approx(0.15 + 0.30), "the boundary's extra and the first micro-step's"
+    assert sample.step_s == pytest.approx(64 * sample.micro_step_s + sample.boundary_s)
+    assert sample.cost_s == pytest.approx(2.7)
+    three = ComposedSample((0.6, 0.45), 0.75, grad_accum_steps=3)
+    assert three.step_s == pytest.approx(0.6 + 0.45 + 0.75), "every micro-step of a short cycle is measured"
+    two = ComposedSample((0.5,), 0.75, grad_accum_steps=2)
+    assert two.step_s == pytest.approx(1.25)
     whole = ComposedSample((), 2.0, 1)
     assert (whole.step_s, whole.boundary_s, whole.cost_s) == (2.0, 0.0, 2.0)
 
