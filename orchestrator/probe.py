@@ -116,6 +116,12 @@ class _Probe(RankGroup):
             torch.randint(0, vocab, (plan.micro_batch_size, seq), generator=generator).to(self.device)
             for _ in range(DATA_BATCHES)
         ]
+        if self.config.method.micro_batch_size == "auto":
+            # One engine serves every size the search tries: a batch dimension marked dynamic from the first
+            # trial makes torch.compile build one graph for all of them, instead of a static one and then a
+            # dynamic one at the second size (sizes of 1 are always specialised).
+            for batch in self.batches:
+                torch._dynamo.maybe_mark_dynamic(batch, 0)
 
     def release(self) -> None:
         self.batches = []

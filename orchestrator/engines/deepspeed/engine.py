@@ -3,8 +3,8 @@ stage, offload, precision and activation checkpointing, optionally ``torch.compi
 
 One engine serves the whole micro-batch search: DeepSpeed's forward takes a batch of any size, and the batch keys
 of its config (micro-batch, accumulation) only drive its own data loader and loss scaling, which
-``resize`` updates; so trials neither rebuild the model nor, after the first two sizes, recompile it (Dynamo
-marks the batch dimension dynamic at the second size it sees).
+``resize`` updates; so trials neither rebuild the model nor recompile it (while it searches, the probe marks the
+batch dimension of its data dynamic, so ``torch.compile`` builds one graph for every size).
 """
 
 from __future__ import annotations
