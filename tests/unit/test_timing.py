@@ -85,9 +85,9 @@ def test_split_timer_times_consecutive_regions() -> None:
 
     timer = SplitTimer(use_cuda=False)
     timer.start()
-    time.sleep(0.02)
+    time.sleep(0.01)
     timer.split()
-    time.sleep(0.04)
+    time.sleep(0.05)
     timer.split()
-    first, second = timer.stop()
-    assert 0.015 < first < second and second >= 0.035
+    first, second = timer.stop()  # lower bounds only: a busy machine may oversleep either region
+    assert first >= 0.01 and second >= 0.05
