@@ -59,6 +59,7 @@ def measure(name: str, workdir: Path) -> dict[str, Any]:
             "micro_batch_size": m["micro_batch_size"],
             "search_trials": len(m.get("search_tried", [])),
             "step_time_s": m["step_time_s"],
+            "step_time_method": m["step_time_method"],
         }
     )
     return row
@@ -74,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{'cell':<20} "
         + " ".join(f"{c:>9}" for c in columns)
-        + f" {'steps':>6} {'stop':>11} {'micro':>5} {'trials':>6}"
+        + f" {'steps':>6} {'stop':>11} {'micro':>5} {'trials':>6} {'timing':>8}"
     )
     rows = []
     with tempfile.TemporaryDirectory(prefix="probe-cost-") as tmp:
@@ -85,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"{name:<20} "
                 + " ".join(f"{row[c]:>9.2f}" for c in columns)
                 + f" {row['steps_timed']:>6} {row['stop_reason']:>11} {row['micro_batch_size']:>5}"
-                f" {row['search_trials']:>6}",
+                f" {row['search_trials']:>6} {row['step_time_method']:>8}",
                 flush=True,
             )
     if args.json:

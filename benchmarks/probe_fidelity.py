@@ -1,8 +1,8 @@
 """Benchmark: does the probe's step time predict the steady state of a longer run with the same settings?
 
 For each model and setting: the probe as a job runs it (``python -m orchestrator.probe``, one process per rank,
-``probe=default``: warm-up, then whole optimizer steps until the 95% CI is under 2%), then the same cell with ten
-times as many timed steps and no early stop, then the probe again. The steady state is the median step time of
+``probe=default``: warm-up, then optimizer steps, composed from their parts, until the 95% CI is under 2%), then the
+same cell with ten times as many timed whole steps and no early stop, then the probe again. The steady state is the median step time of
 the long run after its first tenth; the figure of merit is the probes' mean step time over the steady state,
 which should be within 3%. Bracketing the long run with two probes cancels a slow drift of the machine's speed
 (other work on a shared host) to first order; each probe's own ratio is reported too.
@@ -142,6 +142,7 @@ def measure(model: str, setting: str, factor: int, workdir: Path) -> dict[str, A
             f"probe.max_steps={long_steps}",
             "probe.target_ci_pct=0",
             "probe.time_budget_s=1e9",
+            "probe.step_timing=whole",  # the reference is whole accumulation cycles, however the probe times
         ]
     )
     long_result, long_wall_s = run_cell(long_cell, workdir / "long")

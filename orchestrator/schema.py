@@ -158,8 +158,12 @@ class ProbeConfig:
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
     sleep_s: float = 0.0
 
+    step_timing: str = "composed"
+    """``composed``: time micro-steps and the boundary step (reduction, optimizer) apart and compose a step as
+    accumulation × micro-step + boundary; ``whole``: time whole accumulation cycles (see orchestrator/timing.py)."""
     warmup_steps: int = 2
-    """Optimizer steps run before timing starts (compilation and allocator warm-up)."""
+    """Steps run before timing starts (compilation and allocator warm-up); shortened to the micro-steps of one
+    composed sample when ``step_timing`` is ``composed``."""
     min_steps: int = 5
     """Timed optimizer steps before the stopping rule is consulted."""
     max_steps: int = 50

@@ -1,6 +1,24 @@
-"""Step-time statistics, the rule that decides when the probe has timed enough, and a device-synchronised timer.
+"""Step-time statistics, the rule that decides when the probe has timed enough, how a step is composed from its
+parts, and device-synchronised timers.
 
-The statistics and the stopping rule are pure; ``StepTimer`` is the only part that touches a device.
+Two ways to time an optimizer step of ``grad_accum_steps`` micro-batches:
+
+* ``whole``: run the whole accumulation cycle and time it; each sample costs a full step.
+* ``composed``: time a few micro-steps that do not end the cycle (forward and backward; ZeRO-2/3 also reduce or
+  partition gradients there) and the micro-step at the boundary (forward, backward, then the gradient reduction,
+  clipping and the optimizer step), back to back as a cycle runs them, and compose::
+
+      step_time_s = first_micro_step_s + (grad_accum_steps - 2) * micro_step_s + boundary_micro_step_s
+                  = grad_accum_steps * micro_step_s + boundary_s
+
+  where ``micro_step_s`` is the mean of the steady micro-steps (after the first of the cycle) and ``boundary_s``
+  what the cycle costs beyond them: the reduction and the optimizer step, and the first micro-step's extra.
+
+  Every micro-step of a cycle does the same work, so this is the whole step's time without running all of it:
+  a sample costs ``COMPOSED_MICRO_STEPS + 1`` micro-steps instead of ``grad_accum_steps``. With no accumulation
+  (one micro-step a step) both ways time the same thing.
+
+The statistics, the composition and the stopping rule are pure; the timers are the only parts that touch a device.
 """
 
 from __future__ import annotations
@@ -11,6 +29,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+COMPOSED_MICRO_STEPS = 4
+"""Micro-steps inside the cycle timed per composed sample (fewer when the cycle is shorter)."""
+STEP_TIMINGS = ("composed", "whole")
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (any statistics table).
 _T95 = (
@@ -119,8 +141,13 @@ class StoppingRule:
                 f"probe.min_steps={self.min_steps}, probe.max_steps={self.max_steps}: need 1 <= min_steps <= max_steps"
             )
 
-    def decide(self, times_s: Sequence[float]) -> str | None:
-        """The reason to stop now (``max_steps``, ``target_ci``, ``time_budget``), or None to time another step."""
+    def decide(self, times_s: Sequence[float], costs_s: Sequence[float] | None = None) -> str | None:
+        """The reason to stop now (``max_steps``, ``target_ci``, ``time_budget``), or None to time another step.
+
+        ``costs_s`` is what each sample took to measure, when that is not the step time itself (a composed sample
+        runs a few micro-steps, not a whole step); the budget is spent by costs.
+        """
+        costs = times_s if costs_s is None else costs_s
         n = len(times_s)
         if n == 0:
             return None
@@ -129,7 +156,7 @@ class StoppingRule:
         summary = summarize(times_s)
         if n >= self.min_steps and summary.ci95_pct <= self.target_ci_pct:
             return "target_ci"
-        if sum(times_s) + summary.median_s > self.time_budget_s:
+        if sum(costs) + statistics.median(costs) > self.time_budget_s:
             return "time_budget"
         return None
 
@@ -166,3 +193,91 @@ class StepTimer:
             end.synchronize()
             return begin.elapsed_time(end) / 1000.0
         return time.perf_counter() - self._start_wall
+
+
+def compose_step_s(grad_accum_steps: int, micro_step_s: float, boundary_micro_step_s: float) -> float:
+    """An optimizer step's time from its parts: ``grad_accum_steps`` micro-steps plus the boundary's extra work.
+
+    ``boundary_micro_step_s`` is the whole last micro-step (its forward and backward included), so the step is
+    ``(grad_accum_steps - 1) * micro_step_s + boundary_micro_step_s``.
+    """
+    if grad_accum_steps < 1:
+        raise ValueError(f"grad_accum_steps={grad_accum_steps}: need at least one micro-step a step")
+    return (grad_accum_steps - 1) * micro_step_s + boundary_micro_step_s
+
+
+@dataclass(frozen=True)
+class ComposedSample:
+    """One composed measurement: micro-steps inside the cycle, then the boundary micro-step.
+
+    The first micro-step after a boundary can differ from the rest (gradients were just zeroed, ZeRO-3 starts a
+    new prefetch trace); a real cycle has one of it, so it counts once and the others stand for the remaining
+    ``grad_accum_steps - 2``. ``micro_step_s`` is the steady micro-step; ``boundary_s`` all a cycle costs beyond
+    ``grad_accum_steps`` steady micro-steps, so that ``step_s = grad_accum_steps * micro_step_s + boundary_s``.
+    """
+
+    micro_steps_s: tuple[float, ...]
+    boundary_micro_step_s: float
+    grad_accum_steps: int
+
+    @property
+    def micro_step_s(self) -> float:
+        steady = self.micro_steps_s[1:] or self.micro_steps_s
+        return statistics.fmean(steady) if steady else self.boundary_micro_step_s
+
+    @property
+    def step_s(self) -> float:
+        if len(self.micro_steps_s) < 2:
+            return compose_step_s(self.grad_accum_steps, self.micro_step_s, self.boundary_micro_step_s)
+        first = self.micro_steps_s[0]
+        return first + compose_step_s(self.grad_accum_steps - 1, self.micro_step_s, self.boundary_micro_step_s)
+
+    @property
+    def boundary_s(self) -> float:
+        """Gradient reduction and optimizer step (and the first micro-step's extra): beyond steady micro-steps."""
+        return self.step_s - self.grad_accum_steps * self.micro_step_s
+
+    @property
+    def cost_s(self) -> float:
+        """What measuring this sample took."""
+        return sum(self.micro_steps_s) + self.boundary_micro_step_s
+
+
+class SplitTimer:
+    """Times consecutive regions of work with one synchronisation at each end.
+
+    ``start``, then ``split`` after each region: on a CUDA device each split records an event, so the host keeps
+    queueing work and the regions are timed as they run back to back in a real step; ``stop`` waits for the last
+    event and returns the regions' durations. Elsewhere a monotonic host clock.
+    """
+
+    def __init__(self, use_cuda: bool) -> None:
+        self.use_cuda = use_cuda
+        self._marks: list[Any] = []
+
+    def _mark(self) -> Any:
+        if self.use_cuda:
+            import torch
+
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def start(self) -> None:
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize()
+        self._marks = [self._mark()]
+
+    def split(self) -> None:
+        self._marks.append(self._mark())
+
+    def stop(self) -> list[float]:
+        """Seconds of each region between ``start`` and the last ``split``."""
+        marks = self._marks
+        if self.use_cuda:
+            marks[-1].synchronize()
+            return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:], strict=False)]
+        return [b - a for a, b in zip(marks, marks[1:], strict=False)]

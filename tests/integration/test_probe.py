@@ -132,17 +132,33 @@ def assert_measured(result: dict[str, Any], cell: dict[str, Any]) -> dict[str, A
     return m
 
 
-def test_zero0_bf16_fixed_micro_batch_one_rank(tmp_path: Path) -> None:
-    cell = compose_cell("method.zero_stage=0", "method.precision=bf16", "method.micro_batch_size=4")
+def cpu_supports(precision: str) -> bool:
+    """Whether DeepSpeed's CPU accelerator can train in ``precision`` here (fp16 needs AVX-512 FP16)."""
+    from deepspeed.accelerator.cpu_accelerator import CPU_Accelerator
+
+    accelerator = CPU_Accelerator()
+    checks = {"fp16": accelerator.is_fp16_supported, "bf16": accelerator.is_bf16_supported}
+    return precision not in checks or bool(checks[precision]())
+
+
+def test_zero0_bf16_fixed_micro_batch_composed_timing_one_rank(tmp_path: Path) -> None:
+    cell = compose_cell("method.zero_stage=0", "method.precision=bf16", "method.micro_batch_size=1")
     (result,) = run_probe_ranks(cell, tmp_path)
     m = assert_measured(result, cell)
-    assert (m["micro_batch_size"], m["grad_accum_steps"]) == (4, 4)
+    assert (m["micro_batch_size"], m["grad_accum_steps"]) == (1, 16)
+    # 16 micro-steps a step: each sample times 4 inside the cycle and the boundary one, and composes the step.
+    assert m["step_time_method"] == "composed"
+    assert m["micro_steps_timed"] == 5 * m["steps_timed"]
+    assert m["micro_step_time_s"] > 0 and m["boundary_time_s"] is not None
+    composed = 16 * m["micro_step_time_s"] + m["boundary_time_s"]
+    assert m["step_time_s"] == pytest.approx(composed, rel=0.25), "medians of the parts compose the median step"
+    assert m["timed_s"] < sum(m["step_times_s"]), "a composed sample costs less than the step it stands for"
     assert m["search_s"] == 0 and "search_tried" not in m
     assert result["environment"]["compiled"] is False
     ds = result["environment"]["ds_config"]
     assert ds["zero_optimization"] == {"stage": 0}
     assert ds["bf16"] == {"enabled": True}
-    assert ds["gradient_accumulation_steps"] == 4 and ds["train_micro_batch_size_per_gpu"] == 4
+    assert ds["gradient_accumulation_steps"] == 16 and ds["train_micro_batch_size_per_gpu"] == 1
     assert ds["optimizer"]["params"]["torch_adam"] is True
     assert m["hardware_tflops_per_gpu"] == pytest.approx(m["model_tflops_per_gpu"]), "no recomputation"
 
@@ -197,25 +213,41 @@ def test_zero2_auto_micro_batch_under_a_memory_limit_two_ranks(tmp_path: Path) -
     assert results[0]["environment"]["ds_config"]["zero_optimization"] == {"stage": 2}
 
 
-def test_zero3_offload_params_and_optimizer_fp16_two_ranks(tmp_path: Path) -> None:
+def test_zero3_offload_params_and_optimizer_16_bit_whole_steps_two_ranks(tmp_path: Path) -> None:
+    # fp16 where this CPU has it (AVX-512 FP16), else bf16: the same ZeRO-3 offload path, with loss scaling or not.
+    precision = "fp16" if cpu_supports("fp16") else "bf16"
     cell = compose_cell(
+        "probe.step_timing=whole",
         "num_gpus=2",
         "method.zero_stage=3",
         "method.offload_optimizer=true",
         "method.offload_params=true",
         "method.activation_checkpointing=true",
-        "method.precision=fp16",
+        f"method.precision={precision}",
         "method.micro_batch_size=2",
     )
     results = run_probe_ranks(cell, tmp_path, world_size=2)
     metrics = [assert_measured(r, cell) for r in results]
     assert (metrics[0]["micro_batch_size"], metrics[0]["grad_accum_steps"]) == (2, 4)
+    assert metrics[0]["step_time_method"] == "whole" and metrics[0]["micro_step_time_s"] is None
+    assert metrics[0]["micro_steps_timed"] == 4 * metrics[0]["steps_timed"]
     assert metrics[0]["step_times_s"] == metrics[1]["step_times_s"]
     zero = results[0]["environment"]["ds_config"]["zero_optimization"]
     assert zero["stage"] == 3 and zero["offload_param"]["device"] == "cpu"
     assert zero["offload_optimizer"]["device"] == "cpu"
-    assert results[0]["environment"]["ds_config"]["fp16"]["loss_scale"] == 0, "dynamic loss scaling"
+    if precision == "fp16":
+        assert results[0]["environment"]["ds_config"]["fp16"]["loss_scale"] == 0, "dynamic loss scaling"
     assert metrics[0]["skipped_steps_timed"] >= 0
+
+
+@pytest.mark.skipif(cpu_supports("fp16"), reason="this CPU has AVX-512 FP16, so an fp16 cell runs here")
+def test_fp16_on_a_cpu_without_it_is_refused_in_one_line(tmp_path: Path) -> None:
+    cell = compose_cell("method.precision=fp16", "method.micro_batch_size=4")
+    (result,) = run_probe_ranks(cell, tmp_path)
+    assert result["status"] == "failed"
+    assert result["traceback"] is None, "the reason is the whole story"
+    reason = result["reason"]
+    assert "\n" not in reason and "method.precision=fp16" in reason and "AVX-512 FP16" in reason
 
 
 def test_auto_micro_batch_when_nothing_fits_is_a_result(tmp_path: Path) -> None:

@@ -1,0 +1,79 @@
+"""What the probe asks of a training engine, and how it finds the engine a cell names.
+
+The probe's loop (micro-batch search, warm-up, timing, records) is the same for every engine; an engine only
+builds the model for a batch plan, runs one micro-step (forward and backward, and at the accumulation boundary the
+gradient reduction and the optimizer step), changes its micro-batch without a rebuild, and frees what it holds.
+An engine is the module ``orchestrator/engines/<probe.kind>/engine.py`` with a ``create`` function; adding one
+is adding that module (and the method fields it reads), nothing in the probe.
+"""
+
+from __future__ import annotations
+
+import importlib
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrator.batch import BatchPlan
+    from orchestrator.schema import Config
+
+
+class Engine(Protocol):
+    """One rank's training engine for one cell. The probe calls, in this order: ``init_distributed`` once,
+    ``build``, then ``micro_step`` many times (``resize`` between trials of the search), ``release``."""
+
+    def init_distributed(self, timeout: timedelta) -> None:
+        """Start the process group (every rank calls it; ``timeout`` bounds any collective)."""
+
+    def preload(self) -> None:
+        """Import what building an engine imports later, so no trial's memory counts a module being loaded."""
+
+    def build(self, plan: BatchPlan) -> None:
+        """Model (random weights, the same on every rank), optimizer and engine for ``plan``, replacing any
+        previous one."""
+
+    def estimate_micro_batch_size(self, memory_gib: float) -> int:
+        """The micro-batch the engine's memory model says fits in ``memory_gib`` per GPU: where the search starts."""
+
+    def resize(self, plan: BatchPlan) -> None:
+        """Train with ``plan``'s micro-batch and accumulation from now on, on the engine already built."""
+
+    def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
+        """Forward and backward on ``batch`` (token ids, also the labels); at the accumulation ``boundary`` also
+        the gradient reduction and the optimizer step. Returns the loss."""
+
+    def release(self) -> None:
+        """Drop the model, its optimizer states and gradients, and give the memory back."""
+
+    @property
+    def num_parameters(self) -> int:
+        """Parameters of the model built (all of them, not one rank's shard)."""
+
+    @property
+    def skipped_steps(self) -> int:
+        """Optimizer steps skipped so far (fp16 loss-scale overflows)."""
+
+    def describe(self) -> dict[str, Any]:
+        """The engine's part of the record's environment: library versions, its config, whether compiled."""
+
+
+def engine_module_name(kind: str) -> str:
+    return f"orchestrator.engines.{kind}.engine"
+
+
+def create_engine(config: Config, device: torch.device, rank: int) -> Engine:
+    """The engine ``config.probe.kind`` names, for ``rank`` on ``device``; a clear error for an unknown kind."""
+    try:
+        module = importlib.import_module(engine_module_name(config.probe.kind))
+    except ModuleNotFoundError as exc:
+        if exc.name != engine_module_name(config.probe.kind) and not engine_module_name(config.probe.kind).startswith(
+            f"{exc.name}."
+        ):
+            raise
+        raise ValueError(
+            f"probe.kind={config.probe.kind!r}: no engine module {engine_module_name(config.probe.kind)}"
+        ) from None
+    engine: Engine = module.create(config, device, rank)
+    return engine

@@ -1,0 +1,65 @@
+"""Which micro-batch the search tries next: pure, from the trials so far.
+
+The search walks the divisors of the per-GPU batch. It goes up one size while trials fit until it has two sizes
+that fit; from then on it fits memory as an affine function of the micro-batch through the two largest (a
+step's memory is model states, which do not depend on it, plus activations, which grow with it) and jumps to the
+largest size predicted to fit. After an OOM it walks down, one size at a time, to the largest size that fitted.
+
+A size predicted not to fit is still tried where trying costs nothing but the trial: under an imposed limit
+(``probe.memory_limit_gib``, or a CPU's resident set) a trial over it raises nothing. On a real device the
+prediction is trusted, with a margin, so that the search rarely meets a real OOM, which may leave an engine
+half-updated and cost a rebuild.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+DEVICE_MARGIN = 0.95
+"""Fraction of a real device's memory a predicted peak may take: fragmentation and allocator slack."""
+
+
+def predicted_peak_bytes(points: Sequence[tuple[int, float]], micro_batch_size: int) -> float:
+    """Peak memory at ``micro_batch_size`` on the line through the two largest ``(size, peak_bytes)`` points."""
+    (s1, p1), (s2, p2) = sorted(points)[-2:]
+    slope = (p2 - p1) / (s2 - s1)
+    return p2 + slope * (micro_batch_size - s2)
+
+
+def next_size(
+    candidates: Sequence[int], tried: Sequence[Mapping[str, Any]], capacity: tuple[float, bool]
+) -> int | None:
+    """The next micro-batch to try, or None when the largest size that fits is known (or nothing fits).
+
+    ``candidates``: the sizes allowed, ascending; ``tried``: the trials so far (``micro_batch_size``, ``outcome``
+    ``ok``/``oom``, ``peak_memory_gib``), of which those outside ``candidates`` are ignored; ``capacity``: the
+    bytes a peak may reach and whether exceeding it is harmless (an imposed limit).
+    """
+    allowed = set(candidates)
+    mine = [t for t in tried if t["micro_batch_size"] in allowed]
+    if not mine:
+        return None
+    ok = {int(t["micro_batch_size"]): float(t["peak_memory_gib"]) * 2**30 for t in mine if t["outcome"] == "ok"}
+    refused = {int(t["micro_batch_size"]) for t in mine if t["outcome"] != "ok"}
+    seen = ok.keys() | refused
+    upper = min(refused, default=None)
+    if not ok:
+        below = [c for c in candidates if (upper is None or c < upper) and c not in seen]
+        return max(below, default=None)
+    best = max(ok)
+    upper = min((r for r in refused if r > best), default=None)
+    open_sizes = [c for c in candidates if c > best and (upper is None or c < upper) and c not in seen]
+    if not open_sizes:
+        return None
+    if mine[-1]["outcome"] != "ok":
+        return max(open_sizes)  # walking down from a refused jump
+    if len(ok) < 2:
+        return min(open_sizes)
+    limit_bytes, harmless = capacity
+    margin = 1.0 if harmless else DEVICE_MARGIN
+    points = sorted(ok.items())
+    fitting = [c for c in open_sizes if predicted_peak_bytes(points, c) <= margin * limit_bytes]
+    if fitting:
+        return max(fitting)
+    return min(open_sizes) if harmless else None

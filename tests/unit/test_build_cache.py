@@ -1,0 +1,47 @@
+"""One build of each native op per user: paths spelt one way, a fixed per-user cache, a folder per compiler."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from orchestrator.build_cache import cache_root, canonical_sys_path, extensions_dir_name, pin_build_environment
+
+
+def test_two_spellings_of_one_environment_become_one(tmp_path: Path) -> None:
+    real = tmp_path / "main" / ".venv" / "lib"
+    real.mkdir(parents=True)
+    (tmp_path / "checkout").mkdir()
+    (tmp_path / "checkout" / ".venv").symlink_to(tmp_path / "main" / ".venv")
+    linked = tmp_path / "checkout" / ".venv" / "lib"
+    assert str(linked) != str(real)
+    assert canonical_sys_path([str(linked), "", str(tmp_path / "missing")]) == [
+        os.path.realpath(real),
+        "",
+        str(tmp_path / "missing"),
+    ]
+
+
+def test_cache_root_is_per_user_and_can_be_moved(tmp_path: Path) -> None:
+    assert cache_root({"GPUDAYS_CACHE_DIR": str(tmp_path)}) == tmp_path
+    assert cache_root({"XDG_CACHE_HOME": "/x"}) == Path("/x/gpudays")
+    assert cache_root({}) == Path.home() / ".cache" / "gpudays"
+
+
+def test_the_extensions_folder_names_python_torch_and_a_set_compiler() -> None:
+    plain = extensions_dir_name({})
+    assert plain.startswith(f"py{sys.version_info.major}{sys.version_info.minor}-torch")
+    with_cxx = extensions_dir_name({"CXX": "/bin/false"})
+    assert with_cxx.startswith(plain + "-cxx") and with_cxx != extensions_dir_name({"CXX": "/bin/true"})
+
+
+def test_pinning_keeps_what_the_user_set(tmp_path: Path) -> None:
+    env = {"GPUDAYS_CACHE_DIR": str(tmp_path), "TORCHINDUCTOR_CACHE_DIR": "/mine"}
+    settings = pin_build_environment(env)
+    assert settings["TORCHINDUCTOR_CACHE_DIR"] == "/mine"
+    assert settings["TORCH_EXTENSIONS_DIR"] == str(tmp_path / "torch_extensions" / extensions_dir_name({}))
+    assert env["TORCH_EXTENSIONS_DIR"] == settings["TORCH_EXTENSIONS_DIR"]
+    again = pin_build_environment({"GPUDAYS_CACHE_DIR": str(tmp_path)})
+    assert again["TORCH_EXTENSIONS_DIR"] == settings["TORCH_EXTENSIONS_DIR"], "the same folder every time"
+    assert again["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
