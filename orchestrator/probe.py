@@ -65,7 +65,6 @@ from orchestrator.timing import (
     summarize,
 )
 
-STATUSES = ("ok", "does_not_fit", "oom", "comm_error", "compile_error", "failed")
 DATA_BATCHES = 2
 """Distinct synthetic micro-batches cycled through, so no step reuses the previous step's input tensor."""
 

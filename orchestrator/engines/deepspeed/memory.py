@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.ds_config import divisors
+from orchestrator.batch import divisors
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:

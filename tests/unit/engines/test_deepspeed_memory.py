@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from orchestrator.ds_config import divisors
+from orchestrator.batch import divisors
 from orchestrator.engines.deepspeed.memory import (
     ALLOCATOR_OVERHEAD,
     GIB,
