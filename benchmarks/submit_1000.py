@@ -105,9 +105,17 @@ def job_ids(sweep_dir: Path) -> list[str]:
     return sorted({a["job_id"].split("_")[0] for c in paths.cell_ids() for a in status.read_attempts(paths, c)})
 
 
+def _launcher_installed() -> bool:
+    """Whether hydra-submitit-launcher can be imported; its parent package may be missing altogether."""
+    try:
+        return importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is not None
+    except ModuleNotFoundError:  # no hydra_plugins package at all: find_spec imports the parent first
+        return False
+
+
 def hydra_stock(work: Path, shim_env: dict[str, str], log: Path, num_cells: int) -> tuple[float, int, str] | None:
     """Submit the same cells through hydra-submitit-launcher; (seconds to the end of sbatch, sbatch calls, job id)."""
-    if importlib.util.find_spec("hydra_plugins.hydra_submitit_launcher") is None:
+    if not _launcher_installed():
         print(
             f"  stock Hydra: skipped, hydra-submitit-launcher is not installed. Install it with:\n    {HYDRA_INSTALL}"
         )

@@ -38,6 +38,10 @@ class Family(Protocol):
         """Peak bytes per token of the output logits and the loss."""
         ...
 
+    def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
+        """Shapes the transformers module cannot build, by the key to fix (empty when it can)."""
+        ...
+
     def largest_weight_elements(self, model: ModelConfig) -> int:
         """Elements of the largest single weight (what ZeRO-3 gathers at once)."""
         ...
@@ -89,10 +93,13 @@ def parameter_count_error(model: ModelConfig) -> str | None:
 
 
 def config_errors(model: ModelConfig) -> dict[str, str]:
-    """Problems with a ``conf/model`` entry, by the key to fix: an unknown ``model.family``, or a published
-    ``model.num_parameters`` that disagrees with the architecture. Empty when there are none."""
+    """Problems with a ``conf/model`` entry, by the key to fix: an unknown ``model.family``, a shape its family
+    cannot build, or a published ``model.num_parameters`` that disagrees with the architecture. Empty when none."""
     if model.family not in FAMILIES:
         return {"model.family": f"{model.family!r} is not a known family; use one of {', '.join(sorted(FAMILIES))}"}
+    errors = FAMILIES[model.family].architecture_errors(model)
+    if errors:
+        return errors  # the parameter count of a shape that cannot be built means nothing
     error = parameter_count_error(model)
     return {"model.num_parameters": error} if error else {}
 

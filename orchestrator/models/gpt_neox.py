@@ -173,3 +173,27 @@ def build_model(
     # ``device``, or (zero.Init) partitions each module as soon as it is built.
     with init_context if init_context is not None else device:
         return GPTNeoXForCausalLM._from_config(config, attn_implementation=attention, dtype=dtype)
+
+
+def architecture_errors(model: ModelConfig) -> dict[str, str]:
+    """Shapes transformers' GPT-NeoX cannot build, or fields of other families it would silently ignore, by key.
+
+    Found at planning time, so a cell that could only fail inside its job is refused before it is submitted.
+    """
+    where = f"model {model.name!r} (gpt_neox)"
+    errors: dict[str, str] = {}
+    if model.num_heads < 1 or model.hidden_size % model.num_heads:
+        errors["model.num_heads"] = (
+            f"{where}: hidden_size={model.hidden_size} is not a multiple of num_heads={model.num_heads}; use a "
+            f"divisor of {model.hidden_size}"
+        )
+    if model.num_kv_heads not in (None, model.num_heads):
+        errors["model.num_kv_heads"] = f"{where}: GPT-NeoX has no grouped-query attention; leave it null"
+    if model.head_dim is not None:
+        errors["model.head_dim"] = f"{where}: GPT-NeoX's head size is hidden_size / num_heads; leave it null"
+    if model.tie_word_embeddings:
+        errors["model.tie_word_embeddings"] = f"{where}: Pythia's embeddings are untied; use false"
+    if not 0.0 < model.rotary_pct <= 1.0:
+        errors["model.rotary_pct"] = f"{where}: rotary_pct={model.rotary_pct}; use a fraction in (0, 1]"
+    return errors
+

@@ -240,3 +240,17 @@ def build_model(
     config = build_model_config(model, attention)
     module: torch.nn.Module = build_from_config(config, LlamaForCausalLM, attention, dtype, device, init_context)
     return module
+
+
+def architecture_errors(model: ModelConfig) -> dict[str, str]:
+    """``check``'s refusals as a key → problem mapping, for planning (empty when the module can be built)."""
+    try:
+        check(model)
+    except ValueError as e:
+        text = str(e)
+        key = next(
+            (f"model.{k}" for k in ("num_kv_heads", "num_heads", "rotary_pct", "intermediate_size") if k in text),
+            "model",
+        )
+        return {key: text}
+    return {}

@@ -90,3 +90,8 @@ def build_model(
     config = build_model_config(model, attention)
     module: torch.nn.Module = llama.build_from_config(config, Olmo2ForCausalLM, attention, dtype, device, init_context)
     return module
+
+
+def architecture_errors(model: ModelConfig) -> dict[str, str]:
+    """``llama.architecture_errors``: the same attention and MLP shapes."""
+    return llama.architecture_errors(model)

@@ -78,3 +78,8 @@ def build_model(
     config = build_model_config(model, attention)
     module: torch.nn.Module = llama.build_from_config(config, Qwen3ForCausalLM, attention, dtype, device, init_context)
     return module
+
+
+def architecture_errors(model: ModelConfig) -> dict[str, str]:
+    """``llama.architecture_errors``: the same attention and MLP shapes."""
+    return llama.architecture_errors(model)

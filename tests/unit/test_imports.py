@@ -7,6 +7,7 @@ to notice a missing project module.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 
 import pytest
@@ -25,3 +26,15 @@ MODULES = sorted(
 @pytest.mark.parametrize("name", MODULES)
 def test_module_imports(name: str) -> None:
     importlib.import_module(name)
+
+
+def test_the_submission_benchmark_says_when_the_launcher_it_compares_against_is_missing() -> None:
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "submit_1000.py"
+    spec = importlib.util.spec_from_file_location("submit_1000", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    # With no hydra_plugins package installed, importlib's find_spec raises instead of answering None.
+    assert module._launcher_installed() is (importlib.util.find_spec("hydra_plugins") is not None)

@@ -40,3 +40,18 @@ def test_a_grid_can_mix_families_and_every_cell_gets_a_prediction() -> None:
     for cell in p.cells:
         assert cell.prediction["predicted_step_time_s"] > 0, cell.label
         assert cell.prediction["predicted_peak_memory_gib"] > 0, cell.label
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["model=pythia-410m", "model.num_heads=7"], "model.num_heads"),
+        (["model=pythia-410m", "model.num_kv_heads=4", "model.num_parameters=null"], "model.num_kv_heads"),
+        (["model=smollm2-135m", "model.num_kv_heads=4"], "model.num_kv_heads"),
+    ],
+)
+def test_a_shape_the_module_cannot_build_is_refused_at_planning(overrides: list[str], key: str) -> None:
+    from orchestrator.sweep import SweepError
+
+    with pytest.raises(SweepError, match=key):
+        plan(["gpu=h100-80gb", *overrides], sweep_dir=None)
