@@ -40,6 +40,7 @@ if str(REPO) not in sys.path:
 from orchestrator import status  # noqa: E402
 from orchestrator.cluster import LocalCluster, missing_packages, missing_packages_message  # noqa: E402
 from orchestrator.paths import SweepPaths  # noqa: E402
+from orchestrator.record import Record, read_record  # noqa: E402
 
 FIRST_SEQ_LENGTH = 64
 
@@ -214,18 +215,18 @@ def check_sweep(paths: SweepPaths, settings: SoakSettings, states: list[status.C
         if "record.json" not in records:
             problems.append(f"{cell_id}: no record.json")
             continue
-        record, error = status.read_record(paths.record(cell_id), cell_id)
-        if record is None:
-            problems.append(f"{cell_id}: record.json unreadable: {error}")
+        record = read_record(paths.record(cell_id), cell_id)
+        if not isinstance(record, Record):
+            problems.append(f"{cell_id}: record.json unreadable: {getattr(record, 'reason', 'missing')}")
             continue
-        seq_lengths.add(record["config"]["model"]["seq_length"])
-        if record.get("status") != "ok":
-            problems.append(f"{cell_id}: record says {record.get('status')}: {record.get('reason')}")
-        if attempts and record.get("attempt") != numbers[-1]:
-            problems.append(f"{cell_id}: record.json is from attempt {record.get('attempt')}, latest is {numbers[-1]}")
-        if attempts and str(record.get("environment", {}).get("job_id")) != str(attempts[-1]["job_id"]):
+        seq_lengths.add(record.config["model"]["seq_length"])
+        if record.status.value != "ok":
+            problems.append(f"{cell_id}: record says {record.status.value}: {record.reason}")
+        if attempts and record.attempt != numbers[-1]:
+            problems.append(f"{cell_id}: record.json is from attempt {record.attempt}, latest is {numbers[-1]}")
+        if attempts and str(record.environment.get("job_id")) != str(attempts[-1]["job_id"]):
             problems.append(
-                f"{cell_id}: record.json written by job {record.get('environment', {}).get('job_id')}, "
+                f"{cell_id}: record.json written by job {record.environment.get('job_id')}, "
                 f"the latest attempt is job {attempts[-1]['job_id']}"
             )
         # More records than attempts would mean a run no submission accounts for.
