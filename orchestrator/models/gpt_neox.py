@@ -171,8 +171,10 @@ def build_model(
     config = build_model_config(model, attention)
     # transformers sets the default dtype to ``dtype`` while it builds; the context puts every tensor on
     # ``device``, or (zero.Init) partitions each module as soon as it is built.
+    builder: Any = GPTNeoXForCausalLM._from_config  # untyped in transformers
     with init_context if init_context is not None else device:
-        return GPTNeoXForCausalLM._from_config(config, attn_implementation=attention, dtype=dtype)
+        module: torch.nn.Module = builder(config, attn_implementation=attention, dtype=dtype)
+    return module
 
 
 def architecture_errors(model: ModelConfig) -> dict[str, str]:
