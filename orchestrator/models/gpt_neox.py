@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.models.building import build_from_config
+
 if TYPE_CHECKING:
     import torch
     from transformers import GPTNeoXConfig
@@ -159,21 +161,11 @@ def build_model(
     device: torch.device,
     init_context: Any = None,
 ) -> torch.nn.Module:
-    """A randomly initialised GPTNeoXForCausalLM, nothing downloaded.
-
-    It is built directly on ``device`` in the training dtype: initialising a billion parameters on the host in
-    fp32 would take minutes of the probe's time and four bytes a parameter on every rank. ``init_context``, e.g.
-    a ``deepspeed.zero.Init`` context, builds it already partitioned over the ranks (ZeRO stage 3), so no rank ever
-    holds the whole model. A missing attention implementation (flash-attn not installed) raises ImportError.
-    """
+    """A randomly initialised GPTNeoXForCausalLM (see ``building.build_from_config``)."""
     from transformers import GPTNeoXForCausalLM
 
     config = build_model_config(model, attention)
-    # transformers sets the default dtype to ``dtype`` while it builds; the context puts every tensor on
-    # ``device``, or (zero.Init) partitions each module as soon as it is built.
-    builder: Any = GPTNeoXForCausalLM._from_config  # untyped in transformers
-    with init_context if init_context is not None else device:
-        module: torch.nn.Module = builder(config, attn_implementation=attention, dtype=dtype)
+    module: torch.nn.Module = build_from_config(config, GPTNeoXForCausalLM, attention, dtype, device, init_context)
     return module
 
 

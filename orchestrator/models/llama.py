@@ -3,7 +3,7 @@
 The architecture: pre-norm RMSNorm, grouped-query attention without biases, rotary embeddings on every head
 dimension, a SwiGLU MLP, and input and output embeddings that are tied or not. ``qwen3`` and ``olmo2`` import this
 arithmetic (``num_parameters``'s ``extra_per_layer``, the byte counts of a norm, the attention and the MLP,
-``config_kwargs``, ``build_from_config``) and add their own norms.
+``config_kwargs``; the builder is ``building.build_from_config``) and add their own norms.
 
 Notation: L layers, h hidden size, f MLP width, a query heads, k key/value heads, d head width, V vocabulary,
 s sequence length. The attention projections are h×ad (queries), 2 × h×kd (keys, values) and ad×h (output).
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.models.building import build_from_config
 from orchestrator.models.gpt_neox import COMPILED_LOGIT_BYTES_PER_ENTRY, LOGIT_BYTES_PER_ENTRY
 
 if TYPE_CHECKING:
@@ -215,16 +216,6 @@ def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:
     config = LlamaConfig(**config_kwargs(model), mlp_bias=False)
     config._attn_implementation = attention
     return config
-
-
-def build_from_config(config: Any, causal_lm: Any, attention: str, dtype: Any, device: Any, init_context: Any) -> Any:
-    """A randomly initialised ``causal_lm`` from ``config``, nothing downloaded, built where it will run.
-
-    As for GPT-NeoX: directly on ``device`` in the training dtype, or inside ``init_context`` (``deepspeed.zero.Init``
-    for ZeRO stage 3) so that no rank holds the whole model.
-    """
-    with init_context if init_context is not None else device:
-        return causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
 
 
 def build_model(

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.models.llama as llama
+from orchestrator.models.building import build_from_config
 
 if TYPE_CHECKING:
     import torch
@@ -72,11 +73,11 @@ def build_model(
     device: torch.device,
     init_context: Any = None,
 ) -> torch.nn.Module:
-    """A randomly initialised Qwen3ForCausalLM, built as ``llama.build_from_config`` builds."""
+    """A randomly initialised Qwen3ForCausalLM, built as ``building.build_from_config`` builds."""
     from transformers import Qwen3ForCausalLM
 
     config = build_model_config(model, attention)
-    module: torch.nn.Module = llama.build_from_config(config, Qwen3ForCausalLM, attention, dtype, device, init_context)
+    module: torch.nn.Module = build_from_config(config, Qwen3ForCausalLM, attention, dtype, device, init_context)
     return module
 
 
