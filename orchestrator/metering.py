@@ -95,6 +95,15 @@ class MemoryMeter:
         with contextlib.suppress(OSError), open("/proc/self/clear_refs", "w") as f:
             f.write("5")  # resets VmHWM to the current resident set (Linux >= 4.0)
 
+    def in_use(self) -> int:
+        """Bytes held now: the CUDA allocator's allocated bytes, or the resident set's growth on the CPU."""
+        if self.use_cuda:
+            import torch
+
+            torch.cuda.synchronize(self.device)
+            return int(torch.cuda.memory_allocated(self.device))
+        return max(0, _rss_bytes() - self.baseline_rss)
+
     def peak(self) -> MemoryPeak:
         high_water = _proc_status_bytes("VmHWM") or _rss_bytes()
         if self.use_cuda:

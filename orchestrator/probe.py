@@ -7,14 +7,17 @@ is the same for all::
     build  the model and the engine for the first micro-batch, once
     search the largest micro-batch that fits (``method.micro_batch_size: auto``) on that one engine: start from a
            memory estimate, one shortened step per size (two micro-steps, the second at the accumulation
-           boundary), up while it fits (jumping ahead where the peaks of two sizes, memory being close to affine
-           in the micro-batch, predict a larger one fits), down after an OOM; no rebuild and no recompilation
+           boundary), up while it fits (on a GPU only where the line through the trial's peak and the memory
+           it left at rest says the next size fits; jumping ahead where the peaks of two sizes, memory being
+           close to affine in the micro-batch, predict a larger one fits), down after an OOM; no rebuild and no
+           recompilation
            per size, and none after the search (only a real OOM, which may leave an engine inconsistent, costs a
            rebuild)
     warm   ``probe.warmup_steps`` steps, not timed (compilation, allocator, optimizer states)
     time   optimizer steps, device-synchronised, until the 95% CI of the mean is under ``probe.target_ci_pct`` %
            or the budget ends: composed from micro-steps and the boundary step (``probe.step_timing: composed``,
-           the default) or whole accumulation cycles (``whole``); see orchestrator/timing.py
+           the default; on a GPU each sample holds at least 2 s of micro-steps, as the warm-up measured them) or
+           whole accumulation cycles (``whole``); see orchestrator/timing.py
 
 Every rank takes the same decisions: step times, trial outcomes and failures are exchanged after each step,
 trial and phase (orchestrator/ranks.py), so no rank is left waiting in a collective another rank has left.
@@ -57,11 +60,12 @@ from orchestrator.models import throughput_metrics
 from orchestrator.ranks import Outcome, RankGroup, Trial
 from orchestrator.search import next_size
 from orchestrator.timing import (
-    COMPOSED_MICRO_STEPS,
     STEP_TIMINGS,
     ComposedSample,
     SplitTimer,
+    StepTimer,
     StoppingRule,
+    composed_micro_steps,
     summarize,
 )
 
@@ -76,6 +80,8 @@ class _Probe(RankGroup):
         super().__init__(cell, rank, world_size, local_rank)
         self.batches: list[Any] = []
         self.built = False
+        self.micro_step_s: float | None = None
+        """A micro-step's time as the last warm-up step measured it: how long a composed sample runs."""
 
     def check_options(self) -> None:
         if self.config.probe.step_timing not in STEP_TIMINGS:
@@ -142,7 +148,7 @@ class _Probe(RankGroup):
         """Micro-steps a timed sample (and a warm-up step) runs: a whole cycle, or a composed sample's."""
         if self.config.probe.step_timing == "whole":
             return plan.grad_accum_steps
-        return min(plan.grad_accum_steps, COMPOSED_MICRO_STEPS + 1)
+        return composed_micro_steps(plan.grad_accum_steps, self.micro_step_s)
 
     # ---- search, warm-up, timing ---------------------------------------------------------------------------
 
@@ -164,8 +170,11 @@ class _Probe(RankGroup):
         outcome = self.attempt(work, plan.micro_batch_size, "trial step")
         if outcome.traceback is not None:
             self.release()
-        result = "oom" if outcome.oom_reason else "ok"
-        return Trial(plan.micro_batch_size, result, gib(outcome.peak_bytes), outcome.oom_reason)
+        if outcome.oom_reason:
+            return Trial(plan.micro_batch_size, "oom", gib(outcome.peak_bytes), outcome.oom_reason)
+        assert self.memory is not None
+        (rest,) = self.agree([float(self.memory.in_use())], None)  # the model states, for the search's line
+        return Trial(plan.micro_batch_size, "ok", gib(outcome.peak_bytes), None, gib(rest))
 
     def search(self, per_gpu: int, below: int | None = None) -> BatchPlan | None:
         """The largest micro-batch dividing ``per_gpu`` (and smaller than ``below``) that fits in a trial step;
@@ -199,15 +208,24 @@ class _Probe(RankGroup):
 
     def warm_up(self, plan: BatchPlan) -> Outcome:
         """``probe.warmup_steps`` steps (each of a timed sample's micro-steps); whether they fit."""
+        self.micro_step_s = None
         micro_steps = self.sample_micro_steps(plan)
+        timer = StepTimer(self.use_cuda)
+        last_s = 0.0
 
         def work() -> None:
+            nonlocal last_s
             for _ in range(self.config.probe.warmup_steps):
+                timer.start()
                 self.cycle(micro_steps)
+                last_s = timer.stop()
 
         began = time.perf_counter()
         outcome = self.attempt(work, plan.micro_batch_size, "warm-up")
         self.phase_s["warmup_s"] += time.perf_counter() - began
+        if outcome.oom_reason is None and self.use_cuda:  # the burst effect is a GPU's (timing.COMPOSED_SAMPLE_S)
+            (slowest,) = self.agree([last_s], None)
+            self.micro_step_s = slowest / micro_steps if slowest > 0 else None
         return outcome
 
     def timed_steps(self, plan: BatchPlan) -> tuple[list[ComposedSample], list[float], str, Any]:

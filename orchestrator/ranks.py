@@ -50,6 +50,8 @@ class Trial:
     """``ok`` or ``oom``."""
     peak_memory_gib: float | None
     reason: str | None = None
+    rest_memory_gib: float | None = None
+    """Device memory still allocated after the trial step (model states); None where not measured."""
 
 
 class RankGroup:

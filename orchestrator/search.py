@@ -5,6 +5,13 @@ that fit; from then on it fits memory as an affine function of the micro-batch t
 step's memory is model states, which do not depend on it, plus activations, which grow with it) and jumps to the
 largest size predicted to fit. After an OOM it walks down, one size at a time, to the largest size that fitted.
 
+With one size measured on a real device, the line goes through that trial's peak and the memory it left allocated
+at rest (weights, gradients and optimizer states: the model states, measured, not modelled). The line is then at
+least as steep as the true one, since what a step holds only in flight beyond the rest (a gradient freed after the
+optimizer step) counts as activations; so it may overestimate a larger size, never underestimate it, and the next
+size up is tried only where even this line says it fits. This spares a trial that would surely run out of memory:
+on a GPU, where an OOM costs a rebuild (and with ``compile``, a recompilation), that was most of a cell's cost.
+
 A size predicted not to fit is still tried where trying costs nothing but the trial: under an imposed limit
 (``probe.memory_limit_gib``, or a CPU's resident set) a trial over it raises nothing. On a real device the
 prediction is trusted, with a margin, so that the search rarely meets a real OOM, which may leave an engine
@@ -33,7 +40,7 @@ def next_size(
     """The next micro-batch to try, or None when the largest size that fits is known (or nothing fits).
 
     ``candidates``: the sizes allowed, ascending; ``tried``: the trials so far (``micro_batch_size``, ``outcome``
-    ``ok``/``oom``, ``peak_memory_gib``), of which those outside ``candidates`` are ignored; ``capacity``: the
+    ``ok``/``oom``, ``peak_memory_gib``, and optionally ``rest_memory_gib``), of which those outside ``candidates`` are ignored; ``capacity``: the
     bytes a peak may reach and whether exceeding it is harmless (an imposed limit).
     """
     allowed = set(candidates)
@@ -41,6 +48,7 @@ def next_size(
     if not mine:
         return None
     ok = {int(t["micro_batch_size"]): float(t["peak_memory_gib"]) * 2**30 for t in mine if t["outcome"] == "ok"}
+    rest = {int(t["micro_batch_size"]): t.get("rest_memory_gib") for t in mine if t["outcome"] == "ok"}
     refused = {int(t["micro_batch_size"]) for t in mine if t["outcome"] != "ok"}
     seen = ok.keys() | refused
     upper = min(refused, default=None)
@@ -54,9 +62,13 @@ def next_size(
         return None
     if mine[-1]["outcome"] != "ok":
         return max(open_sizes)  # walking down from a refused jump
-    if len(ok) < 2:
-        return min(open_sizes)
     limit_bytes, harmless = capacity
+    if len(ok) < 2:
+        at_rest = rest[best]
+        if harmless or at_rest is None:
+            return min(open_sizes)
+        one_point = [(0, float(at_rest) * 2**30), (best, ok[best])]
+        return min(open_sizes) if predicted_peak_bytes(one_point, min(open_sizes)) <= limit_bytes else None
     margin = 1.0 if harmless else DEVICE_MARGIN
     points = sorted(ok.items())
     fitting = [c for c in open_sizes if predicted_peak_bytes(points, c) <= margin * limit_bytes]

@@ -15,7 +15,7 @@ Two ways to time an optimizer step of ``grad_accum_steps`` micro-batches:
   what the cycle costs beyond them: the reduction and the optimizer step, and the first micro-step's extra.
 
   Every micro-step of a cycle does the same work, so this is the whole step's time without running all of it:
-  a sample costs ``COMPOSED_MICRO_STEPS + 1`` micro-steps instead of ``grad_accum_steps``. With no accumulation
+  a sample costs a few micro-steps (``composed_micro_steps``) instead of ``grad_accum_steps``. With no accumulation
   (one micro-step a step) both ways time the same thing.
 
 The statistics, the composition and the stopping rule are pure; the timers are the only parts that touch a device.
@@ -31,7 +31,20 @@ from dataclasses import dataclass
 from typing import Any
 
 COMPOSED_MICRO_STEPS = 4
-"""Micro-steps inside the cycle timed per composed sample (fewer when the cycle is shorter)."""
+"""Fewest micro-steps inside the cycle timed per composed sample (fewer only when the cycle is shorter)."""
+COMPOSED_SAMPLE_S = 2.0
+"""Least work a composed sample holds, in seconds: a GPU timed in short bursts runs a little faster than under the
+sustained load of whole cycles (about 2% on an H100 with four micro-steps a sample), so a sample holds as many
+micro-steps as last this long, as measured in the warm-up."""
+
+
+def composed_micro_steps(grad_accum_steps: int, micro_step_s: float | None) -> int:
+    """Micro-steps of one composed sample, the boundary included: at least ``COMPOSED_MICRO_STEPS`` inside the
+    cycle, more until they last ``COMPOSED_SAMPLE_S`` at ``micro_step_s``, never more than the cycle."""
+    inner = COMPOSED_MICRO_STEPS
+    if micro_step_s is not None and micro_step_s > 0:
+        inner = max(inner, math.ceil(COMPOSED_SAMPLE_S / micro_step_s))
+    return min(grad_accum_steps, inner + 1)
 STEP_TIMINGS = ("composed", "whole")
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (any statistics table).

@@ -59,3 +59,25 @@ def test_trials_outside_the_candidates_are_ignored() -> None:
     tried = [trial(4, 14.0), trial(8, 18.0), trial(8, None, ok=False)]
     assert next_size([1, 2, 4], tried, (80.0 * GIB, False)) is None
     assert next_size([1, 2], tried, (80.0 * GIB, False)) is None
+
+
+def rested(size: int, peak_gib: float, rest_gib: float) -> dict[str, Any]:
+    return {**trial(size, peak_gib), "rest_memory_gib": rest_gib}
+
+
+def test_one_size_on_a_real_device_steps_up_only_where_the_line_from_rest_says_it_fits() -> None:
+    # pythia-1b on an H100 (79.2 GiB): 8 sequences peaked at 45.4 GiB with 13.3 GiB left at rest; 16 then peaked
+    # at 77.6 GiB, 0.1 GiB over the line through (0, 13.3) and (8, 45.4).
+    h100 = (79.18 * GIB, False)
+    assert next_size(SIZES, [rested(8, 45.4, 13.3)], h100) == 16
+    # pythia-1.4b: 8 peaked at 59.7 GiB, 18.5 at rest; 16 would need about 101 GiB: no OOM risked, 8 is the answer.
+    assert next_size(SIZES, [rested(8, 59.7, 18.5)], h100) is None
+    # Without a rest figure, or under an imposed limit where a trial over it costs nothing, one size up is tried.
+    assert next_size(SIZES, [trial(8, 59.7)], h100) == 16
+    assert next_size(SIZES, [rested(8, 59.7, 18.5)], (79.18 * GIB, True)) == 16
+
+
+def test_the_line_from_rest_is_used_only_until_two_sizes_fit() -> None:
+    h100 = (79.18 * GIB, False)
+    tried = [rested(4, 14.0, 10.5), rested(8, 18.0, 10.5)]  # two points: 1 GiB a sequence, 10 of model states
+    assert next_size(SIZES, tried, h100) == 64, "64 needs 74 GiB on the two-point line, under 0.95 * 79.18"

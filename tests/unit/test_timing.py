@@ -91,3 +91,14 @@ def test_split_timer_times_consecutive_regions() -> None:
     timer.split()
     first, second = timer.stop()  # lower bounds only: a busy machine may oversleep either region
     assert first >= 0.01 and second >= 0.05
+
+
+def test_a_composed_sample_lasts_long_enough_and_never_longer_than_the_cycle() -> None:
+    from orchestrator.timing import COMPOSED_MICRO_STEPS, COMPOSED_SAMPLE_S, composed_micro_steps
+
+    assert composed_micro_steps(64, None) == COMPOSED_MICRO_STEPS + 1, "unmeasured: the fewest"
+    assert composed_micro_steps(64, 10.0) == COMPOSED_MICRO_STEPS + 1, "slow micro-steps: still the fewest"
+    # pythia-160m on an H100: 0.184 s a micro-step, so 11 inside the cycle last 2 s, and the boundary.
+    assert composed_micro_steps(32, 0.184) == 12
+    assert 11 * 0.184 >= COMPOSED_SAMPLE_S > 10 * 0.184
+    assert composed_micro_steps(8, 0.001) == 8, "a short cycle: never more than the cycle"
