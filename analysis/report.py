@@ -93,6 +93,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
     "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
     "micro_batch_size_setting", "compile", "tf32", "attention",
+    "engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision",
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
     "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",

@@ -37,7 +37,10 @@ from orchestrator.models import family_module, num_parameters
 if TYPE_CHECKING:
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
-__all__ = ["buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "model_state_bytes", "shard_group_size"]
+__all__ = [
+    "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "model_state_bytes",
+    "shard_group_size",
+]  # fmt: skip
 
 
 def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
@@ -84,6 +87,28 @@ def buffer_bytes(
     kept = psi * p
     gathered = np.where((kind == "full") | (kind == "hybrid"), regathered, kept)
     return _out(gathered + per_layer * np.asarray(reduce_bytes(reduce_precision)))
+
+
+def memory_terms(
+    num_parameters: Any,
+    largest_weight: Any,
+    num_layers: Any,
+    sharding: Any,
+    num_gpus: Any,
+    num_nodes: Any,
+    precision: Any,
+    reduce_precision: Any,
+    offload: Any,
+) -> dict[str, Any]:
+    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
+    instead), as the predictor adds them up (analysis/inputs.py)."""
+    params, grads, optimizer = model_state_bytes(
+        num_parameters, sharding, num_gpus, num_nodes, reduce_precision, offload
+    )
+    on_device = model_state_bytes(num_parameters, sharding, num_gpus, num_nodes, reduce_precision, False)
+    buffers = buffer_bytes(num_parameters, largest_weight, num_layers, sharding, precision, reduce_precision)
+    offloaded = _out(np.asarray(sum(on_device)) - params - grads - optimizer)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
 
 
 def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nodes: int = 1) -> float:
