@@ -122,7 +122,8 @@ class FsdpEngine:
         module = self.module
         module.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
         loss: torch.Tensor = module(input_ids=batch, labels=batch).loss
-        (loss / self.grad_accum_steps).backward()
+        # The mean over the whole batch: each micro-batch's share of the accumulated gradient.
+        (loss / self.grad_accum_steps).backward()  # type: ignore[no-untyped-call]
         if boundary:
             torch.nn.utils.clip_grad_norm_(module.parameters(), GRADIENT_CLIPPING)
             self.optimizer.step()
