@@ -23,6 +23,9 @@ Identity and settings
 - ``zero_stage`` (0-3), ``offload_optimizer``, ``offload_params``, ``activation_checkpointing``, ``compile``,
   ``tf32`` (True/False), ``precision`` (bf16, fp16, fp32), ``attention`` (sdpa, eager, flash_attention_2),
   ``micro_batch_size_setting`` (``auto`` or the sequences per micro-batch asked for).
+- ``engine`` (``deepspeed``, ``fsdp``; ``deepspeed`` for records from before there was a choice);
+  ``fsdp_sharding`` (full, grad_op, none, hybrid), ``fsdp_offload`` (True/False), ``fsdp_reduce_precision``
+  (fp32, bf16): FSDP's options, empty for a DeepSpeed cell.
 
 Outcome
 
@@ -365,10 +368,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
             ["model", "gpu", "num_gpus", "settings", "time_to_train_days", "cost_basis", "cost_usd", "gpu_hours"],
         )
     )
-    out.append("## DeepSpeed against FSDP (`engines.csv`)")
-    out.append("")
-    out.append(engine_comparison.describe(report.engines))
-    out.append("")
+    out.extend(["## DeepSpeed against FSDP (`engines.csv`)", "", engine_comparison.describe(report.engines), ""])
     out.append(_markdown_table(engine_comparison.both_measured(report.engines), engine_comparison.MARKDOWN_COLUMNS))
     out.append("## Scaling: where returns diminish (`scaling.csv`)")
     out.append("")

@@ -173,7 +173,8 @@ class ProbeConfig:
     """How long and how carefully the probe measures a cell."""
 
     kind: str = "deepspeed"
-    """``deepspeed`` measures; ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
+    """``deepspeed`` measures: the training probe (the name predates a second engine; ``method.engine`` picks
+    DeepSpeed or FSDP); ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
     sleep_s: float = 0.0
 
