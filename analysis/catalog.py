@@ -14,7 +14,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.cells import IDENTITY_METHOD_KEYS
+from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
     _YamlLoader: Any = yaml.CSafeLoader
@@ -23,8 +23,12 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
-SETTING_KEYS = IDENTITY_METHOD_KEYS
+SETTING_KEYS = (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)
 """The method settings of a cell, as the orchestrator names them."""
+DEFAULT_ENGINE = "deepspeed"
+"""The engine of a record written before ``method.engine`` existed."""
+FSDP_SETTING_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
+"""Settings only the FSDP engine reads: empty (not applicable) in a DeepSpeed cell's row."""
 MODEL_KEYS = (
     "num_layers",
     "hidden_size",
@@ -92,10 +96,13 @@ class Catalog:
                     columns["micro_batch_size_setting"] = (
                         "auto" if value in (None, "auto") else (as_int(value) or str(value))
                     )
-                elif key in ("precision", "attention"):
+                elif key in ("precision", "attention", "engine", "fsdp_sharding", "fsdp_reduce_precision"):
                     columns[key] = as_name(value)
                 else:
                     columns[key] = as_bool(value)
+            columns["engine"] = columns["engine"] or DEFAULT_ENGINE
+            if columns["engine"] != "fsdp":
+                columns.update(dict.fromkeys(FSDP_SETTING_KEYS))
             return columns, None
 
         key: tuple[Any, ...] = ("method", *method.items())

@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 
 from orchestrator.engines.deepspeed.memory import activation_bytes_per_sequence, buffer_bytes, model_state_bytes
+from orchestrator.engines.fsdp import memory as fsdp_memory
 from orchestrator.models import family_module
 from orchestrator.schema import MethodConfig, ModelConfig
 
@@ -90,6 +91,11 @@ class Inputs:
     attention: np.ndarray
     offload_optimizer: np.ndarray
     offload_params: np.ndarray
+    engine: np.ndarray
+    """``deepspeed`` or ``fsdp``; the ZeRO fields above apply to the first, the ``fsdp_*`` ones to the second."""
+    fsdp_sharding: np.ndarray
+    fsdp_offload: np.ndarray
+    fsdp_reduce_precision: np.ndarray
     checkpointing: np.ndarray
     compile: np.ndarray
     micro_setting: np.ndarray
@@ -197,6 +203,10 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         attention=attention,
         offload_optimizer=flag("offload_optimizer", False),
         offload_params=flag("offload_params", False),
+        engine=text("engine", METHOD_DEFAULTS["engine"]),
+        fsdp_sharding=text("fsdp_sharding", METHOD_DEFAULTS["fsdp_sharding"]),
+        fsdp_offload=flag("fsdp_offload", False),
+        fsdp_reduce_precision=text("fsdp_reduce_precision", METHOD_DEFAULTS["fsdp_reduce_precision"]),
         checkpointing=checkpointing,
         compile=compiled,
         micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
@@ -205,12 +215,12 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
 def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
-    and what offload keeps in host memory instead."""
+    and what offload keeps in host memory instead: each cell by its engine's memory model."""
     params, grads, optimizer = model_state_bytes(
         x.params, x.stage, x.num_gpus, x.precision, x.offload_optimizer, x.offload_params
     )
     full = sum(model_state_bytes(x.params, x.stage, x.num_gpus, x.precision))
-    return {
+    out = {
         "params": params,
         "grads": grads,
         "optimizer": optimizer,
@@ -218,6 +228,14 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
         "per_sequence": x.per_sequence,
         "offloaded": full - params - grads - optimizer,
     }
+    fsdp = x.engine == "fsdp"
+    if fsdp.any():
+        terms = fsdp_memory.memory_terms(
+            x.params, x.largest_weight, x.layers, x.fsdp_sharding, x.num_gpus, x.num_nodes, x.precision,
+            x.fsdp_reduce_precision, x.fsdp_offload,
+        )  # fmt: skip
+        out.update({k: np.where(fsdp, v, out[k]) for k, v in terms.items()})
+    return out
 
 
 def _known_families() -> set[str]:

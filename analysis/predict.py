@@ -1,7 +1,7 @@
 """Predict a cell's peak memory per GPU, step time, and the cost of its training run, before it runs.
 
-Memory per GPU is DeepSpeed's memory model (:mod:`orchestrator.engines.deepspeed.memory`) with the model's figures
-from its family module; the micro-batch of an ``auto`` cell is the largest divisor of the per-GPU batch that is
+Memory per GPU is the memory model of the cell's engine (:mod:`orchestrator.engines.deepspeed.memory`,
+:mod:`orchestrator.engines.fsdp.memory`) with the model's figures from its family module; the micro-batch of an ``auto`` cell is the largest divisor of the per-GPU batch that is
 predicted to fit, the rule the probe's search follows. Step time is :mod:`analysis.step_time`'s model, with the
 uncalibrated coefficients there or those :func:`analysis.calibration.calibrate` fits per GPU type to records.
 
@@ -146,7 +146,8 @@ def predict_frame(
     )
 
 
-PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "zero_stage", "offload_optimizer", "offload_params",
+PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine", "fsdp_sharding", "fsdp_offload", "zero_stage",
+                "offload_optimizer", "offload_params",
                 "activation_checkpointing", "precision", "micro_batch_size_setting", *PREDICTION_COLUMNS,
                 "predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud",
                 "predicted_cost_usd_amortised", "predicted_energy_kwh")  # fmt: skip

@@ -6,6 +6,8 @@ Files written into the output folder (the first sweep folder unless given):
   once keeps its newest ``ok`` record);
 - ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
+- ``engines.csv``: DeepSpeed's and FSDP's fastest cells side by side for each model × GPU type × GPU count, and
+  the difference (:mod:`analysis.engine_comparison`);
 - ``scaling.csv``: throughput, energy and cost per token against GPU count and nodes for each model × GPU type ×
   sharding option, with the knee beyond which an added GPU stops paying;
 - ``days_vs_gpus.png``, ``cost_vs_days.png``, ``scaling_efficiency.png``;
@@ -21,6 +23,9 @@ Identity and settings
 - ``zero_stage`` (0-3), ``offload_optimizer``, ``offload_params``, ``activation_checkpointing``, ``compile``,
   ``tf32`` (True/False), ``precision`` (bf16, fp16, fp32), ``attention`` (sdpa, eager, flash_attention_2),
   ``micro_batch_size_setting`` (``auto`` or the sequences per micro-batch asked for).
+- ``engine`` (``deepspeed``, ``fsdp``; ``deepspeed`` for records from before there was a choice);
+  ``fsdp_sharding`` (full, grad_op, none, hybrid), ``fsdp_offload`` (True/False), ``fsdp_reduce_precision``
+  (fp32, bf16): FSDP's options, empty for a DeepSpeed cell.
 
 Outcome
 
@@ -84,7 +89,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import scaling, tables
+from analysis import engine_comparison, scaling, tables
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import RESULT_STATUSES, Catalog, load_cells
@@ -93,6 +98,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
     "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
     "micro_batch_size_setting", "compile", "tf32", "attention",
+    "engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision",
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
     "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",
@@ -128,6 +134,8 @@ class Report:
     out_dir: Path | None = None
     skipped: pd.DataFrame = field(default_factory=pd.DataFrame)
     """Cells the sweeps refused before submission (``skipped.jsonl``): sweep, cell_id, label, reasons."""
+    engines: pd.DataFrame = field(default_factory=pd.DataFrame)
+    """engines.csv: DeepSpeed against FSDP per model × GPU type × GPU count."""
     knee: float = scaling.KNEE_MARGINAL_SPEEDUP
     """The marginal speed-up per added GPU below which scaling.csv counts returns as diminished."""
 
@@ -195,6 +203,7 @@ def write_report(
     best = tables.best_cells(cells)
     front = tables.frontier(cells)
     scale = scaling.scaling(cells, knee)
+    engines = engine_comparison.compare_engines(cells)
 
     target = Path(out_dir) if out_dir is not None else sweep_dirs[0]
     target.mkdir(parents=True, exist_ok=True)
@@ -203,6 +212,7 @@ def write_report(
         _write_csv(best, target / "best.csv"),
         _write_csv(front, target / "frontier.csv"),
         _write_csv(scale, target / "scaling.csv"),
+        _write_csv(engines, target / "engines.csv"),
     ]
     plot_files: list[Path] = []
     if plots:
@@ -213,7 +223,9 @@ def write_report(
         except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
             problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
     files.extend(plot_files)
-    report = Report(cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped, knee)
+    report = Report(
+        cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped, engines, knee
+    )
     markdown = target / "report.md"
     markdown.write_text(render_markdown(report, sweep_dirs, plot_files))
     files.append(markdown)
@@ -356,6 +368,8 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
             ["model", "gpu", "num_gpus", "settings", "time_to_train_days", "cost_basis", "cost_usd", "gpu_hours"],
         )
     )
+    out.extend(["## DeepSpeed against FSDP (`engines.csv`)", "", engine_comparison.describe(report.engines), ""])
+    out.append(_markdown_table(engine_comparison.both_measured(report.engines), engine_comparison.MARKDOWN_COLUMNS))
     out.append("## Scaling: where returns diminish (`scaling.csv`)")
     out.append("")
     knees = scaling.knees(report.scaling)

@@ -35,24 +35,25 @@ import pandas as pd
 
 from analysis import estimates as est
 from analysis.records import MEASURED_FITS, rows_of
-from analysis.tables import settings_label
+from analysis.tables import engine_sharding_label, settings_label
 
 KNEE_MARGINAL_SPEEDUP = 0.5
 """Default knee threshold: beyond the knee an added GPU buys less than half of what each of the first GPUs does
 (marginal speed-up per added GPU < 0.5). At 0.5, doubling a count that scaled perfectly so far gains 1.5× the
 throughput for 2× the GPUs: a third less time for a third more money and energy per token."""
 
-SHARDING_COLUMNS = ("engine", "zero_stage", "offload_optimizer", "offload_params")
+SHARDING_COLUMNS = ("engine", "zero_stage", "offload_optimizer", "offload_params", "fsdp_sharding", "fsdp_offload")
 """Method settings that make a scaling line of their own (those the cells have): the training engine, once the
 cells name one, and how it shards and offloads. The other settings are tuned per count: the fastest is taken."""
 
 SCALING_COLUMNS = (
-    "model", "gpu", "engine", "zero_stage", "offload_optimizer", "offload_params", "sharding", "num_gpus",
+    "model", "gpu", "engine", "zero_stage", "offload_optimizer", "offload_params", "fsdp_sharding", "fsdp_offload",
+    "sharding", "num_gpus",
     "num_nodes", "tokens_per_s", "tokens_per_s_per_gpu", "speedup", "ideal_speedup", "scaling_efficiency",
     "marginal_speedup_per_added_gpu", "knee_num_gpus", "beyond_knee", "tokens_per_kwh",
     "usd_per_billion_tokens_cloud", "usd_per_billion_tokens_amortised", "time_to_train_days", "settings", "cell_id",
 )  # fmt: skip
-"""Columns of scaling.csv, in order; ``engine`` only where the cells have one."""
+"""Columns of scaling.csv, in order; ``engine`` and the ``fsdp_*`` ones only where the cells have them."""
 
 TOKENS_PER_BILLION = 1e9
 
@@ -64,15 +65,14 @@ def _num(frame: pd.DataFrame, name: str) -> pd.Series:
 
 
 def scaling_columns(cells: pd.DataFrame) -> list[str]:
-    """The columns of the scaling table for these cells: ``engine`` is left out where they have none."""
-    return [c for c in SCALING_COLUMNS if c != "engine" or c in cells.columns]
+    """The columns of the scaling table for these cells: the engine's columns are left out where they have none."""
+    optional = ("engine", "fsdp_sharding", "fsdp_offload")
+    return [c for c in SCALING_COLUMNS if c not in optional or c in cells.columns]
 
 
 def sharding_label(row: dict) -> str:
-    """A short label of a line's sharding option, e.g. ``zero3 offload-opt offload-params``."""
-    parts = [str(row["engine"])] if isinstance(row.get("engine"), str) else []
-    stage = row.get("zero_stage")
-    parts.append(f"zero{int(stage)}" if stage is not None and pd.notna(stage) else "zero?")
+    """A short label of a line's sharding option, e.g. ``zero3 offload-opt offload-params`` or ``fsdp-full``."""
+    parts = [engine_sharding_label(row)]
     if row.get("offload_optimizer") is True:
         parts.append("offload-opt")
     if row.get("offload_params") is True:

@@ -12,6 +12,7 @@ import numpy as np
 
 from analysis.inputs import Inputs
 from orchestrator.engines.deepspeed.memory import precision_bytes
+from orchestrator.engines.fsdp.memory import reduce_bytes, shard_group_size
 
 DEFAULT_EFFICIENCY = 0.54
 """Achieved share of the dense peak in the matrix products, before calibration. Set by the H100 records in
@@ -68,4 +69,39 @@ def step_terms(x: Inputs, accum: np.ndarray) -> np.ndarray:
     offload = np.where(
         x.offload_optimizer & (x.stage >= 1), 4.0 * psi / n / host + psi / nodes / CPU_ADAM_PARAMS_PER_S_PER_NODE, 0.0
     ) + np.where(x.offload_params & (x.stage >= 3), accum * 4.0 * psi / n / host, 0.0)
+    fsdp = x.engine == "fsdp"
+    if fsdp.any():
+        fsdp_comm, fsdp_offload = fsdp_terms(x, accum, intra * 1e9, host)
+        communication = np.where(fsdp, fsdp_comm, communication)
+        offload = np.where(fsdp, fsdp_offload, offload)
     return np.column_stack([compute, communication, offload, accum.astype(float)])
+
+
+def fsdp_terms(x: Inputs, accum: np.ndarray, intra: np.ndarray, host: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Nominal seconds of communication and of offload of one FSDP2 step (bandwidths in bytes/s).
+
+    Every micro-step gathers the parameters (compute dtype) for the forward and, under ``full`` and ``hybrid``,
+    again for the backward; gradients are reduced once, at the boundary (``set_requires_gradient_sync``), in the
+    reduce dtype: a reduce-scatter over the shard group, plus an all-reduce of each shard across nodes under
+    ``hybrid``, or one all-reduce under ``none``. Offload copies the fp32 shards to the GPU for each gather and
+    the gradients back, and steps AdamW on the CPU.
+    """
+    n, nodes, psi = x.num_gpus, x.num_nodes, x.params
+    shards = shard_group_size(x.fsdp_sharding, n, nodes)
+    p, r = precision_bytes(x.precision), reduce_bytes(x.fsdp_reduce_precision)
+    regather = (x.fsdp_sharding == "full") | (x.fsdp_sharding == "hybrid")
+    gathers = np.where(x.fsdp_sharding == "none", 0.0, np.where(regather, 2.0, 1.0))
+    # Inside a node for the shards of hybrid; across nodes for everything else of a multi-node cell.
+    shard_bw = np.where((nodes > 1) & (x.fsdp_sharding != "hybrid"), INTER_NODE_BUSBW_GBPS * 1e9, intra)
+    gather_s = accum * gathers * (shards - 1.0) / shards * psi * p / shard_bw
+    scatter_s = (shards - 1.0) / shards * psi * r / shard_bw
+    replicas = n / shards
+    replica_bw = np.where(nodes > 1, INTER_NODE_BUSBW_GBPS * 1e9, intra)
+    all_reduce_s = 2.0 * (replicas - 1.0) / replicas * psi / shards * r / replica_bw
+    communication = np.where(n > 1, gather_s + scatter_s + all_reduce_s, 0.0)
+    offload = np.where(
+        x.fsdp_offload,
+        (accum * gathers + 1.0) * 4.0 * psi / shards / host + psi / nodes / CPU_ADAM_PARAMS_PER_S_PER_NODE,
+        0.0,
+    )
+    return communication, offload

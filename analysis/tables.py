@@ -21,11 +21,11 @@ INT_COLUMNS = (
     "steps_timed", "tokens_per_step", "num_parameters", "train_steps", "predicted_micro_batch_size",
 )  # fmt: skip
 BOOL_COLUMNS = (
-    "offload_optimizer", "offload_params", "activation_checkpointing", "compile", "tf32",
+    "offload_optimizer", "offload_params", "fsdp_offload", "activation_checkpointing", "compile", "tf32",
     "predicted_fits", "measured_fits", "fit_agrees",
 )  # fmt: skip
 SETTING_COLUMNS = (
-    "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
+    "engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
     "micro_batch_size", "grad_accum_steps", "compile", "tf32", "attention",
 )  # fmt: skip
 
@@ -136,8 +136,9 @@ def _int(value: Any) -> int | None:
 
 
 def settings_label(row: Any) -> str:
-    """A short label of a cell's settings, e.g. ``zero2 offload-opt ckpt compile mb8x4 bf16``."""
-    parts = [f"zero{int(row['zero_stage'])}" if pd.notna(row.get("zero_stage")) else "zero?"]
+    """A short label of a cell's settings, e.g. ``zero2 offload-opt ckpt compile mb8x4 bf16`` (DeepSpeed) or
+    ``fsdp-full offload ckpt mb8x4 bf16`` (FSDP)."""
+    parts = [engine_sharding_label(row)]
     if row.get("offload_optimizer") is True:
         parts.append("offload-opt")
     if row.get("offload_params") is True:
@@ -156,6 +157,21 @@ def settings_label(row: Any) -> str:
     if row.get("num_nodes") is not None and pd.notna(row.get("num_nodes")) and int(row["num_nodes"]) > 1:
         parts.append(f"{int(row['num_nodes'])}nodes")
     return " ".join(parts)
+
+
+def engine_sharding_label(row: Any) -> str:
+    """How a cell shards: ``zero2`` under DeepSpeed (the engine of every cell without one), ``fsdp-grad_op``
+    (``offload``, ``reduce-bf16`` where set) under FSDP."""
+    if row.get("engine") == "fsdp":
+        parts = [f"fsdp-{row.get('fsdp_sharding') or 'full'}"]
+        if row.get("fsdp_offload") is True:
+            parts.append("offload")
+        if row.get("fsdp_reduce_precision") == "bf16":
+            parts.append("reduce-bf16")
+        return " ".join(parts)
+    zero = f"zero{int(row['zero_stage'])}" if pd.notna(row.get("zero_stage")) else "zero?"
+    engine = row.get("engine")
+    return f"{engine} {zero}" if isinstance(engine, str) and engine != "deepspeed" else zero
 
 
 def _model_order(frame: pd.DataFrame) -> pd.Series:

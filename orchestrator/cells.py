@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from orchestrator.models import config_errors
-from orchestrator.schema import Config, ModelConfig
+from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -51,13 +51,23 @@ IDENTITY_METHOD_KEYS = (
     "tf32",
     "attention",
 )
+IDENTITY_METHOD_KEYS_IF_SET = ("engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
+"""Method keys that join a cell's identity only where they differ from the schema's default (DeepSpeed's
+values), so that every cell measured before the FSDP engine existed keeps its id."""
+FSDP_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
+"""The method keys only the FSDP engine reads."""
 
+ENGINES = ("deepspeed", "fsdp")
+FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
+FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 ZERO_STAGES = (0, 1, 2, 3)
 BACKENDS = ("local", "slurm")
 ACCELERATORS = ("cuda", "cpu")
 PROBE_KINDS = ("deepspeed", "sleep")
+"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep``
+measures nothing."""
 
 TIME_LIMIT_WARNING_S = 90
 """SLURM signals a job this long before its time limit (``--signal=USR2@90``); the job side requeues or stops then,
@@ -68,6 +78,7 @@ search and warm-up. A floor for planning, not a promise: a first DeepSpeed op bu
 
 
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
+_METHOD_DEFAULTS = {f.name: f.default for f in fields(MethodConfig)}
 
 
 def identity(cell: Config) -> dict[str, Any]:
@@ -79,6 +90,7 @@ def identity(cell: Config) -> dict[str, Any]:
     ident["num_gpus"] = cell.num_gpus
     ident["num_nodes"] = cell.num_nodes
     ident.update({f"method.{k}": method.get(k) for k in IDENTITY_METHOD_KEYS})
+    ident.update({f"method.{k}": method[k] for k in IDENTITY_METHOD_KEYS_IF_SET if method[k] != _METHOD_DEFAULTS[k]})
     return ident
 
 
@@ -97,7 +109,7 @@ def settings(cell: Config) -> dict[str, Any]:
         "num_nodes": cell.num_nodes,
     }
     method = asdict(cell.method)
-    out.update({k: method.get(k) for k in IDENTITY_METHOD_KEYS})
+    out.update({k: method.get(k) for k in (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)})
     return out
 
 
@@ -107,7 +119,14 @@ def label(cell: Config) -> str:
     parts = [cell.model.name, f"{cell.gpu.name} x{cell.num_gpus}"]
     if cell.num_nodes > 1:
         parts.append(f"on {cell.num_nodes} nodes")
-    parts.append(f"zero{m.zero_stage}")
+    if m.engine == "fsdp":
+        parts.append(f"fsdp-{m.fsdp_sharding}")
+        if m.fsdp_offload:
+            parts.append("offload")
+        if m.fsdp_reduce_precision != _METHOD_DEFAULTS["fsdp_reduce_precision"]:
+            parts.append(f"reduce-{m.fsdp_reduce_precision}")
+    else:
+        parts.append(f"zero{m.zero_stage}")
     if m.offload_optimizer:
         parts.append("offload-opt")
     if m.offload_params:
@@ -205,6 +224,9 @@ def check_values(cell: Config) -> list[Refusal]:
     one_of("method.precision", m.precision, PRECISIONS)
     one_of("method.attention", m.attention, ATTENTIONS)
     one_of("method.zero_stage", m.zero_stage, ZERO_STAGES)
+    one_of("method.engine", m.engine, ENGINES)
+    one_of("method.fsdp_sharding", m.fsdp_sharding, FSDP_SHARDINGS)
+    one_of("method.fsdp_reduce_precision", m.fsdp_reduce_precision, FSDP_REDUCE_PRECISIONS)
     one_of("cluster.backend", cluster.backend, BACKENDS)
     one_of("gpu.accelerator", gpu.accelerator, ACCELERATORS)
     one_of("probe.kind", cell.probe.kind, PROBE_KINDS)
@@ -242,18 +264,7 @@ def check_runnable(cell: Config) -> list[Refusal]:
         out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
-    if m.offload_optimizer and m.zero_stage == 0:
-        out.append(Refusal("method.offload_optimizer", "offloading needs sharding; use method.zero_stage=1, 2 or 3"))
-    if m.offload_params and m.zero_stage != 3:
-        out.append(Refusal("method.offload_params", "parameter offload needs method.zero_stage=3"))
-    if num_gpus == 1 and m.zero_stage > 0 and not (m.offload_optimizer or m.offload_params):
-        out.append(
-            Refusal(
-                "method.zero_stage",
-                "sharding over one GPU only adds overhead; use method.zero_stage=0, or offload "
-                "(method.offload_optimizer=true)",
-            )
-        )
+    out.extend(check_engine_options(cell))
 
     if num_gpus % num_nodes:
         out.append(Refusal("num_gpus", f"{num_gpus} GPUs cannot be split evenly over {num_nodes} nodes"))
@@ -287,6 +298,71 @@ def check_runnable(cell: Config) -> list[Refusal]:
                     f"({global_batch} / {num_gpus} GPUs); use auto or one of {divisors}",
                 )
             )
+    return out
+
+
+def check_engine_options(cell: Config) -> list[Refusal]:
+    """The method's engine options that do not exist together: ZeRO's under DeepSpeed, FSDP2's under FSDP, each
+    refused under the other engine, naming the key and what would be accepted."""
+    m, num_gpus, num_nodes = cell.method, cell.num_gpus, cell.num_nodes
+    out: list[Refusal] = []
+    if m.engine == "fsdp":
+        # One GPU is accepted for every sharding but hybrid: FSDP then shards over a group of one, and the cell
+        # measures what its wrapper costs a single-GPU run (unlike ZeRO, refused there as in the $100K paper).
+        for key in ("zero_stage", "offload_optimizer", "offload_params"):
+            if getattr(m, key) != _METHOD_DEFAULTS[key]:
+                out.append(
+                    Refusal(
+                        f"method.{key}",
+                        f"{getattr(m, key)!r} is a DeepSpeed setting; with method.engine=fsdp leave it at "
+                        f"{_METHOD_DEFAULTS[key]!r} and shard with method.fsdp_sharding "
+                        f"({', '.join(FSDP_SHARDINGS)}) and offload with method.fsdp_offload=true",
+                    )
+                )
+        if m.fsdp_sharding == "hybrid" and num_nodes < 2:
+            out.append(
+                Refusal(
+                    "method.fsdp_sharding",
+                    "hybrid shards inside a node and replicates across nodes, so it needs num_nodes >= 2; "
+                    "on one node use full (the same thing there)",
+                )
+            )
+        if m.fsdp_offload and cell.gpu.accelerator != "cuda":
+            out.append(Refusal("method.fsdp_offload", "offload moves device memory to the host; on gpu=cpu use false"))
+        if m.fsdp_offload and m.fsdp_sharding == "none":
+            out.append(
+                Refusal("method.fsdp_offload", "offload needs sharding; use method.fsdp_sharding=full or grad_op")
+            )
+        if m.precision == "fp16":
+            out.append(
+                Refusal(
+                    "method.precision",
+                    "fp16 with method.engine=fsdp needs a sharded gradient scaler for loss scaling, which gpudays "
+                    "does not run; use bf16 or fp32, or method.engine=deepspeed",
+                )
+            )
+        return out
+    for key in FSDP_KEYS:
+        if getattr(m, key) != _METHOD_DEFAULTS[key]:
+            out.append(
+                Refusal(
+                    f"method.{key}",
+                    f"{getattr(m, key)!r} is an FSDP setting; use method.engine=fsdp, or leave it at "
+                    f"{_METHOD_DEFAULTS[key]!r} with DeepSpeed (which shards with method.zero_stage)",
+                )
+            )
+    if m.offload_optimizer and m.zero_stage == 0:
+        out.append(Refusal("method.offload_optimizer", "offloading needs sharding; use method.zero_stage=1, 2 or 3"))
+    if m.offload_params and m.zero_stage != 3:
+        out.append(Refusal("method.offload_params", "parameter offload needs method.zero_stage=3"))
+    if num_gpus == 1 and m.zero_stage > 0 and not (m.offload_optimizer or m.offload_params):
+        out.append(
+            Refusal(
+                "method.zero_stage",
+                "sharding over one GPU only adds overhead; use method.zero_stage=0, or offload "
+                "(method.offload_optimizer=true)",
+            )
+        )
     return out
 
 

@@ -25,6 +25,7 @@ CELL_COLUMNS = {
     "gpu": "gpu",
     "num_gpus": "gpus",
     "num_nodes": "nodes",
+    "engine": "engine",
     "zero_stage": "zero",
     "activation_checkpointing": "ckpt",
     "status": "status",

@@ -90,14 +90,33 @@ class GpuConfig:
 
 @dataclass
 class MethodConfig:
-    """The optimisation settings of one cell: how the model is trained on its GPUs."""
+    """The optimisation settings of one cell: how the model is trained on its GPUs.
 
+    ``engine`` picks the training engine; the ZeRO fields are DeepSpeed's, the ``fsdp_*`` fields FSDP2's, and a
+    cell that sets one engine's fields off their defaults under the other engine is refused (orchestrator.cells).
+    """
+
+    engine: str = "deepspeed"
+    """Training engine: ``deepspeed`` (ZeRO) or ``fsdp`` (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``);
+    the module ``orchestrator/engines/<engine>/``."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage, 0 (plain data parallel) to 3."""
     offload_optimizer: bool = False
     """Keep optimizer states (and the step) on the CPU; needs ZeRO stage 1, 2 or 3."""
     offload_params: bool = False
     """Keep parameters on the CPU between uses; needs ZeRO stage 3."""
+    fsdp_sharding: str = "full"
+    """FSDP2 only: ``full`` (parameters, gradients and optimizer states sharded; parameters resharded after the
+    forward, as ZeRO-3), ``grad_op`` (no resharding after the forward: gradients and optimizer states sharded,
+    whole parameters held from the forward to the backward, as ZeRO-2), ``none`` (plain data parallel: every
+    rank holds everything, gradients all-reduced) or ``hybrid`` (full sharding inside a node, replicas across
+    nodes; needs num_nodes > 1)."""
+    fsdp_offload: bool = False
+    """FSDP2 only: ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer states on the host, the
+    optimizer step on the CPU; needs a CUDA GPU (on the CPU there is nothing to offload to)."""
+    fsdp_reduce_precision: str = "fp32"
+    """FSDP2 only: the dtype gradients are reduced (and accumulated) in, ``fp32`` or ``bf16``; the parameters'
+    compute dtype is ``precision``."""
     activation_checkpointing: bool = False
     precision: str = "bf16"
     """bf16, fp16 (dynamic loss scaling) or fp32."""
@@ -154,7 +173,8 @@ class ProbeConfig:
     """How long and how carefully the probe measures a cell."""
 
     kind: str = "deepspeed"
-    """``deepspeed`` measures; ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
+    """``deepspeed`` measures: the training probe (the name predates a second engine; ``method.engine`` picks
+    DeepSpeed or FSDP); ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
     sleep_s: float = 0.0
 

@@ -314,11 +314,12 @@ def predict(
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
             usable = cell.typed.gpu.memory_gib * (1 - margin)
+            shard = "full sharding, fsdp_offload" if cell.typed.method.engine == "fsdp" else "a higher ZeRO stage, offload"
             cell.refusals.append(
                 Refusal(
                     "prediction",
                     f"predicted not to fit: about {peak:.1f} GiB per GPU at micro-batch 1, {usable:.1f} GiB usable "
-                    f"({margin:.0%} margin); try more GPUs, a higher ZeRO stage, offload or activation checkpointing, "
+                    f"({margin:.0%} margin); try more GPUs, {shard} or activation checkpointing, "
                     "or run it anyway (--run-unfit)",
                 )
             )

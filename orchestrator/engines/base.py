@@ -3,8 +3,10 @@
 The probe's loop (micro-batch search, warm-up, timing, records) is the same for every engine; an engine only
 builds the model for a batch plan, runs one micro-step (forward and backward, and at the accumulation boundary the
 gradient reduction and the optimizer step), changes its micro-batch without a rebuild, and frees what it holds.
-An engine is the module ``orchestrator/engines/<probe.kind>/engine.py`` with a ``create`` function; adding one
-is adding that module (and the method fields it reads), nothing in the probe.
+An engine is the module ``orchestrator/engines/<method.engine>/engine.py`` with a ``create`` function; adding one
+is adding that module (and the method fields it reads), nothing in the probe. ``probe.kind: deepspeed`` (the
+name predates a second engine) is the training probe, whichever engine ``method.engine`` names; ``sleep`` trains
+nothing and never gets here.
 """
 
 from __future__ import annotations
@@ -63,17 +65,22 @@ def engine_module_name(kind: str) -> str:
     return f"orchestrator.engines.{kind}.engine"
 
 
+def engine_name(config: Config) -> str:
+    """The engine that trains ``config``'s cell: ``method.engine`` under the training probe."""
+    if config.probe.kind != "deepspeed":
+        raise ValueError(f"probe.kind={config.probe.kind!r} trains nothing: no engine to create")
+    return config.method.engine
+
+
 def create_engine(config: Config, device: torch.device, rank: int) -> Engine:
-    """The engine ``config.probe.kind`` names, for ``rank`` on ``device``; a clear error for an unknown kind."""
+    """The engine ``config.method.engine`` names, for ``rank`` on ``device``; a clear error for an unknown one."""
+    name = engine_name(config)
+    module_name = engine_module_name(name)
     try:
-        module = importlib.import_module(engine_module_name(config.probe.kind))
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        if exc.name != engine_module_name(config.probe.kind) and not engine_module_name(config.probe.kind).startswith(
-            f"{exc.name}."
-        ):
+        if exc.name != module_name and not module_name.startswith(f"{exc.name}."):
             raise
-        raise ValueError(
-            f"probe.kind={config.probe.kind!r}: no engine module {engine_module_name(config.probe.kind)}"
-        ) from None
+        raise ValueError(f"method.engine={name!r}: no engine module {module_name}") from None
     engine: Engine = module.create(config, device, rank)
     return engine

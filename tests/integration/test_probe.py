@@ -126,7 +126,9 @@ def assert_measured(result: dict[str, Any], cell: dict[str, Any]) -> dict[str, A
         assert m[phase] > 0, phase
     assert m["probe_wall_s"] >= m["startup_s"] + m["search_s"] + m["warmup_s"] + m["timed_s"] - 1e-6
     env = result["environment"]
-    for key in ("torch", "deepspeed", "transformers", "python", "hostname", "device_name"):
+    engine = cell["method"].get("engine", "deepspeed")
+    assert env["engine"] == engine
+    for key in ("torch", engine, "transformers", "python", "hostname", "device_name"):
         assert env[key], key
     assert env["world_size"] == cell["num_gpus"]
     return m

@@ -65,7 +65,9 @@ def test_cells_csv_has_one_row_per_cell_with_days_and_gpu_hours(tmp_path: Path, 
     assert cpu.cost_usd_cloud == pytest.approx(cpu.gpu_hours * 0.08925)
     assert cpu.energy_kwh == pytest.approx(cpu.gpu_hours * 6.25 / 1000)
     assert report.problems == []
-    assert {p.name for p in report.files} == {"cells.csv", "best.csv", "frontier.csv", "scaling.csv", "report.md"}
+    assert {p.name for p in report.files} == {
+        "cells.csv", "best.csv", "frontier.csv", "scaling.csv", "engines.csv", "report.md",
+    }  # fmt: skip
 
 
 def test_a_token_budget_recomputes_without_probes(tmp_path: Path, catalog: Catalog) -> None:
@@ -175,7 +177,7 @@ def test_an_empty_sweep_still_gives_every_file(tmp_path: Path) -> None:
     report = write_report([tmp_path / "nothing-here"], out_dir=tmp_path / "out")
     assert report.cells.empty and report.best.empty
     assert list(pd.read_csv(tmp_path / "out" / "cells.csv").columns) == list(CELLS_COLUMNS)
-    assert len(report.files) == 8
+    assert len(report.files) == 9
     assert "folder does not exist" in (tmp_path / "out" / "report.md").read_text()
     assert format_table(report.cells) == "(no rows)"
 

@@ -166,5 +166,5 @@ class DeepSpeedEngine:
 
 
 def create(config: Config, device: torch.device, rank: int) -> DeepSpeedEngine:
-    """The engine ``orchestrator.engines.base.create_engine`` returns for ``probe.kind: deepspeed``."""
+    """The engine ``orchestrator.engines.base.create_engine`` returns for ``method.engine: deepspeed``."""
     return DeepSpeedEngine(config, device, rank)

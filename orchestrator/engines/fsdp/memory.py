@@ -1,0 +1,139 @@
+"""Device memory of an FSDP2 training step per GPU: sharded model states, gathered parameters, the accumulated
+gradients, and the micro-batch that fits. Pure arithmetic; activations are the family's, as for DeepSpeed
+(:func:`orchestrator.engines.deepspeed.memory.activation_bytes_per_sequence`: the engine does not change them).
+
+Ψ parameters, S ranks a parameter is sharded over (``full``, ``grad_op``: every GPU; ``hybrid``: the GPUs of a
+node; ``none``: 1), p bytes of the compute dtype (2 in bf16, 4 in fp32), r of the reduce dtype:
+
+- sharded states: FSDP2 keeps the sharded parameters in fp32 (the module is built in fp32; ``MixedPrecisionPolicy``
+  casts a copy for compute), so parameters 4Ψ/S, gradients 4Ψ/S, AdamW's two moments 8Ψ/S: 16Ψ/S, ZeRO-3's
+  total. ``CPUOffloadPolicy`` keeps all three on the host.
+- accumulated gradients: inside an accumulation cycle (``set_requires_gradient_sync(False)``) each rank keeps the
+  *unsharded* gradients of every layer, in the reduce dtype: rΨ. The probe's batches always accumulate at the
+  sizes that matter, so this is always counted (a cell without accumulation is overestimated by it).
+- gathered parameters: ``full``/``hybrid`` gather a layer for its forward and again for its backward, with the
+  next one prefetched: two layers (Ψ/L each) in the compute dtype, plus the root's (embeddings and output layer,
+  not resharded: the backward starts there). ``grad_op`` and ``none`` keep every layer gathered from its forward
+  to its backward: pΨ. One layer's gradients wait in the reduce-scatter buffer: rΨ/L.
+
+Every function works element-wise on numpy arrays as on scalars, as the DeepSpeed model does.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.engines.deepspeed.memory import (
+    DEFAULT_MARGIN,
+    GIB,
+    activation_bytes_per_sequence,
+    precision_bytes,
+    sequences_that_fit,
+)
+from orchestrator.models import family_module, num_parameters
+
+if TYPE_CHECKING:
+    from orchestrator.schema import Config, MethodConfig, ModelConfig
+
+__all__ = [
+    "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "model_state_bytes",
+    "shard_group_size",
+]  # fmt: skip
+
+
+def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
+    """Ranks one parameter is split over: every GPU (full, grad_op), a node's GPUs (hybrid), or 1 (none)."""
+    kind = np.asarray(sharding, dtype=object)
+    n = np.maximum(np.asarray(num_gpus, dtype=float), 1.0)
+    nodes = np.maximum(np.asarray(num_nodes, dtype=float), 1.0)
+    return _out(np.where(kind == "none", 1.0, np.where(kind == "hybrid", np.maximum(n / nodes, 1.0), n)))
+
+
+def reduce_bytes(reduce_precision: Any) -> Any:
+    """Bytes of one gradient element in the reduce dtype."""
+    return _out(np.where(np.asarray(reduce_precision, dtype=object) == "bf16", 2.0, 4.0))
+
+
+def model_state_bytes(
+    num_parameters: Any,
+    sharding: Any,
+    num_gpus: Any,
+    num_nodes: Any = 1,
+    reduce_precision: Any = "fp32",
+    offload: Any = False,
+) -> tuple[Any, Any, Any]:
+    """Bytes per GPU of (parameters, gradients, optimizer states) under FSDP2, after offload; gradients include
+    the unsharded ones accumulated between boundaries."""
+    psi = np.asarray(num_parameters, dtype=float)
+    shards = np.asarray(shard_group_size(sharding, num_gpus, num_nodes), dtype=float)
+    on_host = np.asarray(offload, dtype=bool)
+    params = np.where(on_host, 0.0, 4.0 * psi / shards)
+    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + psi * np.asarray(reduce_bytes(reduce_precision))
+    optimizer = np.where(on_host, 0.0, 8.0 * psi / shards)
+    return _out(params), _out(grads), _out(optimizer)
+
+
+def buffer_bytes(
+    num_parameters: Any, largest_weight: Any, num_layers: Any, sharding: Any, precision: Any, reduce_precision: Any
+) -> Any:
+    """Bytes of gathered (unsharded) parameters and of the reduce-scatter buffer."""
+    psi = np.asarray(num_parameters, dtype=float)
+    per_layer = psi / np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    p = np.asarray(precision_bytes(precision), dtype=float)
+    kind = np.asarray(sharding, dtype=object)
+    regathered = 2.0 * per_layer * p + np.asarray(largest_weight, dtype=float) * p
+    kept = psi * p
+    gathered = np.where((kind == "full") | (kind == "hybrid"), regathered, kept)
+    return _out(gathered + per_layer * np.asarray(reduce_bytes(reduce_precision)))
+
+
+def memory_terms(
+    num_parameters: Any,
+    largest_weight: Any,
+    num_layers: Any,
+    sharding: Any,
+    num_gpus: Any,
+    num_nodes: Any,
+    precision: Any,
+    reduce_precision: Any,
+    offload: Any,
+) -> dict[str, Any]:
+    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
+    instead), as the predictor adds them up (analysis/inputs.py)."""
+    params, grads, optimizer = model_state_bytes(
+        num_parameters, sharding, num_gpus, num_nodes, reduce_precision, offload
+    )
+    on_device = model_state_bytes(num_parameters, sharding, num_gpus, num_nodes, reduce_precision, False)
+    buffers = buffer_bytes(num_parameters, largest_weight, num_layers, sharding, precision, reduce_precision)
+    offloaded = _out(np.asarray(sum(on_device)) - params - grads - optimizer)
+    return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
+
+
+def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nodes: int = 1) -> float:
+    """Allocated bytes per GPU that do not grow with the micro-batch: model states after sharding and buffers."""
+    psi = num_parameters(model)
+    states = model_state_bytes(
+        psi, method.fsdp_sharding, num_gpus, num_nodes, method.fsdp_reduce_precision, method.fsdp_offload
+    )
+    largest = family_module(model.family).largest_weight_elements(model)
+    buffers = buffer_bytes(
+        psi, largest, model.num_layers, method.fsdp_sharding, method.precision, method.fsdp_reduce_precision
+    )
+    return float(sum(states) + buffers)
+
+
+def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
+    """The most sequences per micro-batch the memory model says fit in ``memory_gib`` per GPU (at least 1),
+    leaving :data:`DEFAULT_MARGIN` free: where the probe's search starts."""
+    fixed = fixed_bytes(cfg.model, cfg.method, cfg.num_gpus, cfg.num_nodes)
+    fitting = sequences_that_fit(
+        memory_gib * GIB * (1.0 - DEFAULT_MARGIN), fixed, activation_bytes_per_sequence(cfg.model, cfg.method)
+    )
+    return max(1, int(fitting))
+
+
+def _out(value: Any) -> Any:
+    # Scalars in, float out; arrays in, arrays out.
+    return float(value) if np.ndim(value) == 0 else value
