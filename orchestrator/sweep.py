@@ -9,11 +9,22 @@ that differ only in plain values (``num_gpus=1,2,4``, ``method.zero_stage=0,1``)
 so each distinct set of group choices is composed once by Hydra and the plain values are applied on a copy with
 ``OmegaConf.update``, which is what Hydra itself does with them after composition; struct mode and the typed schema
 still reject a misspelt key or a wrongly typed value.
+
+Hydra's compositions are also kept for the life of the process (``_COMPOSED``), so that a program or a test that
+plans many times composes each distinct set of overrides once. The key holds everything the composition reads: the
+config folders, the overrides and a hash of every config file's path and bytes (an edited, added or removed file is
+a new key). What must not be shared is never cached: each caller gets its own copy with OmegaConf's resolver cache
+empty, so ``${now:...}`` in the sweep folder and ``${oc.env:...}`` are resolved afresh every time. (Only the
+folders gpudays puts on the search path are hashed: ``conf/`` and ``-cd``; a folder that a config file itself adds
+to ``hydra.searchpath`` is read once per process.)
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import os
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +46,37 @@ from orchestrator.schema import Config, register_configs, to_config
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
 CONFIG_NAME = "config"
+
+_COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
+"""Hydra compositions by (config folder, fingerprint of the config files, search path, overrides); never handed out."""
+_COMPOSED_MAX = 256
+_FINGERPRINT_MAX_FILES = 2000
+
+
+def _fingerprint(dirs: Sequence[Path]) -> str | None:
+    """A hash of the path and bytes of every config file under ``dirs``; None (do not cache) for a huge folder."""
+    digest = hashlib.sha256()
+    seen = 0
+    for top in dirs:
+        digest.update(b"\0dir\0" + os.fsencode(str(top)))
+        for root, subdirs, files in os.walk(top):
+            subdirs.sort()
+            digest.update(b"\0d\0" + os.fsencode(os.path.relpath(root, top)))
+            for name in sorted(files):
+                if not name.endswith((".yaml", ".yml")):
+                    continue
+                seen += 1
+                if seen > _FINGERPRINT_MAX_FILES:
+                    return None
+                path = os.path.join(root, name)
+                try:
+                    with open(path, "rb") as f:
+                        data = f.read()
+                except OSError:
+                    return None
+                digest.update(b"\0f\0" + os.fsencode(os.path.relpath(path, top)) + b"\0" + str(len(data)).encode())
+                digest.update(data)
+    return digest.hexdigest()
 
 
 class SweepError(Exception):
@@ -111,17 +153,36 @@ class Composer:
     """Composes cell configs against conf/ and the schema, caching by config-group choices."""
 
     def __init__(self, search_dirs: Sequence[Path] = ()) -> None:
+        folders = [Path(d).absolute() for d in search_dirs]
         self.search_overrides = (
-            [f"hydra.searchpath=[{','.join('file://' + str(Path(d).absolute()) for d in search_dirs)}]"]
-            if search_dirs
-            else []
+            [f"hydra.searchpath=[{','.join('file://' + str(d) for d in folders)}]"] if search_dirs else []
         )
+        self.fingerprint = _fingerprint([CONF_DIR, *folders])
         loader = GlobalHydra.instance().config_loader()
         self.parser = OverridesParser.create(config_loader=loader)
         self.groups = set(loader.list_groups(""))
         self._bases: dict[tuple[str, ...], _Base] = {}
         self._parsed: dict[str, Override] = {}
         self._values: dict[tuple[tuple[str, ...], str], Any] = {}
+
+    def compose(self, overrides: Sequence[str]) -> DictConfig:
+        """Hydra's composition of ``overrides`` (hydra node included): a copy the caller may change and resolve."""
+        full = [*self.search_overrides, *overrides]
+        if self.fingerprint is None:
+            return compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
+        key = (str(CONF_DIR), self.fingerprint, *full)
+        cached = _COMPOSED.get(key)
+        if cached is None:
+            cached = compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
+            _COMPOSED[key] = cached
+            while len(_COMPOSED) > _COMPOSED_MAX:
+                _COMPOSED.popitem(last=False)
+        else:
+            _COMPOSED.move_to_end(key)
+        cfg = copy.deepcopy(cached)
+        OmegaConf.clear_cache(cfg)
+        cfg.hydra.runtime.cwd = os.getcwd()  # the one value Hydra takes from the process rather than the files
+        return cfg
 
     def parse(self, overrides: Sequence[str]) -> list[Override]:
         try:
@@ -149,7 +210,7 @@ class Composer:
 
     def _base(self, structural: tuple[str, ...]) -> _Base:
         if structural not in self._bases:
-            cfg = compose(CONFIG_NAME, overrides=[*self.search_overrides, *structural], return_hydra_config=True)
+            cfg = self.compose(structural)
             choices = dict(cfg.hydra.runtime.choices)
             with open_dict(cfg):
                 del cfg["hydra"]
@@ -164,7 +225,7 @@ class Composer:
         # Plain values are left out here: compose_cell checks them, with messages that name the accepted keys.
         firsts = [_first_choice(o) for o in parsed if not self._is_plain_value(o, sweeps_too=True)]
         try:
-            cfg = compose(CONFIG_NAME, overrides=[*self.search_overrides, *firsts], return_hydra_config=True)
+            cfg = self.compose(firsts)
         except (HydraException, OmegaConfBaseException) as e:
             raise SweepError(_explain(e, firsts)) from e
         return cfg.hydra
