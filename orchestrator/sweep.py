@@ -25,13 +25,14 @@ import copy
 import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -47,10 +48,34 @@ CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
 CONFIG_NAME = "config"
 
+_CACHE_MAX = 256
 _COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
 """Hydra compositions by (config folder, fingerprint of the config files, search path, overrides); never handed out."""
-_COMPOSED_MAX = 256
+_BASES: OrderedDict[tuple[str, ...], _Base] = OrderedDict()
+"""Bases without any interpolation (their container is final), by the same key; read only, never changed."""
+_GROUPS: OrderedDict[tuple[str, ...], frozenset[str]] = OrderedDict()
+"""Hydra's config groups, by config folder and fingerprint."""
 _FINGERPRINT_MAX_FILES = 2000
+T = TypeVar("T")
+
+
+def _remember(cache: OrderedDict[tuple[str, ...], T], key: tuple[str, ...], make: Callable[[], T]) -> T:
+    """``cache[key]``, made by ``make()`` on a miss; the least recently used entry goes past ``_CACHE_MAX``."""
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = make()
+    cache[key] = value
+    while len(cache) > _CACHE_MAX:
+        cache.popitem(last=False)
+    return value
+
+
+def _register_schemas() -> None:
+    """The schemas in Hydra's ConfigStore, registered once per process (registering builds six structured configs,
+    about 20 ms; ConfigStore hands out copies, so what is stored never changes)."""
+    if "config_schema.yaml" not in ConfigStore.instance().repo:
+        register_configs()
 
 
 def _fingerprint(dirs: Sequence[Path]) -> str | None:
@@ -160,7 +185,11 @@ class Composer:
         self.fingerprint = _fingerprint([CONF_DIR, *folders])
         loader = GlobalHydra.instance().config_loader()
         self.parser = OverridesParser.create(config_loader=loader)
-        self.groups = set(loader.list_groups(""))
+        if self.fingerprint is None:
+            self.groups: frozenset[str] = frozenset(loader.list_groups(""))
+        else:
+            key = (str(CONF_DIR), self.fingerprint)
+            self.groups = _remember(_GROUPS, key, lambda: frozenset(loader.list_groups("")))
         self._bases: dict[tuple[str, ...], _Base] = {}
         self._parsed: dict[str, Override] = {}
         self._values: dict[tuple[tuple[str, ...], str], Any] = {}
@@ -171,14 +200,7 @@ class Composer:
         if self.fingerprint is None:
             return compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
         key = (str(CONF_DIR), self.fingerprint, *full)
-        cached = _COMPOSED.get(key)
-        if cached is None:
-            cached = compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
-            _COMPOSED[key] = cached
-            while len(_COMPOSED) > _COMPOSED_MAX:
-                _COMPOSED.popitem(last=False)
-        else:
-            _COMPOSED.move_to_end(key)
+        cached = _remember(_COMPOSED, key, lambda: compose(CONFIG_NAME, overrides=full, return_hydra_config=True))
         cfg = copy.deepcopy(cached)
         OmegaConf.clear_cache(cfg)
         cfg.hydra.runtime.cwd = os.getcwd()  # the one value Hydra takes from the process rather than the files
@@ -210,13 +232,22 @@ class Composer:
 
     def _base(self, structural: tuple[str, ...]) -> _Base:
         if structural not in self._bases:
-            cfg = self.compose(structural)
-            choices = dict(cfg.hydra.runtime.choices)
-            with open_dict(cfg):
-                del cfg["hydra"]
-            raw = OmegaConf.to_container(cfg, resolve=False)
-            container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
-            self._bases[structural] = _Base(cfg, choices, container, "${" in repr(raw))
+            key = (str(CONF_DIR), str(self.fingerprint), *self.search_overrides, "\0", *structural)
+            shared = _BASES.get(key) if self.fingerprint is not None else None
+            if shared is None:
+                cfg = self.compose(structural)
+                choices = dict(cfg.hydra.runtime.choices)
+                with open_dict(cfg):
+                    del cfg["hydra"]
+                raw = OmegaConf.to_container(cfg, resolve=False)
+                container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+                shared = _Base(cfg, choices, container, "${" in repr(raw))
+                if self.fingerprint is not None and not shared.has_interpolation:
+                    # Nothing in it is resolved at use, so other plans may share it.
+                    _BASES[key] = shared
+                    while len(_BASES) > _CACHE_MAX:
+                        _BASES.popitem(last=False)
+            self._bases[structural] = shared
         return self._bases[structural]
 
     def hydra_node(self, overrides: Sequence[str]) -> DictConfig:
@@ -305,7 +336,7 @@ def expand(composer: Composer, overrides: Sequence[str], sweeper_params: dict[st
 def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: Path | None = None) -> Plan:
     """Compose and judge every cell the overrides describe. Raises SweepError on bad input."""
     overrides = list(overrides) or list(DEMO_OVERRIDES)
-    register_configs()
+    _register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="gpudays"):
         composer = Composer(search_dirs)
@@ -391,7 +422,7 @@ def predict(
 
 def compose_one(overrides: Sequence[str], search_dirs: Sequence[Path] = ()) -> DictConfig:
     """Compose a single cell (with its hydra node), for ``--cfg``."""
-    register_configs()
+    _register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="gpudays"):
         composer = Composer(search_dirs)
