@@ -50,7 +50,10 @@ from orchestrator.record import Metrics, Record, read_cell_config, write_record
 from orchestrator.schema import to_config
 from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
-PORT_BASE, PORT_SPAN = 20_000, 20_000
+PORT_BASE, PORT_SPAN = 20_000, 12_000
+"""Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
+which the kernel hands to any process's outgoing connection or port-0 bind (as the probe's own collectives do), so
+that another job's connection cannot hold the port when rank 0 binds it (EADDRINUSE, seen at port 35970)."""
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
 """``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same

@@ -22,6 +22,9 @@ from orchestrator.launch import Resources, Submission, SubmissionRefused, next_a
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.schema import to_config
 
+DONE_CHECK_S = 0.1
+"""How often a running local cell is checked for its end."""
+
 
 def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str]:
     """The devices a local cell of ``num_gpus`` GPUs gets: the first ``num_gpus`` this process may use.
@@ -124,9 +127,13 @@ def submit_local(
         run = LocalRun(cid, cells.label(to_config(cfg)), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
         if on_start is not None:
             on_start(run)
+        # The job's end is noticed within DONE_CHECK_S (a waitpid), so the next cell starts at once; on_poll (the
+        # progress line, which reads the log) still runs only every poll_s.
+        last_poll = time.monotonic()
         while not job.done():
-            time.sleep(poll_s)
-            if on_poll is not None:
+            time.sleep(min(DONE_CHECK_S, poll_s))
+            if on_poll is not None and time.monotonic() - last_poll >= poll_s:
+                last_poll = time.monotonic()
                 on_poll(run)
         try:
             job.results()

@@ -96,11 +96,13 @@ class SweepPaths:
         return self.root / name
 
 
-def write_json_atomic(path: Path, payload: Any) -> None:
+def write_json_atomic(path: Path, payload: Any, durable: bool = True) -> None:
     """Write JSON so that a reader sees the old file or the whole new one, never half of it.
 
     The data goes to a temporary file in the same folder, is flushed to disk, and is renamed over the target;
-    rename is atomic on POSIX filesystems and on NFS for files in one directory.
+    rename is atomic on POSIX filesystems and on NFS for files in one directory. ``durable=False`` skips the
+    fsync (still atomic for readers, not across a power cut): for folders made up to be read, such as the
+    synthetic sweeps of benchmarks and tests, where 10,000 fsyncs took half the time of making them.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -109,7 +111,8 @@ def write_json_atomic(path: Path, payload: Any) -> None:
             json.dump(payload, f, indent=2, sort_keys=True, default=str)
             f.write("\n")
             f.flush()
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -116,9 +116,10 @@ class BadRecord:
     state: State = State.CORRUPT
 
 
-def write_record(path: Path, record: Record) -> None:
-    """Write ``record.json`` atomically (a reader sees the old file or the whole new one)."""
-    write_json_atomic(path, record.to_json())
+def write_record(path: Path, record: Record, durable: bool = True) -> None:
+    """Write ``record.json`` atomically (a reader sees the old file or the whole new one); ``durable=False``:
+    without the fsync, for made-up folders only (see ``write_json_atomic``)."""
+    write_json_atomic(path, record.to_json(), durable=durable)
 
 
 def read_record(path: Path, cell_id: str | None = None) -> Record | BadRecord | None:
