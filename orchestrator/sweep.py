@@ -10,29 +10,22 @@ so each distinct set of group choices is composed once by Hydra and the plain va
 ``OmegaConf.update``, which is what Hydra itself does with them after composition; struct mode and the typed schema
 still reject a misspelt key or a wrongly typed value.
 
-Hydra's compositions are also kept for the life of the process (``_COMPOSED``), so that a program or a test that
-plans many times composes each distinct set of overrides once. The key holds everything the composition reads: the
-config folders, the overrides and a hash of every config file's path and bytes (an edited, added or removed file is
-a new key). What must not be shared is never cached: each caller gets its own copy with OmegaConf's resolver cache
-empty, so ``${now:...}`` in the sweep folder and ``${oc.env:...}`` are resolved afresh every time. (Only the
-folders gpudays puts on the search path are hashed: ``conf/`` and ``-cd``; a folder that a config file itself adds
-to ``hydra.searchpath`` is read once per process.)
+Hydra's compositions are also kept for the life of the process (``orchestrator.compose_cache``), keyed by the
+config files' bytes and the overrides; each caller gets its own copy, resolved afresh.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import os
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, cast
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
-from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override, OverrideType
@@ -42,66 +35,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import cells as cells_mod
 from orchestrator.cells import Refusal
-from orchestrator.schema import Config, register_configs, to_config
+from orchestrator.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint, register_schemas, remember
+from orchestrator.schema import Config, to_config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
 CONFIG_NAME = "config"
 
-_CACHE_MAX = 256
-_COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
-"""Hydra compositions by (config folder, fingerprint of the config files, search path, overrides); never handed out."""
 _BASES: OrderedDict[tuple[str, ...], _Base] = OrderedDict()
-"""Bases without any interpolation (their container is final), by the same key; read only, never changed."""
-_GROUPS: OrderedDict[tuple[str, ...], frozenset[str]] = OrderedDict()
-"""Hydra's config groups, by config folder and fingerprint."""
-_FINGERPRINT_MAX_FILES = 2000
-T = TypeVar("T")
-
-
-def _remember(cache: OrderedDict[tuple[str, ...], T], key: tuple[str, ...], make: Callable[[], T]) -> T:
-    """``cache[key]``, made by ``make()`` on a miss; the least recently used entry goes past ``_CACHE_MAX``."""
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    value = make()
-    cache[key] = value
-    while len(cache) > _CACHE_MAX:
-        cache.popitem(last=False)
-    return value
-
-
-def _register_schemas() -> None:
-    """The schemas in Hydra's ConfigStore, registered once per process (registering builds six structured configs,
-    about 20 ms; ConfigStore hands out copies, so what is stored never changes)."""
-    if "config_schema.yaml" not in ConfigStore.instance().repo:
-        register_configs()
-
-
-def _fingerprint(dirs: Sequence[Path]) -> str | None:
-    """A hash of the path and bytes of every config file under ``dirs``; None (do not cache) for a huge folder."""
-    digest = hashlib.sha256()
-    seen = 0
-    for top in dirs:
-        digest.update(b"\0dir\0" + os.fsencode(str(top)))
-        for root, subdirs, files in os.walk(top):
-            subdirs.sort()
-            digest.update(b"\0d\0" + os.fsencode(os.path.relpath(root, top)))
-            for name in sorted(files):
-                if not name.endswith((".yaml", ".yml")):
-                    continue
-                seen += 1
-                if seen > _FINGERPRINT_MAX_FILES:
-                    return None
-                path = os.path.join(root, name)
-                try:
-                    with open(path, "rb") as f:
-                        data = f.read()
-                except OSError:
-                    return None
-                digest.update(b"\0f\0" + os.fsencode(os.path.relpath(path, top)) + b"\0" + str(len(data)).encode())
-                digest.update(data)
-    return digest.hexdigest()
+"""Bases without any interpolation (their container is final), by the composition's key; read only, never changed."""
 
 
 class SweepError(Exception):
@@ -182,14 +124,14 @@ class Composer:
         self.search_overrides = (
             [f"hydra.searchpath=[{','.join('file://' + str(d) for d in folders)}]"] if search_dirs else []
         )
-        self.fingerprint = _fingerprint([CONF_DIR, *folders])
+        self.fingerprint = fingerprint([CONF_DIR, *folders])
         loader = GlobalHydra.instance().config_loader()
         self.parser = OverridesParser.create(config_loader=loader)
         if self.fingerprint is None:
             self.groups: frozenset[str] = frozenset(loader.list_groups(""))
         else:
             key = (str(CONF_DIR), self.fingerprint)
-            self.groups = _remember(_GROUPS, key, lambda: frozenset(loader.list_groups("")))
+            self.groups = remember(GROUPS, key, lambda: frozenset(loader.list_groups("")))
         self._bases: dict[tuple[str, ...], _Base] = {}
         self._parsed: dict[str, Override] = {}
         self._values: dict[tuple[tuple[str, ...], str], Any] = {}
@@ -200,7 +142,7 @@ class Composer:
         if self.fingerprint is None:
             return compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
         key = (str(CONF_DIR), self.fingerprint, *full)
-        cached = _remember(_COMPOSED, key, lambda: compose(CONFIG_NAME, overrides=full, return_hydra_config=True))
+        cached = remember(COMPOSED, key, lambda: compose(CONFIG_NAME, overrides=full, return_hydra_config=True))
         cfg = copy.deepcopy(cached)
         OmegaConf.clear_cache(cfg)
         cfg.hydra.runtime.cwd = os.getcwd()  # the one value Hydra takes from the process rather than the files
@@ -245,7 +187,7 @@ class Composer:
                 if self.fingerprint is not None and not shared.has_interpolation:
                     # Nothing in it is resolved at use, so other plans may share it.
                     _BASES[key] = shared
-                    while len(_BASES) > _CACHE_MAX:
+                    while len(_BASES) > CACHE_MAX:
                         _BASES.popitem(last=False)
             self._bases[structural] = shared
         return self._bases[structural]
@@ -336,7 +278,7 @@ def expand(composer: Composer, overrides: Sequence[str], sweeper_params: dict[st
 def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: Path | None = None) -> Plan:
     """Compose and judge every cell the overrides describe. Raises SweepError on bad input."""
     overrides = list(overrides) or list(DEMO_OVERRIDES)
-    _register_schemas()
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="gpudays"):
         composer = Composer(search_dirs)
@@ -423,7 +365,7 @@ def predict(
 
 def compose_one(overrides: Sequence[str], search_dirs: Sequence[Path] = ()) -> DictConfig:
     """Compose a single cell (with its hydra node), for ``--cfg``."""
-    _register_schemas()
+    register_schemas()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="gpudays"):
         composer = Composer(search_dirs)

@@ -10,22 +10,6 @@ import pytest
 from orchestrator.cluster import LocalCluster, missing_packages, missing_packages_message
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two lanes for pytest-xdist's ``--dist loadgroup`` (pyproject.toml's addopts run the suite on two workers).
-
-    Each lane runs on one worker, its tests one after another as before: ``slurm`` (one cluster for the session;
-    its tests mostly wait on the scheduler: time limits, sleeps, a node down) and ``local`` (DeepSpeed probes and
-    sweeps on this machine, CPU-bound). So no two tests of a lane ever overlap, and the waiting lane and the
-    computing lane share the two cores. Unit tests belong to no lane and fill in on either worker.
-    """
-    here = os.path.dirname(__file__)
-    for item in items:
-        if not str(item.path).startswith(here):
-            continue
-        lane = "slurm" if item.get_closest_marker("slurm") else "local"
-        item.add_marker(pytest.mark.xdist_group(lane))
-
-
 def require_slurm_packages() -> None:
     """Skip the calling test when SLURM's Debian packages are missing; under CI (``CI=true``), fail instead."""
     missing = missing_packages()
