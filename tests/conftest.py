@@ -3,11 +3,43 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from orchestrator.sweep import plan
+
+INTEGRATION = Path(__file__).parent / "integration"
+SLURM_FILES = frozenset(
+    f"tests/integration/{path.name}" for path in INTEGRATION.glob("test_*.py") if "mark.slurm" in path.read_text()
+)
+"""Integration test files with SLURM tests: they share one local cluster, and one kills a node another's job uses."""
+
+
+def lane(nodeid: str) -> str | None:
+    """The lane an integration test runs in, one test at a time: ``slurm`` or ``local`` (DeepSpeed and FSDP on
+    this machine's CPU, and local sweeps); None for a unit test, which may run anywhere, beside anything."""
+    path = nodeid.split("::", 1)[0]
+    if not path.startswith("tests/integration/"):
+        return None
+    return "slurm" if path in SLURM_FILES else "local"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``-n 2``: each lane whole on one worker, its tests one after another, unit tests on either.
+
+    xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,
+    and pytest 9.2 builds node ids without it, so grouped tests spread over both workers.
+    """
+    from xdist.scheduler import LoadScopeScheduling
+
+    class LaneScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return lane(nodeid) or nodeid
+
+    return LaneScheduling(config, log)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
