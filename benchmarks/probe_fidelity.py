@@ -84,6 +84,21 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def rank_env(rank: int, world_size: int, port: str) -> dict[str, str]:
+    """The environment of one rank of a CPU probe on this machine (one thread, gloo on 127.0.0.1:``port``)."""
+    return {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world_size),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": port,
+        "OMP_NUM_THREADS": "1",
+    }
+
+
 def run_cell(cell: dict[str, Any], workdir: Path, timeout_s: float = 3600) -> tuple[dict[str, Any], float]:
     """Run the probe on ``cell`` with one process per rank; rank 0's result and the wall time of the job."""
     workdir.mkdir(parents=True, exist_ok=True)
@@ -93,17 +108,7 @@ def run_cell(cell: dict[str, Any], workdir: Path, timeout_s: float = 3600) -> tu
     started = time.perf_counter()
     procs = []
     for rank in range(world_size):
-        env = {
-            **os.environ,
-            "DS_ACCELERATOR": "cpu",
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-        }
+        env = rank_env(rank, world_size, port)
         log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the wait
         cmd = [sys.executable, "-m", "orchestrator.probe", str(cell_yaml), "--out", str(workdir / "rank{rank}.json")]
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log), log))

@@ -83,6 +83,25 @@ def fmt(value: Any, width: int = 9) -> str:
     return f"{'-' if value is None else value!s:>{width}}"
 
 
+COLUMNS = ("wall_s", "job_s", *PHASES, "step_time_s")
+
+
+def print_row(row: dict[str, Any]) -> None:
+    """One line of the table: the figures, then the ratio to the probe (a reference) or why the cell failed."""
+    if row["status"] != "ok":
+        tail = f"  {row['status']}: {row['reason']}"
+    elif "ratio_probe_over_whole" in row:
+        tail = f"  probe/whole {row['ratio_probe_over_whole']:.4f}"
+    else:
+        tail = ""
+    print(
+        f"{row['cell']:<28} "
+        + " ".join(fmt(row[c]) for c in COLUMNS)
+        + f" {fmt(row['step_time_method'])} {fmt(row['micro_batch_size'], 4)} {fmt(row['search_trials'], 6)}{tail}",
+        flush=True,
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpu", default="h100-80gb")
@@ -95,20 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     base = [f"gpu={args.gpu}", "num_gpus=1", "cluster=local", f"method={args.method}", *args.overrides]
-    columns = ("wall_s", "job_s", *PHASES, "step_time_s")
-    print(f"{'cell':<28} " + " ".join(f"{c:>9}" for c in columns) + f" {'method':>9} {'mb':>4} {'trials':>6}")
+    print(f"{'cell':<28} " + " ".join(f"{c:>9}" for c in COLUMNS) + f" {'method':>9} {'mb':>4} {'trials':>6}")
     rows = []
     for model in args.models.split(","):
         record, wall_s = run_sweep(args.dir / f"{model}-probe", [f"model={model}", *base])
         row = row_of(f"{model} probe", record, wall_s)
         rows.append(row)
-        print(
-            f"{row['cell']:<28} "
-            + " ".join(fmt(row[c]) for c in columns)
-            + f" {fmt(row['step_time_method'])} {fmt(row['micro_batch_size'], 4)} {fmt(row['search_trials'], 6)}"
-            + ("" if row["status"] == "ok" else f"  {row['status']}: {row['reason']}"),
-            flush=True,
-        )
+        print_row(row)
         if not args.reference or row["status"] != "ok":
             continue
         whole = [
@@ -125,13 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         if ref["status"] == "ok":
             ref["ratio_probe_over_whole"] = row["step_time_s"] / ref["step_time_s"]
         rows.append(ref)
-        print(
-            f"{ref['cell']:<28} "
-            + " ".join(fmt(ref[c]) for c in columns)
-            + f" {fmt(ref['step_time_method'])} {fmt(ref['micro_batch_size'], 4)}"
-            + (f"  probe/whole {ref['ratio_probe_over_whole']:.4f}" if ref["status"] == "ok" else f"  {ref['status']}"),
-            flush=True,
-        )
+        print_row(ref)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
     return 0

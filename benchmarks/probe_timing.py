@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
-from probe_fidelity import MODELS, REPO, _free_port, compose_cell
+from probe_fidelity import MODELS, REPO, _free_port, compose_cell, rank_env
 
 SIXTEEN = ["model.global_batch_size=16", "method.micro_batch_size=1"]
 CELLS: dict[str, list[str]] = {
@@ -95,18 +95,8 @@ def run(name: str, workdir: Path, rounds: int, budget_s: float) -> dict[str, Any
     load_before = os.getloadavg()[0]
     procs = []
     for rank in range(world_size):
-        env = {
-            **os.environ,
-            "DS_ACCELERATOR": "cpu",
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world_size),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": port,
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "benchmarks"), os.environ.get("PYTHONPATH", "")]),
-        }
+        env = rank_env(rank, world_size, port)
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "benchmarks"), os.environ.get("PYTHONPATH", "")])
         log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the wait
         cmd = [sys.executable, __file__, "--worker", str(cell_yaml), "--out", str(workdir / "result.json")]
         cmd += ["--rounds", str(rounds)]

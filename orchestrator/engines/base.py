@@ -11,6 +11,7 @@ nothing and never gets here.
 
 from __future__ import annotations
 
+import gc
 import importlib
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,6 +21,15 @@ if TYPE_CHECKING:
 
     from orchestrator.batch import BatchPlan
     from orchestrator.schema import Config
+
+# The optimizer every engine trains with, so that engines differ only in how they shard and run it.
+ADAM_BETAS = (0.9, 0.95)
+"""Adam betas of every Pythia run (EleutherAI/pythia models/*.yml)."""
+ADAM_EPS = 1e-8
+WEIGHT_DECAY = 0.01
+"""Pythia's weight decay (models/*.yml)."""
+GRADIENT_CLIPPING = 1.0
+"""Pythia clips gradients at norm 1.0; the norm is part of a real step's cost, so the probe computes it too."""
 
 
 class Engine(Protocol):
@@ -59,6 +69,15 @@ class Engine(Protocol):
 
     def describe(self) -> dict[str, Any]:
         """The engine's part of the record's environment: library versions, its config, whether compiled."""
+
+
+def free_device_memory(device: torch.device) -> None:
+    """Give back what a released engine held: collect its objects, then empty the CUDA allocator's cache."""
+    gc.collect()
+    if device.type == "cuda":
+        import torch
+
+        torch.cuda.empty_cache()
 
 
 def engine_module_name(kind: str) -> str:

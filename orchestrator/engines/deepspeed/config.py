@@ -7,18 +7,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
+
 if TYPE_CHECKING:
     from orchestrator.batch import BatchPlan
     from orchestrator.schema import MethodConfig
 
 PRECISIONS = ("bf16", "fp16", "fp32")
-ADAM_BETAS = (0.9, 0.95)
-"""Adam betas of every Pythia run (EleutherAI/pythia models/*.yml)."""
-ADAM_EPS = 1e-8
-WEIGHT_DECAY = 0.01
-"""Pythia's weight decay (models/*.yml)."""
-GRADIENT_CLIPPING = 1.0
-"""Pythia clips gradients at norm 1.0; the norm is part of a real step's cost, so the probe computes it too."""
 
 
 def uses_torch_adam(method: MethodConfig) -> bool:

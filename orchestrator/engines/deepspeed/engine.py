@@ -10,11 +10,11 @@ batch dimension of its data dynamic, so ``torch.compile`` builds one graph for e
 from __future__ import annotations
 
 import contextlib
-import gc
 import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.engines.base import free_device_memory
 from orchestrator.engines.deepspeed.config import build_ds_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.failures import UnsupportedError
@@ -140,11 +140,7 @@ class DeepSpeedEngine:
             with contextlib.suppress(Exception):
                 engine.destroy()
             del engine
-        gc.collect()
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        free_device_memory(self.device)
 
     @property
     def num_parameters(self) -> int:

@@ -12,11 +12,10 @@ Process group: NCCL on CUDA, gloo on the CPU (FSDP2's collectives run on gloo th
 
 from __future__ import annotations
 
-import gc
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.deepspeed.config import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
+from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
@@ -132,11 +131,7 @@ class FsdpEngine:
 
     def release(self) -> None:
         self.module, self.optimizer = None, None
-        gc.collect()
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.empty_cache()
+        free_device_memory(self.device)
 
     @property
     def num_parameters(self) -> int:
