@@ -14,7 +14,9 @@ from typing import Any
 
 import yaml
 
+from analysis.columns import columns_of
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
+from orchestrator.schema import GpuConfig, ModelConfig
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
     _YamlLoader: Any = yaml.CSafeLoader
@@ -29,31 +31,6 @@ DEFAULT_ENGINE = "deepspeed"
 """The engine of a record written before ``method.engine`` existed."""
 FSDP_SETTING_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
 """Settings only the FSDP engine reads: empty (not applicable) in a DeepSpeed cell's row."""
-MODEL_KEYS = (
-    "num_layers",
-    "hidden_size",
-    "num_heads",
-    "vocab_size",
-    "intermediate_size",
-    "seq_length",
-    "global_batch_size",
-    "train_steps",
-    "num_parameters",
-)
-GPU_KEYS = (
-    "accelerator",
-    "architecture",
-    "memory_gib",
-    "peak_tflops_bf16",
-    "peak_tflops_fp16",
-    "peak_tflops_tf32",
-    "peak_tflops_fp32",
-    "supports_bf16",
-    "supports_tf32",
-    "board_power_w",
-    "purchase_price_usd",
-    "cloud_usd_per_gpu_hour",
-)
 GPU_PRICE_KEYS = ("board_power_w", "purchase_price_usd", "cloud_usd_per_gpu_hour")
 """Figures that change over time: taken from today's ``conf/gpu`` when the GPU is known there."""
 
@@ -126,7 +103,7 @@ class Catalog:
                     f"model {name!r} is not in conf/model and its config has no shape; "
                     "FLOPs and predictions are left empty"
                 )
-            return {f"model_{k}": as_number(merged.get(k)) for k in MODEL_KEYS}, problem
+            return columns_of(ModelConfig, "model", merged), problem
 
         return self._cached(("model", name, *stored.items()), build)
 
@@ -149,15 +126,7 @@ class Catalog:
                     kept = any(stored.get(k) is not None for k in GPU_PRICE_KEYS)
                     tail = "used the figures stored with the cell" if kept else "costs and energy are left empty"
                     problem = f"GPU {name!r} is not in conf/gpu (known: {', '.join(sorted(self.gpus))}); {tail}"
-            columns: dict[str, Any] = {}
-            for key in GPU_KEYS:
-                value = merged.get(key)
-                if key in ("accelerator", "architecture"):
-                    columns[f"gpu_{key}"] = as_name(value)
-                elif key.startswith("supports"):
-                    columns[f"gpu_{key}"] = as_bool(value)
-                else:
-                    columns[f"gpu_{key}"] = as_number(value)
+            columns = columns_of(GpuConfig, "gpu", merged)
             return columns, problem
 
         return self._cached(("gpu", name, *stored.items()), build)

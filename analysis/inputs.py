@@ -15,19 +15,15 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
 from orchestrator.engines.deepspeed.memory import activation_bytes_per_sequence, buffer_bytes, model_state_bytes
 from orchestrator.engines.fsdp import memory as fsdp_memory
-from orchestrator.models import family_module
-from orchestrator.schema import MethodConfig, ModelConfig
+from orchestrator.models import FAMILIES, family_module
+from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
 
 METHOD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MethodConfig)}
 """orchestrator.schema.MethodConfig's defaults, for old or partial configs that lack a setting."""
 
-MODEL_FIELDS = ("family", "num_layers", "hidden_size", "num_heads", "vocab_size", "intermediate_size", "seq_length",
-                "global_batch_size", "num_parameters", "train_steps")  # fmt: skip
-GPU_FIELDS = ("accelerator", "architecture", "memory_gib", "peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_tf32",
-              "peak_tflops_fp32", "supports_tf32", "cloud_usd_per_gpu_hour", "purchase_price_usd",
-              "board_power_w")  # fmt: skip
 DEFAULT_FAMILY = ModelConfig.family
 
 
@@ -45,8 +41,8 @@ def flat_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         return value if isinstance(value, Mapping) else {}
 
     model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
-    row: dict[str, Any] = {f"model_{k}": model.get(k) for k in MODEL_FIELDS}
-    row.update({f"gpu_{k}": gpu.get(k) for k in GPU_FIELDS})
+    row: dict[str, Any] = columns_of(ModelConfig, "model", model)
+    row.update(columns_of(GpuConfig, "gpu", gpu))
     row.update({k: method.get(k) for k in METHOD_DEFAULTS if k != "micro_batch_size"})
     row.update(
         model=model.get("name"),
@@ -123,6 +119,10 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
             return np.full(length, default, dtype=object)
         return np.array([v if isinstance(v, str) and v else default for v in values], dtype=object)
 
+    def raw(name: str) -> list[Any]:
+        values = columns.get(name)
+        return [None] * length if values is None else list(values)
+
     def flag(name: str, default: bool) -> np.ndarray:
         values = columns.get(name)
         if values is None:
@@ -131,10 +131,10 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
     layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
     heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")
-    ffn = num("model_intermediate_size")
-    family = text("model_family", DEFAULT_FAMILY)
-    known = np.all([np.isfinite(x) & (x > 0) for x in (layers, hidden, heads, vocab, seq, batch)], axis=0)
-    known &= np.array([f in _known_families() for f in family], dtype=bool)
+    # The whole architecture, one typed ModelConfig per distinct combination of its fields' columns.
+    architecture = [raw(f"model_{name}") for name in ARCHITECTURE_FIELDS]
+    models = _models(architecture, length)
+    known = np.array([m is not None for m in models], dtype=bool) & np.isfinite(batch) & (batch > 0)
 
     precision = text("precision", METHOD_DEFAULTS["precision"])
     attention = text("attention", METHOD_DEFAULTS["attention"])
@@ -149,18 +149,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         default=fp32_peak,
     )
 
-    shapes = [family, layers, hidden, heads, vocab, np.where(ffn > 0, ffn, 0.0), seq]
-    methods = [attention, checkpointing, compiled, precision]
-
-    def model_of(key: tuple[Any, ...]) -> ModelConfig:
-        fam, n_layers, h, a, v, f, s = key[:7]
-        return ModelConfig(
-            name="", family=fam, num_layers=int(n_layers), hidden_size=int(h), num_heads=int(a),
-            vocab_size=int(v), intermediate_size=int(f) or None, seq_length=int(s),
-        )  # fmt: skip
-
-    def per_model(key: tuple[Any, ...]) -> tuple[float, ...]:
-        model = model_of(key)
+    def per_model(model: ModelConfig) -> tuple[float, ...]:
         fam = family_module(model.family)
         return (
             float(fam.num_parameters(model)),
@@ -169,14 +158,15 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
             float(fam.largest_weight_elements(model)),
         )
 
-    def per_model_method(key: tuple[Any, ...]) -> tuple[float, ...]:
+    def per_model_method(model: ModelConfig, key: tuple[Any, ...]) -> tuple[float, ...]:
         method = MethodConfig(
-            attention=key[7], activation_checkpointing=bool(key[8]), compile=bool(key[9]), precision=key[10]
+            attention=key[0], activation_checkpointing=bool(key[1]), compile=bool(key[2]), precision=key[3]
         )
-        return (activation_bytes_per_sequence(model_of(key), method),)
+        return (activation_bytes_per_sequence(model, method),)
 
-    params, flops, flops_recompute, largest = _by_distinct(shapes, known, per_model, 4)
-    (per_sequence,) = _by_distinct(shapes + methods, known, per_model_method, 1)
+    methods = [attention, checkpointing, compiled, precision]
+    params, flops, flops_recompute, largest = _by_distinct(models, [], known, per_model, 4)
+    (per_sequence,) = _by_distinct(models, methods, known, per_model_method, 1)
     micro_setting = num("micro_batch_size_setting")
     return Inputs(
         layers=layers,
@@ -238,24 +228,50 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     return out
 
 
-def _known_families() -> set[str]:
-    from orchestrator.models import FAMILIES
+def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | None]:
+    """Each row's ModelConfig, built once per distinct architecture; None where it is incomplete, of an unknown
+    family, or a shape its family cannot build."""
+    built: dict[tuple[Any, ...], ModelConfig | None] = {}
+    out: list[ModelConfig | None] = []
+    for values in zip(*architecture, strict=True):
+        key = tuple(None if _missing(v) else _plain(v) for v in values)
+        if key not in built:
+            built[key] = _buildable(config_of(ModelConfig, dict(zip(ARCHITECTURE_FIELDS, key, strict=True))))
+        out.append(built[key])
+    return out
 
-    return set(FAMILIES)
+
+def _buildable(model: ModelConfig | None) -> ModelConfig | None:
+    if model is None or model.family not in FAMILIES:
+        return None
+    shape = (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, model.seq_length)
+    if min(shape) < 1:
+        return None
+    return None if FAMILIES[model.family].architecture_errors(model) else model
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA
 
 
 def _by_distinct(
-    keys: list[np.ndarray], known: np.ndarray, compute: Callable[[tuple[Any, ...]], tuple[float, ...]], width: int
+    models: list[ModelConfig | None],
+    keys: list[np.ndarray],
+    known: np.ndarray,
+    compute: Callable[..., tuple[float, ...]],
+    width: int,
 ) -> list[np.ndarray]:
-    """``compute`` once per distinct key among the known rows, spread back to every row (NaN where unknown)."""
+    """``compute(model[, key])`` once per distinct model (and key), spread back to every row (NaN where unknown)."""
     out = np.full((width, len(known)), np.nan)
-    rows = np.flatnonzero(known)
-    if len(rows) == 0:
-        return list(out)
-    frame = pd.DataFrame({i: k[rows] for i, k in enumerate(keys)})
-    codes, uniques = pd.factorize(pd.MultiIndex.from_frame(frame))
-    values = np.array([compute(tuple(_plain(v) for v in key)) for key in uniques], dtype=float).reshape(-1, width)
-    out[:, rows] = values[codes].T
+    done: dict[tuple[int, tuple[Any, ...]], tuple[float, ...]] = {}
+    for row in np.flatnonzero(known):
+        model = models[row]
+        assert model is not None
+        key = tuple(_plain(k[row]) for k in keys)
+        memo = (id(model), key)
+        if memo not in done:
+            done[memo] = compute(model, key) if keys else compute(model)
+        out[:, row] = done[memo]
     return list(out)
 
 
