@@ -14,8 +14,9 @@ import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from orchestrator.domains import problems as domain_problems
 from orchestrator.models import config_errors
-from orchestrator.schema import Config, MethodConfig, ModelConfig
+from orchestrator.schema import FSDP_SHARDINGS, Config, MethodConfig, ModelConfig
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -56,18 +57,6 @@ IDENTITY_METHOD_KEYS_IF_SET = ("engine", "fsdp_sharding", "fsdp_offload", "fsdp_
 values), so that every cell measured before the FSDP engine existed keeps its id."""
 FSDP_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
 """The method keys only the FSDP engine reads."""
-
-ENGINES = ("deepspeed", "fsdp")
-FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
-FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
-PRECISIONS = ("bf16", "fp16", "fp32")
-ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
-ZERO_STAGES = (0, 1, 2, 3)
-BACKENDS = ("local", "slurm")
-ACCELERATORS = ("cuda", "cpu")
-PROBE_KINDS = ("deepspeed", "sleep")
-"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep``
-measures nothing."""
 
 TIME_LIMIT_WARNING_S = 90
 """SLURM signals a job this long before its time limit (``--signal=USR2@90``); the job side requeues or stops then,
@@ -213,38 +202,11 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
 
 
 def check_values(cell: Config) -> list[Refusal]:
-    """Values outside their allowed sets: these are input errors, not impossible cells."""
-    m, gpu, cluster = cell.method, cell.gpu, cell.cluster
-    errors: list[Refusal] = []
-
-    def one_of(key: str, value: Any, allowed: tuple[Any, ...]) -> None:
-        if value not in allowed:
-            errors.append(Refusal(key, f"{value!r} is not accepted; use one of {', '.join(map(str, allowed))}"))
-
-    one_of("method.precision", m.precision, PRECISIONS)
-    one_of("method.attention", m.attention, ATTENTIONS)
-    one_of("method.zero_stage", m.zero_stage, ZERO_STAGES)
-    one_of("method.engine", m.engine, ENGINES)
-    one_of("method.fsdp_sharding", m.fsdp_sharding, FSDP_SHARDINGS)
-    one_of("method.fsdp_reduce_precision", m.fsdp_reduce_precision, FSDP_REDUCE_PRECISIONS)
-    one_of("cluster.backend", cluster.backend, BACKENDS)
-    one_of("gpu.accelerator", gpu.accelerator, ACCELERATORS)
-    one_of("probe.kind", cell.probe.kind, PROBE_KINDS)
-    if parse_micro_batch(m.micro_batch_size) is None:
-        errors.append(
-            Refusal("method.micro_batch_size", f"{m.micro_batch_size!r} is not accepted; use auto or an integer > 0")
-        )
-    for key in ("num_gpus", "num_nodes"):
-        value = getattr(cell, key)
-        if value < 1:
-            errors.append(Refusal(key, f"{value} is not accepted; use an integer >= 1"))
-    for key in ("time_limit_min", "gpus_per_node", "cpus_per_gpu", "array_parallelism", "max_array_size"):
-        value = getattr(cluster, key)
-        if value < 1:
-            errors.append(Refusal(f"cluster.{key}", f"{value} is not accepted; use an integer >= 1"))
-    if cluster.max_requeue_on_timeout < 0:
-        errors.append(Refusal("cluster.max_requeue_on_timeout", "use 0 (never requeue) or a positive count"))
-    errors.extend(Refusal(key, problem) for key, problem in config_errors(cell.model).items())
+    """Values outside their fields' domains (declared beside each field in ``orchestrator.schema``), model shapes
+    their family cannot build, and strings that would break the job script: input errors, not impossible cells."""
+    errors = [Refusal(key, problem) for key, _, problem in domain_problems(cell)]
+    if not any(r.key.startswith("model.") for r in errors):  # a family's shape rules assume sane numbers
+        errors.extend(Refusal(key, problem) for key, problem in config_errors(cell.model).items())
     errors.extend(check_scheduler_strings(cell))
     return errors
 

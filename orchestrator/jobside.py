@@ -36,7 +36,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 from typing import Any, cast
@@ -47,7 +47,7 @@ from orchestrator import cells, slurm
 from orchestrator.cells import TIME_LIMIT_WARNING_S
 from orchestrator.paths import SweepPaths, write_json_atomic
 from orchestrator.record import Metrics, Record, read_cell_config, write_record
-from orchestrator.schema import to_config
+from orchestrator.schema import Config, to_config
 from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
@@ -145,15 +145,16 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
     cell = read_cell_config(paths.cell_config(cell_id))
+    typed, refusals = typed_cell(cell)
     env = submitit.JobEnvironment()
     rank, world_size, local_rank = env.global_rank, env.num_tasks, env.local_rank
     local_world_size = max(1, world_size // max(1, env.num_nodes))
     addr, port = rendezvous(str(env.job_id), list(env.hostnames))
     set_distributed_env(rank, world_size, local_rank, local_world_size, addr, port)
-    if cell["gpu"]["accelerator"] == "cpu":
+    if typed is not None and typed.gpu.accelerator == "cpu":
         # Must precede the first import of deepspeed; one thread per rank unless the scheduler gave more cores.
         os.environ["DS_ACCELERATOR"] = "cpu"
-        threads = os.environ.get("SLURM_CPUS_PER_TASK") or str(cell["cluster"]["cpus_per_gpu"])
+        threads = os.environ.get("SLURM_CPUS_PER_TASK") or str(typed.cluster.cpus_per_gpu)
         os.environ.setdefault("OMP_NUM_THREADS", threads)
 
     # Each rank says where it runs before any collective: once rank 0 is past the probe's collectives, every
@@ -171,8 +172,17 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     )
 
     try:
-        if cell["probe"]["kind"] == "sleep":
-            result = sleep_probe(float(cell["probe"]["sleep_s"]))
+        if typed is None or refusals:
+            # The same config fails the same way on every rerun: nothing is built, and the record says invalid.
+            result: dict[str, Any] = {
+                "status": RecordStatus.INVALID.value,
+                "reason": f"the cell's config cannot be built: {'; '.join(refusals)}",
+                "traceback": None,
+                "metrics": {},
+                "environment": {},
+            }
+        elif typed.probe.kind == "sleep":
+            result = sleep_probe(typed.probe.sleep_s)
         else:
             from orchestrator.probe import run_probe
 
@@ -215,12 +225,12 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         status, reason = judge(result, _time_limit_signal)
         record = Record(
             cell_id=cell_id,
-            sweep=cell["name"],
+            sweep=typed.name if typed is not None else str(cell.get("name", "")),
             attempt=attempt,
             status=status,
             reason=reason,
             traceback=result.get("traceback"),
-            settings=cells.settings(to_config(cell)),
+            settings=cells.settings(typed) if typed is not None else {},
             config=cell,
             metrics=cast(Metrics, result.get("metrics") or {}),
             environment=environment,
@@ -230,6 +240,16 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         write_record(paths.record(cell_id), record)
         return status.value
     return str(result.get("status", "failed"))
+
+
+def typed_cell(cell: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
+    """The job's cell as the schema's dataclasses, and every value outside its domain (the checks planning ran,
+    run again: a cell.yaml may have been edited, or written by an older gpudays); None where it is not a cell."""
+    try:
+        typed = to_config(cell)
+    except ValueError as e:
+        return None, [str(e)]
+    return typed, [str(r) for r in cells.check_values(typed)]
 
 
 def final_exception(traceback_text: str | None) -> str | None:

@@ -15,6 +15,26 @@ from typing import Any, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
+from orchestrator.domains import domain
+
+# The named values of the fields below; each field's domain (``orchestrator.domains``) is declared beside it.
+ACCELERATORS = ("cuda", "cpu")
+ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cpu")
+ENGINES = ("deepspeed", "fsdp")
+"""The training engines, each a folder ``orchestrator/engines/<name>/``."""
+ZERO_STAGES = (0, 1, 2, 3)
+FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
+FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("bf16", "fp16", "fp32")
+ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+BACKENDS = ("local", "slurm")
+PROBE_KINDS = ("deepspeed", "sleep")
+"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep``
+measures nothing."""
+STEP_TIMINGS = ("composed", "whole")
+NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of letters, digits and _ . -")
+"""Names that become folder names, job names and table keys."""
+
 
 @dataclass
 class ModelConfig:
@@ -24,39 +44,39 @@ class ModelConfig:
     ``conf/model`` file names only what differs from that; which of them a family reads is said in its module.
     """
 
-    name: str = MISSING
+    name: str = field(default=MISSING, metadata=NAME)
     """Short name used in tables and cell folders, e.g. ``pythia-1b``."""
     family: str = "gpt_neox"
     """The architecture family, a module under ``orchestrator/models/``: ``gpt_neox`` (Pythia), ``llama``
     (SmolLM2, Llama 3.2), ``qwen3``, ``olmo2``."""
-    num_layers: int = MISSING
-    hidden_size: int = MISSING
-    num_heads: int = MISSING
+    num_layers: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
+    hidden_size: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
+    num_heads: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
     """Query heads."""
-    vocab_size: int = MISSING
+    vocab_size: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
     """Padded vocabulary size, as in the model's published config."""
-    intermediate_size: Optional[int] = None
+    intermediate_size: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
     """MLP width; ``None`` means 4 × hidden_size, as in every Pythia model (the other families require it)."""
-    rotary_pct: float = 0.25
+    rotary_pct: float = field(default=0.25, metadata=domain(ge=0, le=1))
     """Fraction of each head's dimensions that get rotary position embeddings (1.0 for the Llama-style families)."""
-    num_kv_heads: Optional[int] = None
+    num_kv_heads: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
     """Key/value heads of grouped-query attention; ``None`` means one per query head (multi-head attention).
     This and the fields below up to ``norm_eps`` are read by the llama, qwen3 and olmo2 families."""
-    head_dim: Optional[int] = None
+    head_dim: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
     """Width of one attention head; ``None`` means hidden_size / num_heads (Qwen3 sets 128 for every size)."""
     tie_word_embeddings: bool = False
     """The output projection shares the input embedding's matrix (one V×h matrix instead of two)."""
-    rope_theta: Optional[float] = None
+    rope_theta: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Rotary base; ``None`` means the family's default (10,000 for Pythia)."""
-    norm_eps: Optional[float] = None
+    norm_eps: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Epsilon of the normalisation layers; ``None`` means the family's default. Changes no count, only numerics."""
-    seq_length: int = 2048
-    global_batch_size: int = 1024
+    seq_length: int = field(default=2048, metadata=domain(ge=1, integer=True))
+    global_batch_size: int = field(default=1024, metadata=domain(ge=1, integer=True))
     """Sequences per optimizer step across all GPUs."""
-    train_steps: int = 143_000
+    train_steps: int = field(default=143_000, metadata=domain(ge=1, integer=True))
     """Optimizer steps of the full training run."""
-    lr: float = 1e-3
-    num_parameters: Optional[int] = None
+    lr: float = field(default=1e-3, metadata=domain(gt=0))
+    num_parameters: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
     """Published parameter count; tests check it against the architecture."""
 
 
@@ -64,27 +84,27 @@ class ModelConfig:
 class GpuConfig:
     """One accelerator type: what it holds, how fast it can go, and what it costs."""
 
-    name: str = MISSING
-    accelerator: str = "cuda"
+    name: str = field(default=MISSING, metadata=NAME)
+    accelerator: str = field(default="cuda", metadata=domain(choices=ACCELERATORS))
     """``cuda`` for NVIDIA GPUs, ``cpu`` to run the probe on host cores (one process per requested "GPU")."""
-    architecture: str = MISSING
+    architecture: str = field(default=MISSING, metadata=domain(choices=ARCHITECTURES))
     """volta, ampere, ada, hopper or cpu; decides bf16 and TF32 support."""
-    memory_gib: float = MISSING
-    peak_tflops_bf16: Optional[float] = None
+    memory_gib: float = field(default=MISSING, metadata=domain(gt=0))
+    peak_tflops_bf16: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Dense tensor-core peak, no sparsity; ``None`` where the GPU has no bf16."""
-    peak_tflops_fp16: Optional[float] = None
-    peak_tflops_tf32: Optional[float] = None
-    peak_tflops_fp32: Optional[float] = None
+    peak_tflops_fp16: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
+    peak_tflops_tf32: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
+    peak_tflops_fp32: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Non-tensor fp32 peak."""
     supports_bf16: bool = True
     supports_tf32: bool = True
-    board_power_w: Optional[float] = None
-    purchase_price_usd: Optional[float] = None
-    cloud_usd_per_gpu_hour: Optional[float] = None
-    nvlink_gbytes_s: Optional[float] = None
+    board_power_w: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
+    purchase_price_usd: Optional[float] = field(default=None, metadata=domain(ge=0, optional=True))
+    cloud_usd_per_gpu_hour: Optional[float] = field(default=None, metadata=domain(ge=0, optional=True))
+    nvlink_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """NVLink bandwidth of one GPU, both directions together, GB/s, as datasheets quote it (900 on an H100 SXM);
     ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""
-    pcie_gbytes_s: Optional[float] = None
+    pcie_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Host link of one GPU, both directions together, GB/s (PCIe x16: 32 gen 3, 64 gen 4, 128 gen 5)."""
 
 
@@ -96,16 +116,16 @@ class MethodConfig:
     cell that sets one engine's fields off their defaults under the other engine is refused (orchestrator.cells).
     """
 
-    engine: str = "deepspeed"
+    engine: str = field(default="deepspeed", metadata=domain(choices=ENGINES))
     """Training engine: ``deepspeed`` (ZeRO) or ``fsdp`` (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``);
     the module ``orchestrator/engines/<engine>/``."""
-    zero_stage: int = 0
+    zero_stage: int = field(default=0, metadata=domain(choices=ZERO_STAGES))
     """DeepSpeed ZeRO stage, 0 (plain data parallel) to 3."""
     offload_optimizer: bool = False
     """Keep optimizer states (and the step) on the CPU; needs ZeRO stage 1, 2 or 3."""
     offload_params: bool = False
     """Keep parameters on the CPU between uses; needs ZeRO stage 3."""
-    fsdp_sharding: str = "full"
+    fsdp_sharding: str = field(default="full", metadata=domain(choices=FSDP_SHARDINGS))
     """FSDP2 only: ``full`` (parameters, gradients and optimizer states sharded; parameters resharded after the
     forward, as ZeRO-3), ``grad_op`` (no resharding after the forward: gradients and optimizer states sharded,
     whole parameters held from the forward to the backward, as ZeRO-2), ``none`` (plain data parallel: every
@@ -114,19 +134,19 @@ class MethodConfig:
     fsdp_offload: bool = False
     """FSDP2 only: ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer states on the host, the
     optimizer step on the CPU; needs a CUDA GPU (on the CPU there is nothing to offload to)."""
-    fsdp_reduce_precision: str = "fp32"
+    fsdp_reduce_precision: str = field(default="fp32", metadata=domain(choices=FSDP_REDUCE_PRECISIONS))
     """FSDP2 only: the dtype gradients are reduced (and accumulated) in, ``fp32`` or ``bf16``; the parameters'
     compute dtype is ``precision``."""
     activation_checkpointing: bool = False
-    precision: str = "bf16"
+    precision: str = field(default="bf16", metadata=domain(choices=PRECISIONS))
     """bf16, fp16 (dynamic loss scaling) or fp32."""
-    micro_batch_size: Any = "auto"
+    micro_batch_size: Any = field(default="auto", metadata=domain(choices=("auto",), ge=1, integer=True))
     """Sequences per GPU per forward pass: a positive integer, or ``auto`` for the largest that fits."""
     compile: bool = False
     """Wrap the model in ``torch.compile``."""
     tf32: bool = True
     """Allow TF32 matmuls (Ampere and newer)."""
-    attention: str = "sdpa"
+    attention: str = field(default="sdpa", metadata=domain(choices=ATTENTIONS))
     """Attention implementation: sdpa, eager, or flash_attention_2 when flash-attn is installed."""
 
 
@@ -134,27 +154,27 @@ class MethodConfig:
 class ClusterConfig:
     """Where cells run: this machine (``local``) or a SLURM cluster."""
 
-    backend: str = "local"
+    backend: str = field(default="local", metadata=domain(choices=BACKENDS))
     """``local`` runs cells one after another on this machine through submitit; ``slurm`` submits with sbatch."""
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
     constraint: Optional[str] = None
     """A SLURM constraint added to every job (``--constraint``)."""
-    time_limit_min: int = 60
-    gpus_per_node: int = 8
+    time_limit_min: int = field(default=60, metadata=domain(ge=1, integer=True))
+    gpus_per_node: int = field(default=8, metadata=domain(ge=1, integer=True))
     """Most GPUs one node of this cluster has; a cell asking for more per node is refused."""
-    cpus_per_gpu: int = 4
-    mem_gb_per_gpu: Optional[int] = None
+    cpus_per_gpu: int = field(default=4, metadata=domain(ge=1, integer=True))
+    mem_gb_per_gpu: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
     gres_by_gpu: dict[str, str] = field(default_factory=dict)
     """GPU config name → gres type, e.g. ``a100-80gb: a100`` requests ``--gres=gpu:a100:N``."""
     constraint_by_gpu: dict[str, str] = field(default_factory=dict)
     """GPU config name → constraint, for clusters that select GPU types by feature instead of gres type."""
-    array_parallelism: int = 16
+    array_parallelism: int = field(default=16, metadata=domain(ge=1, integer=True))
     """At most this many tasks of one array job run at once."""
-    max_array_size: int = 1000
+    max_array_size: int = field(default=1000, metadata=domain(ge=1, integer=True))
     """The cluster's MaxArraySize; larger groups are split into several array jobs."""
-    max_requeue_on_timeout: int = 1
+    max_requeue_on_timeout: int = field(default=1, metadata=domain(ge=0, integer=True))
     """How often a cell that reaches its time limit requeues itself (it starts again from scratch, under the
     same job id) before it ends as ``timeout``; 0 never. Preempted cells requeue without limit."""
     setup: list[str] = field(default_factory=list)
@@ -163,7 +183,7 @@ class ClusterConfig:
     """Environment variables exported in the job (NCCL settings and the like)."""
     template: str = "default.sh.j2"
     """The sbatch preamble template under ``sbatch_templates/``."""
-    inter_node_gbits_s: Optional[float] = None
+    inter_node_gbits_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Network bandwidth from one node to the others, all its ports together, one direction, Gb/s (InfiniBand
     HDR is 200 Gb/s a port, NDR 400); ``None`` where unknown. Used only by the analytic parallelism estimates."""
 
@@ -172,28 +192,28 @@ class ClusterConfig:
 class ProbeConfig:
     """How long and how carefully the probe measures a cell."""
 
-    kind: str = "deepspeed"
+    kind: str = field(default="deepspeed", metadata=domain(choices=PROBE_KINDS))
     """``deepspeed`` measures: the training probe (the name predates a second engine; ``method.engine`` picks
     DeepSpeed or FSDP); ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
-    sleep_s: float = 0.0
+    sleep_s: float = field(default=0.0, metadata=domain(ge=0))
 
-    step_timing: str = "composed"
+    step_timing: str = field(default="composed", metadata=domain(choices=STEP_TIMINGS))
     """``composed``: time micro-steps and the boundary step (reduction, optimizer) apart and compose a step as
     accumulation × micro-step + boundary; ``whole``: time whole accumulation cycles (see orchestrator/timing.py)."""
-    warmup_steps: int = 2
+    warmup_steps: int = field(default=2, metadata=domain(ge=0, integer=True))
     """Steps run before timing starts (compilation and allocator warm-up); shortened to the micro-steps of one
     composed sample when ``step_timing`` is ``composed``."""
-    min_steps: int = 5
+    min_steps: int = field(default=5, metadata=domain(ge=1, integer=True))
     """Timed optimizer steps before the stopping rule is consulted."""
-    max_steps: int = 50
-    target_ci_pct: float = 2.0
+    max_steps: int = field(default=50, metadata=domain(ge=1, integer=True, at_least="min_steps"))
+    target_ci_pct: float = field(default=2.0, metadata=domain(gt=0))
     """Stop once the 95% confidence half-width of the mean step time is under this % of the mean."""
-    time_budget_s: float = 300.0
+    time_budget_s: float = field(default=300.0, metadata=domain(gt=0))
     """Wall-clock budget for the timed steps of one cell."""
-    memory_limit_gib: Optional[float] = None
+    memory_limit_gib: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Treat a micro-batch whose peak memory exceeds this as out of memory (a limit imposed on the probe)."""
-    seed: int = 0
+    seed: int = field(default=0, metadata=domain(ge=0, integer=True))
 
 
 @dataclass
@@ -205,8 +225,8 @@ class Config:
     method: MethodConfig = MISSING
     cluster: ClusterConfig = MISSING
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    num_gpus: int = 1
-    num_nodes: int = 1
+    num_gpus: int = field(default=1, metadata=domain(ge=1, integer=True))
+    num_nodes: int = field(default=1, metadata=domain(ge=1, integer=True))
     """Nodes the cell's GPUs are spread over; ``num_gpus`` must be a multiple of it."""
     name: str = "gpudays"
     """Name of the sweep, used for job names."""

@@ -219,6 +219,19 @@ class Composer:
             self._values[cache_key] = node
         return self._values[cache_key]
 
+    def origin(self, overrides: Sequence[str], key: str) -> str:
+        """Where the cell's value of ``key`` comes from: the command line, or the config-group file chosen."""
+        parsed = [self._parse_one(text) for text in overrides]
+        if any(self._is_plain_value(o, sweeps_too=True) and o.key_or_group == key for o in parsed):
+            return "set on the command line"
+        structural = tuple(o.input_line or "" for o in parsed if not self._is_plain_value(o))
+        choices = self._base(structural).choices
+        group = key.split(".")[0]
+        where = f"conf/{group}/{choices[group]}.yaml" if choices.get(group) else "conf/config.yaml"
+        if choices.get("experiment"):
+            where += f" or conf/experiment/{choices['experiment']}.yaml"
+        return f"from {where}"
+
     def compose_cell(self, overrides: Sequence[str]) -> dict[str, Any]:
         """The cell's resolved config as a plain dict, exactly as Hydra would compose it."""
         parsed = [self._parse_one(text) for text in overrides]
@@ -304,7 +317,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
             typed = to_config(container)
             bad = cells_mod.check_values(typed)
             if bad:
-                errors.extend(f"in the cell {' '.join(ov)}: {r}" for r in bad)
+                errors.extend(f"in the cell {' '.join(ov)}: {r} ({composer.origin(ov, r.key)})" for r in bad)
                 continue
             cid = cells_mod.cell_id(typed)
             if cid in by_id:
