@@ -1,10 +1,12 @@
 """Model families: one module per family holds all of that family's arithmetic and its builder.
 
-A family module (``gpt_neox`` today) owns, for its architecture, everything :class:`Family` lists: the parameter
-count, training FLOPs per token (with and without activation recomputation), activation and logit bytes per
-token, the largest single weight, and the transformers config and module that build it. The probe, the DeepSpeed
-memory model, the predictor and the report import these from here; nothing else repeats them. Adding a family is
-one module here that satisfies :class:`Family`, one entry in ``FAMILIES`` and its ``conf/model`` files.
+A family module owns, for its architecture, everything :class:`Family` lists: the parameter count, training FLOPs
+per token (with and without activation recomputation), activation and logit bytes per token, the largest single
+weight, and the shapes it refuses. Its three builder functions (``architecture_errors``, ``build_model_config``,
+``build_model``) are the methods of its ``BUILDER``, a :class:`building.Builder` that names the family's
+transformers classes, config arguments and refusals; the building itself is written once, there. The probe, the
+engines' memory models, the predictor and the report import these from here; nothing else repeats them. Adding a
+family is one module here that satisfies :class:`Family`, one entry in ``FAMILIES`` and its ``conf/model`` files.
 """
 
 from __future__ import annotations

@@ -1,18 +1,82 @@
-"""Building a transformers causal LM with random weights, the same way for every family."""
+"""Building a transformers causal LM with random weights, the same way for every family.
+
+A family module names only what is its own: the transformers config and causal-LM classes, the keyword arguments
+its config takes, and the shapes it refuses. :class:`Builder` does the rest, once for every family: it refuses a
+shape before transformers sees it, makes the config, and builds the module on the device it will run on. A
+family module binds the builder's methods to its module-level names (``build_model = BUILDER.build_model``), so
+every family satisfies :class:`orchestrator.models.Family` with the one copy here.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+    from orchestrator.schema import ModelConfig
 
 
-def build_from_config(config: Any, causal_lm: Any, attention: str, dtype: Any, device: Any, init_context: Any) -> Any:
-    """A randomly initialised ``causal_lm`` from ``config``, nothing downloaded, built where it will run.
+def where(model: ModelConfig) -> str:
+    """How a refusal names the model: ``model 'smollm2-135m' (llama)``."""
+    return f"model {model.name!r} ({model.family})"
 
-    It is built directly on ``device`` in the training dtype: initialising a billion parameters on the host in fp32
-    would take minutes of the probe's time and four bytes a parameter on every rank. ``init_context`` (e.g.
-    ``deepspeed.zero.Init`` for ZeRO stage 3) builds it already partitioned, so no rank holds the whole model.
-    transformers sets the default dtype to ``dtype`` while it builds. A missing attention implementation
-    (flash-attn not installed) raises ImportError.
+
+@dataclass(frozen=True)
+class Builder:
+    """One family's transformers module: its classes, the config's arguments, and the shapes it cannot take.
+
+    ``config_class`` and ``causal_lm_class`` are names in ``transformers`` (imported only when a model is built,
+    so planning never imports it). ``config_kwargs`` gives the config's keyword arguments for a model whose shape
+    ``refusals`` accepts; ``refusals`` gives, by the key to fix, what is wrong with the shape, each problem in
+    words that follow :func:`where`.
     """
-    with init_context if init_context is not None else device:
-        return causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
+
+    config_class: str
+    causal_lm_class: str
+    config_kwargs: Callable[[ModelConfig], dict[str, Any]]
+    refusals: Callable[[ModelConfig], dict[str, str]]
+
+    def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
+        """Shapes the transformers module cannot build, by the key to fix (empty when it can).
+
+        Found at planning time, so a cell that could only fail inside its job is refused before it is submitted.
+        """
+        return {key: f"{where(model)}: {problem}" for key, problem in self.refusals(model).items()}
+
+    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+        """The transformers config of the cell's model; a ValueError naming the model when the shape is refused."""
+        errors = self.architecture_errors(model)
+        if errors:
+            raise ValueError(next(iter(errors.values())))
+        import transformers
+
+        config = getattr(transformers, self.config_class)(**self.config_kwargs(model))
+        config._attn_implementation = attention
+        return config
+
+    def build_model(
+        self,
+        model: ModelConfig,
+        attention: str,
+        dtype: torch.dtype,
+        device: torch.device,
+        init_context: Any = None,
+    ) -> torch.nn.Module:
+        """A randomly initialised causal LM of the cell's model, nothing downloaded, built where it will run.
+
+        It is built directly on ``device`` in the training dtype: initialising a billion parameters on the host in
+        fp32 would take minutes of the probe's time and four bytes a parameter on every rank. ``init_context`` (e.g.
+        ``deepspeed.zero.Init`` for ZeRO stage 3) builds it already partitioned, so no rank holds the whole model.
+        transformers sets the default dtype to ``dtype`` while it builds. A missing attention implementation
+        (flash-attn not installed) raises ImportError.
+        """
+        import transformers
+
+        config = self.build_model_config(model, attention)
+        causal_lm = getattr(transformers, self.causal_lm_class)
+        with init_context if init_context is not None else device:
+            module: torch.nn.Module = causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
+        return module

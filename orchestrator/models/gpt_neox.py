@@ -2,21 +2,19 @@
 
 The arithmetic is pure and follows the published formulas, each checked against the real transformers module in
 ``tests/unit/models/`` (parameters against ``numel`` on the meta device, FLOPs against
-``torch.utils.flop_counter.FlopCounterMode``, activation bytes against the tensors a training step keeps);
-``build_model`` is the only function here that allocates a model. Notation: L layers, h hidden size, f MLP
-width, a heads, V vocabulary, s sequence length, B sequences per optimizer step.
+``torch.utils.flop_counter.FlopCounterMode``, activation bytes against the tensors a training step keeps). The
+module itself is built by ``building.Builder`` from the classes, config arguments and refusals named here.
+Notation: L layers, h hidden size, f MLP width, a heads, V vocabulary, s sequence length, B sequences per
+optimizer step.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.models.building import build_from_config
+from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import GPTNeoXConfig
-
     from orchestrator.schema import ModelConfig
 
 ROPE_THETA = 10_000.0
@@ -127,67 +125,49 @@ def largest_weight_elements(model: ModelConfig) -> int:
     return max(model.vocab_size * h, h * intermediate_size(model), 3 * h * h)
 
 
-def build_model_config(model: ModelConfig, attention: str) -> GPTNeoXConfig:
-    """A transformers GPT-NeoX config for the cell's model: untied embeddings, parallel residual, partial rotary."""
-    from transformers import GPTNeoXConfig
-
-    config = GPTNeoXConfig(
-        vocab_size=model.vocab_size,
-        hidden_size=model.hidden_size,
-        num_hidden_layers=model.num_layers,
-        num_attention_heads=model.num_heads,
-        intermediate_size=intermediate_size(model),
-        max_position_embeddings=model.seq_length,
-        rope_parameters={
+def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """GPTNeoXConfig's arguments for the cell's model: untied embeddings, parallel residual, partial rotary."""
+    return {
+        "vocab_size": model.vocab_size,
+        "hidden_size": model.hidden_size,
+        "num_hidden_layers": model.num_layers,
+        "num_attention_heads": model.num_heads,
+        "intermediate_size": intermediate_size(model),
+        "max_position_embeddings": model.seq_length,
+        "rope_parameters": {
             "rope_type": "default",
             "rope_theta": ROPE_THETA,
             "partial_rotary_factor": model.rotary_pct,
         },
-        use_parallel_residual=True,
-        tie_word_embeddings=False,
+        "use_parallel_residual": True,
+        "tie_word_embeddings": False,
         # Pythia trains without dropout; no KV cache in training.
-        attention_dropout=0.0,
-        hidden_dropout=0.0,
-        use_cache=False,
-    )
-    config._attn_implementation = attention
-    return config
+        "attention_dropout": 0.0,
+        "hidden_dropout": 0.0,
+        "use_cache": False,
+    }
 
 
-def build_model(
-    model: ModelConfig,
-    attention: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    init_context: Any = None,
-) -> torch.nn.Module:
-    """A randomly initialised GPTNeoXForCausalLM (see ``building.build_from_config``)."""
-    from transformers import GPTNeoXForCausalLM
-
-    config = build_model_config(model, attention)
-    module: torch.nn.Module = build_from_config(config, GPTNeoXForCausalLM, attention, dtype, device, init_context)
-    return module
-
-
-def architecture_errors(model: ModelConfig) -> dict[str, str]:
-    """Shapes transformers' GPT-NeoX cannot build, or fields of other families it would silently ignore, by key.
-
-    Found at planning time, so a cell that could only fail inside its job is refused before it is submitted.
-    """
-    where = f"model {model.name!r} (gpt_neox)"
-    errors: dict[str, str] = {}
+def refusals(model: ModelConfig) -> dict[str, str]:
+    """Shapes transformers' GPT-NeoX cannot build, or fields of other families it would silently ignore, by key."""
+    problems: dict[str, str] = {}
     if model.num_heads < 1 or model.hidden_size % model.num_heads:
-        errors["model.num_heads"] = (
-            f"{where}: hidden_size={model.hidden_size} is not a multiple of num_heads={model.num_heads}; use a "
-            f"divisor of {model.hidden_size}"
+        problems["model.num_heads"] = (
+            f"hidden_size={model.hidden_size} is not a multiple of num_heads={model.num_heads}; use a divisor of "
+            f"{model.hidden_size}"
         )
     if model.num_kv_heads not in (None, model.num_heads):
-        errors["model.num_kv_heads"] = f"{where}: GPT-NeoX has no grouped-query attention; leave it null"
+        problems["model.num_kv_heads"] = "GPT-NeoX has no grouped-query attention; leave it null"
     if model.head_dim is not None:
-        errors["model.head_dim"] = f"{where}: GPT-NeoX's head size is hidden_size / num_heads; leave it null"
+        problems["model.head_dim"] = "GPT-NeoX's head size is hidden_size / num_heads; leave it null"
     if model.tie_word_embeddings:
-        errors["model.tie_word_embeddings"] = f"{where}: Pythia's embeddings are untied; use false"
+        problems["model.tie_word_embeddings"] = "Pythia's embeddings are untied; use false"
     if not 0.0 < model.rotary_pct <= 1.0:
-        errors["model.rotary_pct"] = f"{where}: rotary_pct={model.rotary_pct}; use a fraction in (0, 1]"
-    return errors
+        problems["model.rotary_pct"] = f"rotary_pct={model.rotary_pct}; use a fraction in (0, 1]"
+    return problems
 
+
+BUILDER = Builder("GPTNeoXConfig", "GPTNeoXForCausalLM", config_kwargs, refusals)
+architecture_errors = BUILDER.architecture_errors
+build_model_config = BUILDER.build_model_config
+build_model = BUILDER.build_model

@@ -2,8 +2,8 @@
 
 The architecture: pre-norm RMSNorm, grouped-query attention without biases, rotary embeddings on every head
 dimension, a SwiGLU MLP, and input and output embeddings that are tied or not. ``qwen3`` and ``olmo2`` import this
-arithmetic (``num_parameters``'s ``extra_per_layer``, the byte counts of a norm, the attention and the MLP,
-``config_kwargs``; the builder is ``building.build_from_config``) and add their own norms.
+arithmetic (``num_parameters``'s ``extra_per_layer``, the byte counts of a norm, the attention and the MLP, the
+``refusals`` and ``common_config_kwargs`` their ``building.Builder`` takes) and add their own norms.
 
 Notation: L layers, h hidden size, f MLP width, a query heads, k key/value heads, d head width, V vocabulary,
 s sequence length. The attention projections are h×ad (queries), 2 × h×kd (keys, values) and ad×h (output).
@@ -13,13 +13,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.models.building import build_from_config
-from orchestrator.models.gpt_neox import COMPILED_LOGIT_BYTES_PER_ENTRY, LOGIT_BYTES_PER_ENTRY
+import orchestrator.models.gpt_neox as gpt_neox
+from orchestrator.models.building import Builder, where
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import PretrainedConfig
-
     from orchestrator.schema import ModelConfig
 
 ROPE_THETA = 10_000.0
@@ -27,6 +24,9 @@ ROPE_THETA = 10_000.0
 NORM_EPS = 1e-5
 """RMSNorm epsilon when a model file gives none (SmolLM2 and Llama 3.2 use 1e-5)."""
 BYTES_16BIT = 2
+INTERMEDIATE_SIZE_REQUIRED = (
+    "intermediate_size is required for this family (the published MLP width, e.g. 1536 for SmolLM2-135M)"
+)
 
 
 def num_kv_heads(model: ModelConfig) -> int:
@@ -42,25 +42,8 @@ def head_dim(model: ModelConfig) -> int:
 def intermediate_size(model: ModelConfig) -> int:
     """SwiGLU width f. Llama-style models publish it; there is no rule to derive it from h."""
     if model.intermediate_size is None:
-        raise ValueError(
-            f"model {model.name!r} ({model.family}): intermediate_size is required for this family "
-            "(the published MLP width, e.g. 1536 for SmolLM2-135M)"
-        )
+        raise ValueError(f"{where(model)}: {INTERMEDIATE_SIZE_REQUIRED}")
     return model.intermediate_size
-
-
-def check(model: ModelConfig) -> None:
-    """Refuse shapes the transformers module cannot build, naming the model and the key."""
-    where = f"model {model.name!r} ({model.family})"
-    if model.num_heads % num_kv_heads(model):
-        raise ValueError(
-            f"{where}: num_heads={model.num_heads} is not a multiple of num_kv_heads={num_kv_heads(model)}"
-        )
-    if model.head_dim is None and model.hidden_size % model.num_heads:
-        raise ValueError(f"{where}: hidden_size={model.hidden_size} is not a multiple of num_heads; set head_dim")
-    if model.rotary_pct != 1.0:
-        raise ValueError(f"{where}: rotary_pct={model.rotary_pct}; this family rotates every head dimension (1.0)")
-    intermediate_size(model)
 
 
 def attention_parameters(model: ModelConfig) -> int:
@@ -166,10 +149,9 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return float(norms + projection_inputs + attention_bytes(model, attention) + mlp_bytes(model))
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
-    """Peak bytes per token of the logits and the loss: transformers' causal-LM loss path is the one GPT-NeoX takes
-    (16-bit logits, an fp32 copy for the cross-entropy and its gradient), so the measured per-entry figures apply."""
-    return (COMPILED_LOGIT_BYTES_PER_ENTRY if compiled else LOGIT_BYTES_PER_ENTRY) * model.vocab_size
+# Peak bytes per token of the logits and the loss: transformers' causal-LM loss path is the one GPT-NeoX takes
+# (16-bit logits, an fp32 copy for the cross-entropy and its gradient), so its measured per-entry figures apply.
+logit_bytes_per_token = gpt_neox.logit_bytes_per_token
 
 
 def largest_weight_elements(model: ModelConfig) -> int:
@@ -181,9 +163,26 @@ def largest_weight_elements(model: ModelConfig) -> int:
     return max(model.vocab_size * h, h * intermediate_size(model), h * model.num_heads * head_dim(model))
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, Any]:
-    """The keyword arguments a transformers Llama-like config takes for ``model`` (shared with qwen3, olmo2)."""
-    check(model)
+def refusals(model: ModelConfig) -> dict[str, str]:
+    """Shapes the transformers module cannot build, by the key to fix (shared with qwen3 and olmo2)."""
+    problems: dict[str, str] = {}
+    kv = num_kv_heads(model)
+    if kv < 1 or model.num_heads % kv:
+        problems["model.num_kv_heads"] = f"num_heads={model.num_heads} is not a multiple of num_kv_heads={kv}"
+    if model.head_dim is None and (model.num_heads < 1 or model.hidden_size % model.num_heads):
+        problems["model.num_heads"] = f"hidden_size={model.hidden_size} is not a multiple of num_heads; set head_dim"
+    if model.rotary_pct != 1.0:
+        problems["model.rotary_pct"] = f"rotary_pct={model.rotary_pct}; this family rotates every head dimension (1.0)"
+    if model.intermediate_size is None:
+        problems["model.intermediate_size"] = INTERMEDIATE_SIZE_REQUIRED
+    return problems
+
+
+def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, Any]:
+    """The keyword arguments every transformers Llama-like config takes (shared with qwen3 and olmo2).
+
+    ``norm_eps`` is the family's RMSNorm epsilon, used where the model file gives none.
+    """
     return {
         "vocab_size": model.vocab_size,
         "hidden_size": model.hidden_size,
@@ -197,7 +196,7 @@ def config_kwargs(model: ModelConfig) -> dict[str, Any]:
             "rope_type": "default",
             "rope_theta": model.rope_theta if model.rope_theta is not None else ROPE_THETA,
         },
-        "rms_norm_eps": model.norm_eps if model.norm_eps is not None else NORM_EPS,
+        "rms_norm_eps": model.norm_eps if model.norm_eps is not None else norm_eps,
         "tie_word_embeddings": model.tie_word_embeddings,
         "attention_bias": False,
         "attention_dropout": 0.0,
@@ -209,39 +208,12 @@ def config_kwargs(model: ModelConfig) -> dict[str, Any]:
     }
 
 
-def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:
-    """A transformers LlamaConfig for the cell's model."""
-    from transformers import LlamaConfig
-
-    config = LlamaConfig(**config_kwargs(model), mlp_bias=False)
-    config._attn_implementation = attention
-    return config
+def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """LlamaConfig's arguments for the cell's model: the common ones and an MLP without biases."""
+    return common_config_kwargs(model, NORM_EPS) | {"mlp_bias": False}
 
 
-def build_model(
-    model: ModelConfig,
-    attention: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    init_context: Any = None,
-) -> torch.nn.Module:
-    """A randomly initialised LlamaForCausalLM; a missing attention implementation raises ImportError."""
-    from transformers import LlamaForCausalLM
-
-    config = build_model_config(model, attention)
-    module: torch.nn.Module = build_from_config(config, LlamaForCausalLM, attention, dtype, device, init_context)
-    return module
-
-
-def architecture_errors(model: ModelConfig) -> dict[str, str]:
-    """``check``'s refusals as a key → problem mapping, for planning (empty when the module can be built)."""
-    try:
-        check(model)
-    except ValueError as e:
-        text = str(e)
-        key = next(
-            (f"model.{k}" for k in ("num_kv_heads", "num_heads", "rotary_pct", "intermediate_size") if k in text),
-            "model",
-        )
-        return {key: text}
-    return {}
+BUILDER = Builder("LlamaConfig", "LlamaForCausalLM", config_kwargs, refusals)
+architecture_errors = BUILDER.architecture_errors
+build_model_config = BUILDER.build_model_config
+build_model = BUILDER.build_model

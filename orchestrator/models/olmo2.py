@@ -11,12 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.models.llama as llama
-from orchestrator.models.building import build_from_config
+from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import PretrainedConfig
-
     from orchestrator.schema import ModelConfig
 
 NORM_EPS = 1e-6
@@ -55,44 +52,19 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return float(inputs + qk_norms + attention_kept + post_norms + llama.mlp_bytes(model))
 
 
-def largest_weight_elements(model: ModelConfig) -> int:
-    """``llama.largest_weight_elements``: the norms are vectors."""
-    return llama.largest_weight_elements(model)
+# The norms are vectors and the loss path is transformers' causal-LM one, as in ``llama``.
+largest_weight_elements = llama.largest_weight_elements
+logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
-    """``llama.logit_bytes_per_token``: the same loss path."""
-    return llama.logit_bytes_per_token(model, compiled)
+def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """Olmo2Config's arguments: ``llama``'s with OLMo 2's norm epsilon. Olmo2Config has no head_dim argument of its
+    own; its attention reads the attribute when it is there."""
+    return llama.common_config_kwargs(model, NORM_EPS)
 
 
-def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:
-    """A transformers Olmo2Config for the cell's model."""
-    from transformers import Olmo2Config
-
-    kwargs = llama.config_kwargs(model)
-    if model.norm_eps is None:
-        kwargs["rms_norm_eps"] = NORM_EPS
-    # Olmo2Config has no head_dim argument of its own; its attention reads the attribute when it is there.
-    config = Olmo2Config(**kwargs)
-    config._attn_implementation = attention
-    return config
-
-
-def build_model(
-    model: ModelConfig,
-    attention: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    init_context: Any = None,
-) -> torch.nn.Module:
-    """A randomly initialised Olmo2ForCausalLM, built as ``building.build_from_config`` builds."""
-    from transformers import Olmo2ForCausalLM
-
-    config = build_model_config(model, attention)
-    module: torch.nn.Module = build_from_config(config, Olmo2ForCausalLM, attention, dtype, device, init_context)
-    return module
-
-
-def architecture_errors(model: ModelConfig) -> dict[str, str]:
-    """``llama.architecture_errors``: the same attention and MLP shapes."""
-    return llama.architecture_errors(model)
+# The attention and MLP shapes, and so what transformers cannot build, are ``llama``'s.
+BUILDER = Builder("Olmo2Config", "Olmo2ForCausalLM", config_kwargs, llama.refusals)
+architecture_errors = BUILDER.architecture_errors
+build_model_config = BUILDER.build_model_config
+build_model = BUILDER.build_model

@@ -10,12 +10,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import orchestrator.models.llama as llama
-from orchestrator.models.building import build_from_config
+from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    import torch
-    from transformers import PretrainedConfig
-
     from orchestrator.schema import ModelConfig
 
 NORM_EPS = 1e-6
@@ -27,9 +24,9 @@ def num_parameters(model: ModelConfig) -> int:
     return llama.num_parameters(model, extra_per_layer=2 * llama.head_dim(model))
 
 
-def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
-    """``llama.flops_per_token``: the q/k norms are elementwise and add no matrix product."""
-    return llama.flops_per_token(model, recompute)
+# The q/k norms are elementwise and add no matrix product; Qwen3 is pre-norm like Llama, so recomputation skips
+# the same down projection.
+flops_per_token = llama.flops_per_token
 
 
 def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool = False) -> float:
@@ -44,43 +41,19 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return llama.activation_bytes_per_token_per_layer(model, attention) + qk_norms
 
 
-def largest_weight_elements(model: ModelConfig) -> int:
-    """``llama.largest_weight_elements``: the norms are vectors."""
-    return llama.largest_weight_elements(model)
+# The norms are vectors and the loss path is transformers' causal-LM one, as in ``llama``.
+largest_weight_elements = llama.largest_weight_elements
+logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
-    """``llama.logit_bytes_per_token``: the same loss path."""
-    return llama.logit_bytes_per_token(model, compiled)
+def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+    """Qwen3Config's arguments: ``llama``'s with Qwen3's norm epsilon and no sliding window (as in every published
+    Qwen3 model)."""
+    return llama.common_config_kwargs(model, NORM_EPS) | {"use_sliding_window": False}
 
 
-def build_model_config(model: ModelConfig, attention: str) -> PretrainedConfig:
-    """A transformers Qwen3Config for the cell's model (no sliding window, as in every published Qwen3 model)."""
-    from transformers import Qwen3Config
-
-    kwargs = llama.config_kwargs(model)
-    if model.norm_eps is None:
-        kwargs["rms_norm_eps"] = NORM_EPS
-    config = Qwen3Config(**kwargs, use_sliding_window=False)
-    config._attn_implementation = attention
-    return config
-
-
-def build_model(
-    model: ModelConfig,
-    attention: str,
-    dtype: torch.dtype,
-    device: torch.device,
-    init_context: Any = None,
-) -> torch.nn.Module:
-    """A randomly initialised Qwen3ForCausalLM, built as ``building.build_from_config`` builds."""
-    from transformers import Qwen3ForCausalLM
-
-    config = build_model_config(model, attention)
-    module: torch.nn.Module = build_from_config(config, Qwen3ForCausalLM, attention, dtype, device, init_context)
-    return module
-
-
-def architecture_errors(model: ModelConfig) -> dict[str, str]:
-    """``llama.architecture_errors``: the same attention and MLP shapes."""
-    return llama.architecture_errors(model)
+# The attention and MLP shapes, and so what transformers cannot build, are ``llama``'s.
+BUILDER = Builder("Qwen3Config", "Qwen3ForCausalLM", config_kwargs, llama.refusals)
+architecture_errors = BUILDER.architecture_errors
+build_model_config = BUILDER.build_model_config
+build_model = BUILDER.build_model
