@@ -153,3 +153,9 @@ def test_the_job_refuses_an_edited_cell_as_invalid_without_building_it(
     record = read_record(paths.record("abc"), "abc")
     assert record.status is RecordStatus.INVALID
     assert "probe.max_steps: 0 is not accepted" in str(record.reason)
+
+
+def test_the_readme_lists_every_domain_as_the_schema_declares_it() -> None:
+    readme = (CONF.parent / "README.md").read_text()
+    for key, accepted in describe_all(Config):
+        assert f"| `{key}` | {accepted} |" in readme, key
