@@ -213,7 +213,18 @@ def config_kwargs(model: ModelConfig) -> dict[str, Any]:
     return common_config_kwargs(model, NORM_EPS) | {"mlp_bias": False}
 
 
-BUILDER = Builder("LlamaConfig", "LlamaForCausalLM", config_kwargs, refusals)
+def llama_refusals(model: ModelConfig) -> dict[str, str]:
+    """``refusals``, and LlamaConfig's own rule (transformers 5.23 validates it; Qwen3's and OLMo 2's configs do not):
+    the hidden size is a multiple of the query heads even where ``head_dim`` sets the heads' width."""
+    problems = refusals(model)
+    if model.head_dim is not None and model.num_heads >= 1 and model.hidden_size % model.num_heads:
+        problems.setdefault(
+            "model.num_heads", f"hidden_size={model.hidden_size} is not a multiple of num_heads={model.num_heads}"
+        )
+    return problems
+
+
+BUILDER = Builder("LlamaConfig", "LlamaForCausalLM", config_kwargs, llama_refusals)
 architecture_errors = BUILDER.architecture_errors
 build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model

@@ -148,3 +148,14 @@ def test_shapes_the_module_cannot_take_are_refused_with_the_model_and_key(
     with pytest.raises(ValueError, match=words) as err:
         llama.build_model_config(tiny(**overrides), "sdpa")
     assert "'tiny'" in str(err.value)
+
+
+def test_a_hidden_size_not_a_multiple_of_the_heads_is_refused_even_with_head_dim_set() -> None:
+    # LlamaConfig validates this itself (a StrictDataclass error inside the job otherwise); Qwen3's config does not.
+    from orchestrator.models import qwen3
+
+    model = ModelConfig(name="odd", family="llama", num_layers=2, hidden_size=100, num_heads=3, vocab_size=64,
+                        intermediate_size=128, rotary_pct=1.0, head_dim=64)  # fmt: skip
+    assert "model.num_heads" in llama.architecture_errors(model)
+    assert "model.num_heads" not in qwen3.architecture_errors(dataclasses.replace(model, family="qwen3"))
+    llama.build_model_config(dataclasses.replace(model, hidden_size=96), "sdpa")  # a multiple: transformers agrees
