@@ -18,6 +18,9 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.states import ACTIVE, UNFIXABLE, State
+from orchestrator.status import counts
+
 # Columns of the measured-cells table, with their short headers; cost columns are shown where the frame has them.
 CELL_COLUMNS = {
     "cell_id": "cell",
@@ -51,17 +54,38 @@ PLAN_PREDICTION_COLUMNS = {
     "predicted_cost_usd_amortised": "usd_amortised",
     "predicted_energy_kwh": "kwh",
 }
-STATE_STYLE = {
-    "ok": "green",
-    "does_not_fit": "yellow",
-    "pending": "cyan",
-    "running": "blue",
-    "timeout": "magenta",
-    "preempted": "magenta",
-    "node_fail": "magenta",
-    "cancelled": "bright_black",
+STATE_STYLE: dict[State, str] = {
+    State.NEW: "white",
+    State.PENDING: "cyan",
+    State.HELD: "yellow",
+    State.RUNNING: "blue",
+    State.OK: "green",
+    State.DOES_NOT_FIT: "yellow",
+    State.OOM: "yellow",
+    State.INVALID: "red",
+    State.FAILED: "red",
+    State.HOST_OOM: "red",
+    State.TIMEOUT: "magenta",
+    State.PREEMPTED: "magenta",
+    State.NODE_FAIL: "magenta",
+    State.CANCELLED: "bright_black",
+    State.CORRUPT: "red",
+    State.LOST: "red",
+    State.UNKNOWN: "white",
 }
-"""Colours of cell states; every other state (failed, oom, corrupt, lost) is a problem, in red."""
+"""The colour of every cell state; a status that is no state (a record's ``comm_error``) is a problem, in red."""
+SHOW_ORDER: tuple[State, ...] = (
+    # Problems first, then what waits for a person, then what is still going on, then the answers.
+    *(State.CORRUPT, State.LOST, State.INVALID, State.FAILED, State.HOST_OOM, State.TIMEOUT, State.NODE_FAIL),
+    *(State.PREEMPTED, State.CANCELLED, State.HELD, State.NEW, State.UNKNOWN),
+    *(State.PENDING, State.RUNNING, State.OK, State.DOES_NOT_FIT, State.OOM),
+)
+"""The order of the rows of ``gpudays status``: every state once."""
+
+
+def state_style(state: Any) -> str:
+    """The colour of a state (or a state's name); red for anything else."""
+    return STATE_STYLE.get(state, "red")
 
 
 def make_console(stderr: bool = False) -> Console:
@@ -135,7 +159,7 @@ def _table(columns: dict[str, str], rows: Iterable[dict[str, Any]], numeric: Seq
 def _cell_text(key: str, value: Any) -> Text:
     text = fmt(value)
     if key in ("status", "state"):
-        return _t(text, style=STATE_STYLE.get(text, "red"))
+        return _t(text, style=state_style(text))
     return _t(text[:117] + "..." if len(text) > 120 else text)
 
 
@@ -200,14 +224,12 @@ def plan_summary(plan: Any) -> RenderableType:
     return Group(*lines)
 
 
-def summary_line(states: Sequence[Any], markup: bool = True) -> RenderableType:
-    """``12 cell(s): ok 9, running 2, failed 1``, each state in its colour."""
-    from orchestrator.status import counts
-
+def summary_line(states: Sequence[Any], markup: bool = True) -> Text:
+    """``12 cell(s): ok 9, running 2, failed 1``, in the order of ``STATES``; ``markup``: each state in its colour."""
     text = _t(f"{len(states)} cell(s): ")
     parts = counts(states)
     for i, (state, n) in enumerate(parts.items()):
-        text.append(f"{state} {n}", style=STATE_STYLE.get(state, "red") if markup else None)
+        text.append(f"{state} {n}", style=state_style(state) if markup else None)
         if i < len(parts) - 1:
             text.append(", ")
     if not parts:
@@ -215,28 +237,25 @@ def summary_line(states: Sequence[Any], markup: bool = True) -> RenderableType:
     return text
 
 
-_PROBLEMS_FIRST = ("corrupt", "lost", "failed", "oom", "timeout", "node_fail", "preempted", "cancelled", "new")
+UNFIXABLE_NOTE = "a rerun cannot fix this; not resubmitted"
+_STATUS_COLUMNS = ("cell", "state", "try", "job", "settings", "reason")
 
 
 def status_table(states: Sequence[Any], only: set[str] | None = None, max_rows: int | None = None) -> Table:
-    """A table of cells, problems first; ``only`` keeps those states, ``max_rows`` cuts the rest."""
-    order = {s: i for i, s in enumerate((*_PROBLEMS_FIRST, "pending", "running", "ok", "does_not_fit"))}
+    """A table of cells, problems first (``SHOW_ORDER``); ``only`` keeps those states, ``max_rows`` cuts the rest."""
+    order = {s: i for i, s in enumerate(SHOW_ORDER)}
     shown = sorted(
         (s for s in states if only is None or s.state in only),
-        key=lambda s: (order.get(s.state, 99), s.label or "", s.cell_id),
+        key=lambda s: (order.get(s.state, len(order)), s.label or "", s.cell_id),
     )
-    rows = [
-        {
-            "cell": s.cell_id,
-            "state": s.state,
-            "try": s.attempt,
-            "job": s.job_id or "-",
-            "settings": s.label or "",
-            "reason": s.reason if s.reason and s.state != "ok" else "",
-        }
-        for s in (shown if max_rows is None else shown[:max_rows])
-    ]
-    t = _table({k: k for k in ("cell", "state", "try", "job", "settings", "reason")}, rows, numeric=["try"])
+    rows = []
+    for s in shown if max_rows is None else shown[:max_rows]:
+        reason = s.reason if s.reason and s.state != State.OK else ""
+        if s.state in UNFIXABLE:
+            reason = f"{reason} ({UNFIXABLE_NOTE})" if reason else UNFIXABLE_NOTE
+        row = (s.cell_id, s.state, s.attempt, s.job_id or "-", s.label or "", reason)
+        rows.append(dict(zip(_STATUS_COLUMNS, row, strict=True)))
+    t = _table({k: k for k in _STATUS_COLUMNS}, rows, numeric=["try"])
     if max_rows is not None and len(shown) > max_rows:
         t.caption = f"... and {len(shown) - max_rows} more (gpudays status shows all)"
     return t
@@ -255,7 +274,7 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
     t.add_column()
     t.add_row("cell", _t(state.cell_id))
     t.add_row("settings", _t(state.label or "-"))
-    t.add_row("state", _t(state.state, style=STATE_STYLE.get(state.state, "red")))
+    t.add_row("state", _t(state.state, style=state_style(state.state)))
     t.add_row("reason", _t(state.reason or "-"))
     if state.scheduler_state:
         t.add_row(
@@ -369,7 +388,7 @@ class LocalProgress:
         step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
         reason = f": {state.reason}" if state.reason and state.state != "ok" else ""
         line = _t(f"  [{self.index}/{self.total}] {state.cell_id} ")
-        line.append(state.state, style=STATE_STYLE.get(state.state, "red"))
+        line.append(state.state, style=state_style(state.state))
         line.append(f"{step_txt} in {self._elapsed_s():.0f} s{reason}")
         if self.live is not None:
             self.live.console.print(line)
@@ -409,8 +428,6 @@ class WaitProgress:
 
     def update(self, states: Sequence[Any]) -> None:
         import time
-
-        from orchestrator.status import ACTIVE
 
         line = summary_line(states, markup=False)
         plain = line.plain if isinstance(line, Text) else str(line)

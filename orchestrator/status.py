@@ -20,6 +20,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -40,12 +41,10 @@ from orchestrator.states import (
     held_action,
     needs_rerun,
 )
-from orchestrator.status_view import STATE_STYLE, counts, summary_line, table
 
 __all__ = [
     "ACTIVE",
     "STATES",
-    "STATE_STYLE",
     "CellState",
     "SchedulerUnavailable",
     "cell_states",
@@ -54,8 +53,6 @@ __all__ = [
     "is_done",
     "needs_rerun",
     "read_attempts",
-    "summary_line",
-    "table",
 ]
 
 LOST_GRACE_S = 120.0
@@ -336,6 +333,12 @@ def _unlisted(
     if note:
         why += f" (accounting could not be asked: {note})"
     return replace(base, state=State.LOST, reason=why)
+
+
+def counts(states: Sequence[CellState]) -> dict[str, int]:
+    """How many cells are in each state, in the order of STATES, leaving out states with none."""
+    c = Counter(s.state for s in states)
+    return {k.value: c[k] for k in STATES if c[k]}
 
 
 def is_done(states: Sequence[CellState]) -> bool:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from orchestrator import states
+from orchestrator.console import SHOW_ORDER, STATE_STYLE
 from orchestrator.states import HeldAction, RecordStatus, State
-from orchestrator.status_view import STATE_STYLE
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,8 @@ def test_a_state_and_its_name_are_one_key_and_bad_names_list_the_good_ones() -> 
         states.parse_state("done")
 
 
-def test_every_state_has_a_style_and_a_kind() -> None:
+def test_every_state_has_a_style_a_place_in_the_status_table_and_a_kind() -> None:
     assert set(STATE_STYLE) == set(State)
+    assert sorted(SHOW_ORDER) == sorted(State), "every state once"
     assert states.ACTIVE.isdisjoint(states.ANSWERS) and states.UNFIXABLE.isdisjoint(states.ANSWERS)
     assert not states.all_done([State.PENDING]) and states.all_done([State.HELD, State.OK, State.LOST])

@@ -244,23 +244,76 @@ def test_a_local_cell_whose_process_is_gone_without_a_record_is_lost(sweep: Swee
     assert state.state == "lost"
 
 
-def test_summary_and_table_show_every_state_present(sweep: SweepPaths) -> None:
+def _finished(sweep: SweepPaths, cid: str, status_: str, reason: str | None = None, label: str = "") -> None:
+    """A cell as a local attempt that ended leaves it: one attempt and its record."""
+    rec = {"schema_version": 1, "cell_id": cid, "status": status_, "attempt": 1, "reason": reason, "metrics": {}}
+    write_json_atomic(sweep.record(cid), rec)
+    append_jsonl(
+        sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1", "label": label}
+    )
+
+
+def _states_sweep(sweep: SweepPaths) -> None:
+    _finished(sweep, "aaa", "ok", label="pythia-70m a100 x1")
+    _finished(sweep, "bbb", "timeout", reason="SLURM state TIMEOUT", label="pythia-1b a100 x8")
+    _finished(sweep, "ccc", "invalid", reason="heads do not divide the hidden size", label="bad-heads a100 x1")
+    _finished(sweep, "ddd", "does_not_fit", reason="micro-batch 1 does not fit", label="pythia-12b a100 x1")
+    sweep.record("fff").write_bytes(b"\x00\xff garbage")
+    append_jsonl(sweep.attempts("fff"), {**submission(), "cell_id": "fff", "backend": "local", "job_id": "1"})
+    # eee and ggg: never submitted (new).
+
+
+def _status(capsys: pytest.CaptureFixture[str], *argv: str) -> list[str]:
+    assert cli.main(["status", *argv]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_status_prints_the_counts_then_every_cell_problems_first(sweep: SweepPaths, capsys) -> None:
+    _states_sweep(sweep)
+    lines = _status(capsys, str(sweep.root))
+    # The counts in the order of STATES, then the table's header and a row per cell.
+    assert lines[0] == "7 cell(s): new 2, ok 1, does_not_fit 1, invalid 1, timeout 1, corrupt 1"
+    assert lines[1].split() == ["cell", "state", "try", "job", "settings", "reason"]
+    rows = [line.split()[:2] for line in lines[2:] if line.strip() and not set(line.strip()) <= set("─━-")]
+    assert rows == [
+        ["fff", "corrupt"],
+        ["ccc", "invalid"],
+        ["bbb", "timeout"],
+        ["eee", "new"],
+        ["ggg", "new"],
+        ["aaa", "ok"],
+        ["ddd", "does_not_fit"],
+    ]
+    by_cell = {line.split()[0]: line for line in lines[2:] if line.strip()}
+    assert "pythia-1b a100 x8" in by_cell["bbb"] and "SLURM state TIMEOUT" in by_cell["bbb"]
+    assert "heads do not divide the hidden size (a rerun cannot fix this; not resubmitted)" in by_cell["ccc"]
+    assert "not UTF-8" in by_cell["fff"]
+    assert "micro-batch 1 does not fit" in by_cell["ddd"], "an answer other than ok keeps its reason"
+
+
+def test_status_state_filter_and_summary(sweep: SweepPaths, capsys) -> None:
+    _states_sweep(sweep)
+    lines = _status(capsys, str(sweep.root), "--state", "ok,timeout")
+    assert lines[0] == "7 cell(s): new 2, ok 1, does_not_fit 1, invalid 1, timeout 1, corrupt 1", "counts of all"
+    assert [line.split()[0] for line in lines[2:] if line.strip()] == ["bbb", "aaa"]
+    assert _status(capsys, str(sweep.root), "--summary") == [lines[0]]
+
+
+def test_status_on_a_terminal_colours_each_state(sweep: SweepPaths, capsys, monkeypatch) -> None:
+    import io
+
     from rich.console import Console
 
-    states = [
-        status.CellState("c1", State.OK, 1, "1_0", label="pythia-70m a100 x1"),
-        status.CellState("c2", State.TIMEOUT, 2, "2_0", reason="SLURM state TIMEOUT", label="pythia-1b a100 x8"),
-    ]
-    assert status.summary_line(states, markup=False) == "2 cell(s): ok 1, timeout 1"
-    console = Console(width=200, record=True)
-    console.print(status.table(states))
-    text = console.export_text()
-    # Problems first.
-    assert text.index("c2") < text.index("c1")
-    assert "SLURM state TIMEOUT" in text and "pythia-1b a100 x8" in text
-    console = Console(width=200, record=True)
-    console.print(status.table(states, only={"ok"}))
-    assert "c2" not in console.export_text()
+    from orchestrator import console
+
+    _states_sweep(sweep)
+    screen = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=200, record=True)
+    monkeypatch.setattr(console, "make_console", lambda stderr=False: screen)
+    assert cli.main(["status", str(sweep.root)]) == 0
+    shown = screen.export_text(styles=True)
+    for state, sgr in (("ok", "32"), ("timeout", "35"), ("invalid", "31"), ("corrupt", "31"), ("does_not_fit", "33")):
+        assert f"\x1b[{sgr}m{state} 1\x1b[0m" in shown, state  # in the counts
+        assert f"\x1b[{sgr}m{state}" in shown.split("\n", 1)[1], state  # in the table
 
 
 def test_a_task_accounting_still_calls_pending_but_squeue_does_not_list_is_not_pending(
