@@ -6,7 +6,6 @@ A record carries its own copy of the cell's config; what an old or truncated rec
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from analysis.columns import columns_of
+from analysis.columns import as_bool, as_int, as_name, columns_of
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 from orchestrator.schema import GpuConfig, ModelConfig
 
@@ -145,38 +144,3 @@ def _read_group(folder: Path) -> dict[str, dict[str, Any]]:
             data.pop("defaults", None)
             out[str(data.get("name", path.stem))] = data
     return out
-
-
-def as_number(value: Any) -> float | None:
-    """A finite float, or None for anything missing, non-numeric or not finite (bools are not numbers here)."""
-    kind = type(value)
-    if kind is float:  # the common cases first: this runs for every field of every record
-        return value if math.isfinite(value) else None
-    if kind is int:
-        return float(value)
-    if value is None or kind is bool:
-        return None
-    try:
-        out = float(value)
-    except (TypeError, ValueError):
-        return None
-    return out if math.isfinite(out) else None
-
-
-def as_int(value: Any) -> int | None:
-    out = as_number(value)
-    return int(out) if out is not None and out == int(out) else None
-
-
-def as_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if isinstance(value, (int, float)) and value in (0, 1):
-        return bool(value)
-    return None
-
-
-def as_name(value: Any) -> str | None:
-    return str(value) if value not in (None, "") else None

@@ -48,27 +48,51 @@ def _kinds(cls: type) -> dict[str, str]:
 
 def coerce(kind: str, value: Any) -> Any:
     """``value`` as the given kind, or None where it is missing or cannot be one (NaN, a bool for a number)."""
-    if value is None:
-        return None
     if kind == "str":
-        return str(value) if value != "" and not (isinstance(value, float) and math.isnan(value)) else None
+        return as_name(value)
     if kind == "bool":
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if isinstance(value, (int, float)) and value in (0, 1):
-            return bool(value)
-        return None
+        return as_bool(value)
     if kind in ("int", "float"):
-        if isinstance(value, bool):
-            return None
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            return None
-        return number if math.isfinite(number) else None
+        return as_number(value)
     return value
+
+
+def as_number(value: Any) -> float | None:
+    """A finite float, or None for anything missing, non-numeric or not finite (bools are not numbers here)."""
+    kind = type(value)
+    if kind is float:  # the common cases first: this runs for every field of every record
+        return value if math.isfinite(value) else None
+    if kind is int:
+        return float(value)
+    if value is None or kind is bool:
+        return None
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        return None
+    return out if math.isfinite(out) else None
+
+
+def as_int(value: Any) -> int | None:
+    out = as_number(value)
+    return int(out) if out is not None and out == int(out) else None
+
+
+def as_bool(value: Any) -> bool | None:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if isinstance(value, (int, float)) and value in (0, 1):
+        return bool(value)
+    return None
+
+
+def as_name(value: Any) -> str | None:
+    """Text, or None for anything missing, empty or NaN."""
+    if value is None or value == "" or (isinstance(value, float) and math.isnan(value)):
+        return None
+    return str(value)
 
 
 def columns_of(cls: type, prefix: str, values: Mapping[str, Any]) -> dict[str, Any]:

@@ -28,7 +28,8 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.catalog import Catalog, as_int, as_name, as_number
+from analysis.catalog import Catalog
+from analysis.columns import as_int, as_name, as_number
 from orchestrator import states as vocab
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
 from orchestrator.record import BadCellConfig, BadRecord, Record, read_cell_config, read_record
