@@ -2,8 +2,8 @@
 
 ``gpudays sweep [-m] OVERRIDES...`` takes Hydra overrides (``model=pythia-70m,pythia-160m num_gpus=1,2``);
 with none, it runs the demo sweep (``+experiment=demo``) on this machine and ends with ``cells.csv``. What a
-command does lives in ``orchestrator.lifecycle`` (submit, wait, finish, resume) and what it shows in
-``orchestrator.console``.
+command does lives in ``orchestrator.lifecycle`` (submit, wait, finish, resume), the plan's predictions in
+``orchestrator.prediction``, and what it shows in ``orchestrator.console``.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ def _version() -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``sweep`` and ``plan``: compose and judge the cells, predict them, then submit (or only show) them."""
-    from orchestrator import lifecycle
+    from orchestrator import lifecycle, prediction
 
     overrides = list(args.overrides)
     if not overrides and not args.planning:
@@ -49,7 +49,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.cfg:
         return _print_config(overrides, search_dirs, args.cfg, args.resolve)
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
-    sweep_mod.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
+    prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     if args.dry_run:
         return lifecycle.preview(plan, ask_scheduler=not args.planning)
     lifecycle.show_plan(plan, predictions=False)

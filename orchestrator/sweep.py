@@ -336,32 +336,17 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
     return Plan(root, name, list(overrides), runnable, skipped, duplicates, {"sweeper": hydra_cfg})
 
 
-def predict(
-    p: Plan, margin: float | None = None, run_anyway: bool = False, calibrate_from: Sequence[Path] = ()
-) -> None:
-    """Attach a prediction to every runnable cell; those predicted not to fit even at micro-batch 1 are refused.
-
-    The predictor is calibrated on the measured records of ``calibrate_from`` (for instance this sweep's folder,
-    when it already holds records). ``run_anyway`` keeps such cells in the sweep, with the prediction shown.
-    """
-    from analysis.predict import DEFAULT_MARGIN
-    from analysis.predict import plan as predict_plan
-    from analysis.report import calibration_from
-
-    margin = DEFAULT_MARGIN if margin is None else margin
-    existing = [Path(d) for d in calibrate_from if (Path(d) / "cells").is_dir()]
-    calibration = calibration_from(existing) if existing else None
-    frame = predict_plan([c.config for c in p.cells], calibration, margin)
-    for cell, row in zip(p.cells, frame.to_dict(orient="records"), strict=True):
-        cell.prediction = row
-    if run_anyway:
-        return
+def refuse_unfit(p: Plan, margin: float) -> None:
+    """Refuse the runnable cells whose prediction says they do not fit even at micro-batch 1 (with ``margin``, the
+    share of GPU memory kept free). The prediction is attached by the command line (``orchestrator.prediction``):
+    planning judges what it is given and never calls the predictor itself."""
     kept: list[Cell] = []
     for cell in p.cells:
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
             usable = cell.typed.gpu.memory_gib * (1 - margin)
-            shard = "full sharding, fsdp_offload" if cell.typed.method.engine == "fsdp" else "a higher ZeRO stage, offload"
+            fsdp = cell.typed.method.engine == "fsdp"
+            shard = "full sharding, fsdp_offload" if fsdp else "a higher ZeRO stage, offload"
             cell.refusals.append(
                 Refusal(
                     "prediction",
