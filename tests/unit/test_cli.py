@@ -136,6 +136,18 @@ def test_hints_to_the_user_can_be_pasted_into_a_shell(tmp_path: Path, tiny_confi
     ]
 
 
+def test_status_finish_and_resume_print_the_same_counts(tmp_path: Path, tiny_config, capsys) -> None:
+    for state in ("ok", "does_not_fit", "invalid"):
+        _cell(tmp_path, tiny_config, state, reason=None if state == "ok" else "why")
+    assert cli.main(["status", str(tmp_path), "--summary"]) == Exit.OK
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line == "3 cell(s): ok 1, does_not_fit 1, invalid 1", "in the order of the states, not of the cells"
+    assert lifecycle.finish(SweepPaths(tmp_path), report=False) == Exit.CELLS_FAILED
+    assert line in capsys.readouterr().out.splitlines()
+    assert cli.main(["resume", str(tmp_path)]) == Exit.OK
+    assert capsys.readouterr().out.splitlines() == [f"nothing to resume: {line}"]
+
+
 def test_after_a_sweep_every_file_written_is_listed(tmp_path: Path, tiny_config, capsys) -> None:
     _cell(tmp_path, tiny_config, "ok", metrics={"step_time_s": 0.2, "tokens_per_s": 100.0})
     assert lifecycle.finish(SweepPaths(tmp_path), report=True) == Exit.OK
