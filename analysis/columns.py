@@ -16,7 +16,6 @@ import math
 import typing
 from collections.abc import Mapping
 from dataclasses import MISSING, fields
-from functools import cache
 from typing import Any, TypeVar
 
 from orchestrator.schema import GpuConfig, ModelConfig
@@ -34,15 +33,20 @@ ARCHITECTURE_FIELDS: tuple[str, ...] = tuple(name for name in MODEL_FIELDS if na
 """Every field a family may read to count parameters, FLOPs and bytes (with ``seq_length``)."""
 
 
-@cache
+_KINDS: dict[type, dict[str, str]] = {}
+
+
 def _kinds(cls: type) -> dict[str, str]:
     """Each field's value kind, ``str``, ``bool``, ``int``, ``float`` or ``any``, from its annotation."""
+    if cls in _KINDS:
+        return _KINDS[cls]
     hints = typing.get_type_hints(cls)
     out: dict[str, str] = {}
     for f in fields(cls):
         args = [a for a in typing.get_args(hints[f.name]) if a is not type(None)] or [hints[f.name]]
         kind = args[0]
         out[f.name] = kind.__name__ if kind in (str, bool, int, float) else "any"
+    _KINDS[cls] = out
     return out
 
 

@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from orchestrator import status  # noqa: E402
+from orchestrator import console, status  # noqa: E402
 from orchestrator.cluster import LocalCluster, missing_packages, missing_packages_message  # noqa: E402
 from orchestrator.paths import SweepPaths  # noqa: E402
 from orchestrator.record import Record, read_record  # noqa: E402
@@ -270,7 +270,7 @@ def run_soak(
     states = status.cell_states(paths)
     result.states_after_drain = status.counts(states)
     result.drained_state = {s.cell_id: s.state for s in states}
-    log(f"after draining: {status.summary_line(states, markup=False)}")
+    log(f"after draining: {console.summary_line(states, markup=False)}")
 
     while any(status.needs_rerun(s.state) for s in states) and result.resumes < settings.max_resumes:
         result.resumes += 1
@@ -281,7 +281,7 @@ def run_soak(
         except subprocess.TimeoutExpired:
             result.problems.append(f"gpudays resume --wait did not return within {settings.resume_timeout_s:.0f} s")
         states = status.cell_states(paths)
-        log(f"  {status.summary_line(states, markup=False)}")
+        log(f"  {console.summary_line(states, markup=False)}")
         if result.problems:
             break
     result.total_s = time.monotonic() - started

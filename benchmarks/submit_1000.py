@@ -182,7 +182,7 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from orchestrator import status
+    from orchestrator import console, status
     from orchestrator.cluster import LocalCluster
     from orchestrator.paths import SweepPaths
 
@@ -229,7 +229,7 @@ def main() -> int:
             inproc_s = time.perf_counter() - start
             print(f"gpudays status ({when}): {wall_s:.2f} s wall ({inproc_s:.2f} s in-process), "
                   f"{sacct_calls} sacct call(s), {squeue_calls} squeue call(s): "
-                  f"{status.summary_line(states, markup=False)}")  # fmt: skip
+                  f"{console.summary_line(states, markup=False)}")  # fmt: skip
             if result.returncode != 0:
                 print(result.stderr[-2000:])
 

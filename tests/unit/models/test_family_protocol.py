@@ -34,7 +34,7 @@ def test_every_shipped_model_names_a_known_family() -> None:
 def test_a_grid_can_mix_families_and_every_cell_gets_a_prediction() -> None:
     p = plan(["model=smollm2-135m,pythia-160m,qwen3-0.6b,olmo2-1b", "gpu=h100-80gb", "num_gpus=8"], sweep_dir=None)
     assert len(p.cells) == 4
-    from orchestrator.sweep import predict
+    from orchestrator.prediction import predict
 
     predict(p, run_anyway=True)
     for cell in p.cells:
