@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from analysis.estimates import purchase_cost_usd
-from analysis.parallelism import DEFAULT_EFFICIENCY, LayoutEstimate, Network, best_layout, min_gpus_to_fit
+from analysis.parallelism import LayoutEstimate, Network, best_layout, min_gpus_to_fit
 from analysis.shortest import MAX_GPUS, chinchilla_loss, critical_batch_sequences, scaling_curve
+from analysis.step_time import DEFAULT_EFFICIENCY
 from orchestrator.models import flops_per_token, num_parameters
 from orchestrator.schema import GpuConfig, ModelConfig
 

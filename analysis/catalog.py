@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import yaml
 
@@ -54,7 +54,7 @@ class Catalog:
         try:
             hit = self._cache.get(key)
         except TypeError:  # an unhashable value somewhere in the config: no caching for it
-            return build()
+            return cast(tuple[dict[str, Any], str | None], build())
         if hit is None:
             hit = self._cache[key] = build()
         return hit

@@ -17,14 +17,19 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from matplotlib import colormaps
+from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
+from matplotlib.gridspec import GridSpecBase
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.typing import LineStyleType
 
 from analysis.scaling import KNEE_MARGINAL_SPEEDUP
+
+RGBA = tuple[float, float, float, float]
+"""A colour as matplotlib's colormaps give it."""
 
 DAYS_PLOT = "days_vs_gpus.png"
 COST_PLOT = "cost_vs_days.png"
@@ -54,7 +59,7 @@ SHARDING_STYLES: list[tuple[str, LineStyleType]] = [
 """Marker and line style of each sharding option in the scaling plot, in the order the options sort."""
 
 
-def _panels(models: list[str], title: str, note: str) -> tuple[Figure, list]:
+def _panels(models: list[str], title: str, note: str) -> tuple[Figure, list[Axes]]:
     shown = models[:MAX_PANELS] or [""]
     ncols = min(3, len(shown))
     nrows = math.ceil(len(shown) / ncols)
@@ -108,13 +113,20 @@ def _models(frame: pd.DataFrame) -> list[str]:
     return list(dict.fromkeys(frame["model"].dropna().astype(str))) if "model" in frame.columns else []
 
 
-def _gpu_colours(frames: Iterable[pd.DataFrame]) -> dict[str, tuple]:
+def _gpu_colours(frames: Iterable[pd.DataFrame]) -> dict[str, RGBA]:
     names: list[str] = []
     for frame in frames:
         if "gpu" in frame.columns:
             names.extend(frame["gpu"].dropna().astype(str))
     cmap = colormaps["tab10"]
-    return {name: cmap(i % 10) for i, name in enumerate(sorted(dict.fromkeys(names)))}
+    return {name: tuple(cmap(i % 10)) for i, name in enumerate(sorted(dict.fromkeys(names)))}  # type: ignore[misc]
+
+
+def _grid(ax: Axes) -> GridSpecBase:
+    """The grid of panels ``ax`` is one of (every axis here is made by ``subplots``, so it has one)."""
+    spec = ax.get_subplotspec()
+    assert spec is not None
+    return spec.get_gridspec()
 
 
 def _tick_label(value: float, _position: Any = None) -> str:
@@ -154,7 +166,7 @@ def _header(text: str) -> tuple[Line2D, str]:
 
 
 def _gpu_entries(
-    colours: dict[str, tuple], shown: Iterable[str], marker: str = "o", linestyle: LineStyleType = "-"
+    colours: dict[str, RGBA], shown: Iterable[str], marker: str = "o", linestyle: LineStyleType = "-"
 ) -> list[tuple[Any, str]]:
     used = set(shown)
     entries = [_header("GPU type")]
@@ -164,9 +176,9 @@ def _gpu_entries(
     return entries
 
 
-def _finish(fig: Figure, axes: list, entries: list[tuple[Any, str]], path: Path) -> Path:
+def _finish(fig: Figure, axes: list[Axes], entries: list[tuple[Any, str]], path: Path) -> Path:
     """Put the legend right of the panels, widen the figure to hold it, and save."""
-    nrows, ncols = axes[0].get_subplotspec().get_gridspec().get_geometry()
+    nrows, ncols = _grid(axes[0]).get_geometry()
     if entries:
         handles, labels = zip(*entries, strict=True)
         legend = fig.legend(list(handles), list(labels), loc="upper left", fontsize=FONT_PT["legend"], frameon=False)
@@ -186,7 +198,7 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _no_data(fig: Figure, axes: list, path: Path) -> Path:
+def _no_data(fig: Figure, axes: list[Axes], path: Path) -> Path:
     _empty(axes[0], "no measured cells")
     return _save(fig, path)
 
@@ -202,7 +214,7 @@ def plot_days_vs_gpus(best: pd.DataFrame, path: Path) -> Path:
     if not models:
         return _no_data(fig, axes, path)
     colours = _gpu_colours([best])
-    ncols = axes[0].get_subplotspec().get_gridspec().ncols
+    ncols = _grid(axes[0]).ncols
     for i, (ax, model) in enumerate(zip(axes, models, strict=False)):
         part = best[best["model"] == model]
         for gpu, line in part.groupby("gpu", sort=True):
@@ -245,7 +257,7 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
     if not models:
         return _no_data(fig, axes, path)
     colours = _gpu_colours([measured])
-    ncols = axes[0].get_subplotspec().get_gridspec().ncols
+    ncols = _grid(axes[0]).ncols
     bases = set()
     for i, (ax, model) in enumerate(zip(axes, models, strict=False)):
         front = frontier[frontier["model"] == model].sort_values("time_to_train_days")
@@ -314,7 +326,7 @@ def plot_scaling(scaling: pd.DataFrame, path: Path, knee: float = KNEE_MARGINAL_
     if not styles:
         scaling = scaling.assign(sharding="")
         styles = {"": SHARDING_STYLES[0]}
-    ncols = axes[0].get_subplotspec().get_gridspec().ncols
+    ncols = _grid(axes[0]).ncols
     for i, (ax, model) in enumerate(zip(axes, models, strict=False)):
         part = scaling[scaling["model"] == model].assign(
             _n=lambda f: f["num_gpus"].astype(float), _eff=lambda f: f["scaling_efficiency"].astype(float)

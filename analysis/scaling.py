@@ -29,6 +29,8 @@ and per unit of power; the knee threshold here is this project's own choice, not
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -70,7 +72,7 @@ def scaling_columns(cells: pd.DataFrame) -> list[str]:
     return [c for c in SCALING_COLUMNS if c not in optional or c in cells.columns]
 
 
-def sharding_label(row: dict) -> str:
+def sharding_label(row: Mapping[str, Any]) -> str:
     """A short label of a line's sharding option, e.g. ``zero3 offload-opt offload-params`` or ``fsdp-full``."""
     parts = [engine_sharding_label(row)]
     if row.get("offload_optimizer") is True:

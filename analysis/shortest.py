@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from analysis.parallelism import DEFAULT_EFFICIENCY, LayoutEstimate, Network, best_layout, min_gpus_to_fit, with_batch
+from analysis.parallelism import LayoutEstimate, Network, best_layout, min_gpus_to_fit, with_batch
+from analysis.step_time import DEFAULT_EFFICIENCY
 from orchestrator.models import num_parameters
 from orchestrator.schema import GpuConfig, ModelConfig
 
@@ -44,14 +45,14 @@ def chinchilla_loss(num_parameters_: float, tokens: float) -> float:
     """Final training loss in nats per token predicted by Hoffmann et al.'s fit for N parameters and D tokens."""
     if num_parameters_ <= 0 or tokens <= 0:
         raise ValueError(f"parameters and tokens must be positive, got N={num_parameters_!r}, D={tokens!r}")
-    return CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA
+    return float(CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA)
 
 
 def critical_batch_tokens(loss_nats: float) -> float:
     """Kaplan et al.'s critical batch size in tokens at a loss of ``loss_nats`` per token."""
     if loss_nats <= 0:
         raise ValueError(f"loss must be positive (nats per token), got {loss_nats!r}")
-    return KAPLAN_B_STAR_TOKENS / loss_nats ** (1.0 / KAPLAN_ALPHA_B)
+    return float(KAPLAN_B_STAR_TOKENS / loss_nats ** (1.0 / KAPLAN_ALPHA_B))
 
 
 def critical_batch_sequences(loss_nats: float, seq_length: int) -> int:

@@ -186,7 +186,7 @@ def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) ->
 
 
 def _efficiency(args: argparse.Namespace, records: FromRecords, gpu: GpuConfig) -> tuple[float, str]:
-    from analysis.parallelism import DEFAULT_EFFICIENCY
+    from analysis.step_time import DEFAULT_EFFICIENCY
 
     if args.efficiency is not None:
         if not 0.0 < args.efficiency <= 1.0:

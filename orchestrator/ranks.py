@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from orchestrator.engines.base import Engine, create_engine
 from orchestrator.failures import CellFailed, Failure, classify_failure, failure_from
@@ -101,7 +101,7 @@ class RankGroup:
 
         gathered: list[Any] = [None] * self.world_size
         dist.all_gather_object(gathered, mine)
-        return next(f for f in gathered if f is not None)
+        return cast(Failure, next(f for f in gathered if f is not None))
 
     def guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run one phase on this rank, then agree with the other ranks on whether every rank succeeded."""
@@ -222,7 +222,7 @@ def environment(device: Any) -> dict[str, Any]:
         info["device_name"] = torch.cuda.get_device_name(device)
         info["cuda"] = torch.version.cuda
         with contextlib.suppress(Exception):  # NCCL may be missing from a CUDA build
-            version = torch.cuda.nccl.version()
+            version = torch.cuda.nccl.version()  # type: ignore[no-untyped-call]
             info["nccl"] = ".".join(map(str, version)) if isinstance(version, tuple) else str(version)
         info["device_memory_gib"] = torch.cuda.get_device_properties(device).total_memory / GIB
     else:

@@ -201,7 +201,7 @@ class Composer:
             cfg = self.compose(firsts)
         except (HydraException, OmegaConfBaseException) as e:
             raise SweepError(_explain(e, firsts)) from e
-        return cfg.hydra
+        return cast(DictConfig, cfg.hydra)
 
     def _checked_value(self, structural: tuple[str, ...], base: _Base, o: Override, overrides: Sequence[str]) -> Any:
         """The override's value as the typed config holds it, checked once per distinct override and base."""
@@ -253,7 +253,7 @@ class Composer:
         cell = _copy_tree(base.container)
         for o in plain:
             _set_path(cell, o.key_or_group, self._checked_value(structural, base, o, overrides))
-        return cell
+        return cast(dict[str, Any], cell)
 
 
 def _explain(e: Exception, overrides: Sequence[str]) -> str:

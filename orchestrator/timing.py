@@ -193,7 +193,8 @@ class StepTimer:
 
             # Work queued before the region must not be counted in it.
             torch.cuda.synchronize()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             begin.record()
             self._events = (begin, end)
         self._start_wall = time.perf_counter()
@@ -204,7 +205,7 @@ class StepTimer:
             begin, end = self._events
             end.record()
             end.synchronize()
-            return begin.elapsed_time(end) / 1000.0
+            return float(begin.elapsed_time(end)) / 1000.0
         return time.perf_counter() - self._start_wall
 
 
@@ -272,7 +273,7 @@ class SplitTimer:
         if self.use_cuda:
             import torch
 
-            event = torch.cuda.Event(enable_timing=True)
+            event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             event.record()
             return event
         return time.perf_counter()

@@ -28,7 +28,7 @@ def start_time(pid: int) -> float | None:
         proc = psutil.Process(pid)
         if proc.status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
             return None
-        return proc.create_time()
+        return float(proc.create_time())
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
 
