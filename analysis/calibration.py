@@ -17,7 +17,7 @@ import pandas as pd
 from analysis.inputs import inputs_from_columns, memory_terms
 from analysis.records import MEASURED_FITS
 from analysis.step_time import TERMS, step_terms
-from orchestrator.engines.deepspeed.memory import GIB, allocator_overhead
+from orchestrator.engines.memory import GIB, allocator_overhead
 
 
 @dataclass

@@ -16,8 +16,8 @@ import numpy as np
 import pandas as pd
 
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
-from orchestrator.engines.deepspeed.memory import activation_bytes_per_sequence, buffer_bytes, model_state_bytes
-from orchestrator.engines.fsdp import memory as fsdp_memory
+from orchestrator.engines.memory import activation_bytes_per_sequence
+from orchestrator.engines.registry import by_engine
 from orchestrator.models import FAMILIES, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
 
@@ -205,27 +205,11 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
 def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
-    and what offload keeps in host memory instead: each cell by its engine's memory model."""
-    params, grads, optimizer = model_state_bytes(
-        x.params, x.stage, x.num_gpus, x.precision, x.offload_optimizer, x.offload_params
-    )
-    full = sum(model_state_bytes(x.params, x.stage, x.num_gpus, x.precision))
-    out = {
-        "params": params,
-        "grads": grads,
-        "optimizer": optimizer,
-        "buffers": buffer_bytes(x.params, x.largest_weight, x.stage, x.num_gpus, x.precision),
-        "per_sequence": x.per_sequence,
-        "offloaded": full - params - grads - optimizer,
-    }
-    fsdp = x.engine == "fsdp"
-    if fsdp.any():
-        terms = fsdp_memory.memory_terms(
-            x.params, x.largest_weight, x.layers, x.fsdp_sharding, x.num_gpus, x.num_nodes, x.precision,
-            x.fsdp_reduce_precision, x.fsdp_offload,
-        )  # fmt: skip
-        out.update({k: np.where(fsdp, v, out[k]) for k, v in terms.items()})
-    return out
+    and what offload keeps in host memory instead: each cell by its engine's memory model (its
+    ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
+    terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
+    holders = ("params", "grads", "optimizer", "buffers")
+    return {**{k: terms[k] for k in holders}, "per_sequence": x.per_sequence, "offloaded": terms["offloaded"]}
 
 
 def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | None]:

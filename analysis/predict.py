@@ -1,9 +1,11 @@
 """Predict a cell's peak memory per GPU, step time, and the cost of its training run, before it runs.
 
-Memory per GPU is the memory model of the cell's engine (:mod:`orchestrator.engines.deepspeed.memory`,
-:mod:`orchestrator.engines.fsdp.memory`) with the model's figures from its family module; the micro-batch of an ``auto`` cell is the largest divisor of the per-GPU batch that is
-predicted to fit, the rule the probe's search follows. Step time is :mod:`analysis.step_time`'s model, with the
-uncalibrated coefficients there or those :func:`analysis.calibration.calibrate` fits per GPU type to records.
+Memory per GPU is the memory model of the cell's engine (``orchestrator/engines/<engine>/memory.py``, found through
+:mod:`orchestrator.engines.registry`; what every engine shares in :mod:`orchestrator.engines.memory`) with the
+model's figures from its family module; the micro-batch of an ``auto`` cell is the largest divisor of the per-GPU
+batch that is predicted to fit, the rule the probe's search follows. Step time is :mod:`analysis.step_time`'s
+model, with the uncalibrated coefficients there or those :func:`analysis.calibration.calibrate` fits per GPU type
+to records.
 
 Every formula works element-wise on numpy arrays, so the report predicts thousands of cells at once
 (:func:`predict_frame`); :func:`predict_cell` is the same code on one cell.
@@ -22,12 +24,7 @@ from analysis import estimates as est
 from analysis.calibration import Calibration, GpuCalibration, calibrate
 from analysis.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
 from analysis.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
-from orchestrator.engines.deepspeed.memory import (
-    DEFAULT_MARGIN,
-    GIB,
-    allocator_overhead,
-    largest_fitting_divisor,
-)
+from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",

@@ -12,22 +12,28 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates as est
-from analysis.inputs import inputs_from_columns
+from analysis.inputs import METHOD_DEFAULTS, inputs_from_columns
 from analysis.predict import DEFAULT_MARGIN, Calibration, predict_frame
 from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, rows_of
+from orchestrator.engines.registry import engine_specs, identity_keys, identity_keys_if_set, method_label
 
+_ENGINE_DEFAULTS = {key: METHOD_DEFAULTS[key] for spec in engine_specs() for key in spec.fields}
+"""Every engine's method fields, with their defaults (their types decide how the CSV writes them)."""
 INT_COLUMNS = (
-    "num_gpus", "num_nodes", "zero_stage", "attempt", "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size",
-    "steps_timed", "tokens_per_step", "num_parameters", "train_steps", "predicted_micro_batch_size",
+    "num_gpus", "num_nodes", *(k for k, v in _ENGINE_DEFAULTS.items() if type(v) is int), "attempt",
+    "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "steps_timed", "tokens_per_step", "num_parameters",
+    "train_steps", "predicted_micro_batch_size",
 )  # fmt: skip
 BOOL_COLUMNS = (
-    "offload_optimizer", "offload_params", "fsdp_offload", "activation_checkpointing", "compile", "tf32",
+    *(k for k, v in _ENGINE_DEFAULTS.items() if type(v) is bool), "activation_checkpointing", "compile", "tf32",
     "predicted_fits", "measured_fits", "fit_agrees",
 )  # fmt: skip
 SETTING_COLUMNS = (
-    "engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision", "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
-    "micro_batch_size", "grad_accum_steps", "compile", "tf32", "attention",
+    "engine", *identity_keys_if_set(), *identity_keys(), "activation_checkpointing", "precision", "micro_batch_size",
+    "grad_accum_steps", "compile", "tf32", "attention",
 )  # fmt: skip
+"""The engine, every engine's fields (the later engines' first, as the columns have always been ordered), then the
+method's own."""
 
 
 def _col(frame: pd.DataFrame, name: str) -> pd.Series:
@@ -138,11 +144,7 @@ def _int(value: Any) -> int | None:
 def settings_label(row: Any) -> str:
     """A short label of a cell's settings, e.g. ``zero2 offload-opt ckpt compile mb8x4 bf16`` (DeepSpeed) or
     ``fsdp-full offload ckpt mb8x4 bf16`` (FSDP)."""
-    parts = [engine_sharding_label(row)]
-    if row.get("offload_optimizer") is True:
-        parts.append("offload-opt")
-    if row.get("offload_params") is True:
-        parts.append("offload-params")
+    parts = [engine_label(row)]
     if row.get("activation_checkpointing") is True:
         parts.append("ckpt")
     if row.get("compile") is True:
@@ -159,19 +161,16 @@ def settings_label(row: Any) -> str:
     return " ".join(parts)
 
 
+def engine_label(row: Any) -> str:
+    """How a cell shards, by its engine's label (``EngineSpec.label``): ``zero2 offload-opt`` under DeepSpeed (the
+    engine of every cell without one), ``fsdp-grad_op offload reduce-bf16`` under FSDP."""
+    return method_label(row)
+
+
 def engine_sharding_label(row: Any) -> str:
-    """How a cell shards: ``zero2`` under DeepSpeed (the engine of every cell without one), ``fsdp-grad_op``
-    (``offload``, ``reduce-bf16`` where set) under FSDP."""
-    if row.get("engine") == "fsdp":
-        parts = [f"fsdp-{row.get('fsdp_sharding') or 'full'}"]
-        if row.get("fsdp_offload") is True:
-            parts.append("offload")
-        if row.get("fsdp_reduce_precision") == "bf16":
-            parts.append("reduce-bf16")
-        return " ".join(parts)
-    zero = f"zero{int(row['zero_stage'])}" if pd.notna(row.get("zero_stage")) else "zero?"
-    engine = row.get("engine")
-    return f"{engine} {zero}" if isinstance(engine, str) and engine != "deepspeed" else zero
+    """:func:`engine_label` without the offload flags :func:`analysis.scaling.sharding_label` appends itself
+    (``offload_optimizer``, ``offload_params``)."""
+    return method_label({**row, "offload_optimizer": None, "offload_params": None})
 
 
 def _model_order(frame: pd.DataFrame) -> pd.Series:

@@ -11,12 +11,14 @@ import hashlib
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, fields
 from typing import Any
 
 from orchestrator.domains import problems as domain_problems
+from orchestrator.engines.registry import check_engine_options, identity_keys, identity_keys_if_set, method_label
 from orchestrator.models import config_errors
-from orchestrator.schema import FSDP_SHARDINGS, Config, MethodConfig, ModelConfig
+from orchestrator.refusal import Refusal
+from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -42,9 +44,7 @@ IDENTITY_MODEL_KEYS_IF_SET = (
 """Architecture keys that join a cell's identity only where they differ from the schema's default (the Pythia
 value), so that every Pythia cell keeps the id it had before these keys existed."""
 IDENTITY_METHOD_KEYS = (
-    "zero_stage",
-    "offload_optimizer",
-    "offload_params",
+    *identity_keys(),
     "activation_checkpointing",
     "precision",
     "micro_batch_size",
@@ -52,11 +52,11 @@ IDENTITY_METHOD_KEYS = (
     "tf32",
     "attention",
 )
-IDENTITY_METHOD_KEYS_IF_SET = ("engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
+"""The engines' keys that joined every cell's identity from the start (DeepSpeed's), then the method's own."""
+IDENTITY_METHOD_KEYS_IF_SET = ("engine", *identity_keys_if_set())
 """Method keys that join a cell's identity only where they differ from the schema's default (DeepSpeed's
-values), so that every cell measured before the FSDP engine existed keeps its id."""
-FSDP_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
-"""The method keys only the FSDP engine reads."""
+values): the engine, and the fields of every engine after the first (``EngineSpec.identity_if_set``), so that
+every cell measured before they existed keeps its id."""
 
 TIME_LIMIT_WARNING_S = 90
 """SLURM signals a job this long before its time limit (``--signal=USR2@90``); the job side requeues or stops then,
@@ -108,18 +108,7 @@ def label(cell: Config) -> str:
     parts = [cell.model.name, f"{cell.gpu.name} x{cell.num_gpus}"]
     if cell.num_nodes > 1:
         parts.append(f"on {cell.num_nodes} nodes")
-    if m.engine == "fsdp":
-        parts.append(f"fsdp-{m.fsdp_sharding}")
-        if m.fsdp_offload:
-            parts.append("offload")
-        if m.fsdp_reduce_precision != _METHOD_DEFAULTS["fsdp_reduce_precision"]:
-            parts.append(f"reduce-{m.fsdp_reduce_precision}")
-    else:
-        parts.append(f"zero{m.zero_stage}")
-    if m.offload_optimizer:
-        parts.append("offload-opt")
-    if m.offload_params:
-        parts.append("offload-params")
+    parts.append(method_label(vars(m)))  # the engine's part: zero1, fsdp-full offload...
     if m.activation_checkpointing:
         parts.append("ckpt")
     parts.append(str(m.precision))
@@ -127,18 +116,6 @@ def label(cell: Config) -> str:
     if m.compile:
         parts.append("compile")
     return " ".join(parts)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    """Why a cell cannot run, and what would be accepted instead."""
-
-    key: str
-    """The config key at fault, e.g. ``method.precision``."""
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.key}: {self.reason}"
 
 
 def parse_micro_batch(value: Any) -> int | str | None:
@@ -260,71 +237,6 @@ def check_runnable(cell: Config) -> list[Refusal]:
                     f"({global_batch} / {num_gpus} GPUs); use auto or one of {divisors}",
                 )
             )
-    return out
-
-
-def check_engine_options(cell: Config) -> list[Refusal]:
-    """The method's engine options that do not exist together: ZeRO's under DeepSpeed, FSDP2's under FSDP, each
-    refused under the other engine, naming the key and what would be accepted."""
-    m, num_gpus, num_nodes = cell.method, cell.num_gpus, cell.num_nodes
-    out: list[Refusal] = []
-    if m.engine == "fsdp":
-        # One GPU is accepted for every sharding but hybrid: FSDP then shards over a group of one, and the cell
-        # measures what its wrapper costs a single-GPU run (unlike ZeRO, refused there as in the $100K paper).
-        for key in ("zero_stage", "offload_optimizer", "offload_params"):
-            if getattr(m, key) != _METHOD_DEFAULTS[key]:
-                out.append(
-                    Refusal(
-                        f"method.{key}",
-                        f"{getattr(m, key)!r} is a DeepSpeed setting; with method.engine=fsdp leave it at "
-                        f"{_METHOD_DEFAULTS[key]!r} and shard with method.fsdp_sharding "
-                        f"({', '.join(FSDP_SHARDINGS)}) and offload with method.fsdp_offload=true",
-                    )
-                )
-        if m.fsdp_sharding == "hybrid" and num_nodes < 2:
-            out.append(
-                Refusal(
-                    "method.fsdp_sharding",
-                    "hybrid shards inside a node and replicates across nodes, so it needs num_nodes >= 2; "
-                    "on one node use full (the same thing there)",
-                )
-            )
-        if m.fsdp_offload and cell.gpu.accelerator != "cuda":
-            out.append(Refusal("method.fsdp_offload", "offload moves device memory to the host; on gpu=cpu use false"))
-        if m.fsdp_offload and m.fsdp_sharding == "none":
-            out.append(
-                Refusal("method.fsdp_offload", "offload needs sharding; use method.fsdp_sharding=full or grad_op")
-            )
-        if m.precision == "fp16":
-            out.append(
-                Refusal(
-                    "method.precision",
-                    "fp16 with method.engine=fsdp needs a sharded gradient scaler for loss scaling, which gpudays "
-                    "does not run; use bf16 or fp32, or method.engine=deepspeed",
-                )
-            )
-        return out
-    for key in FSDP_KEYS:
-        if getattr(m, key) != _METHOD_DEFAULTS[key]:
-            out.append(
-                Refusal(
-                    f"method.{key}",
-                    f"{getattr(m, key)!r} is an FSDP setting; use method.engine=fsdp, or leave it at "
-                    f"{_METHOD_DEFAULTS[key]!r} with DeepSpeed (which shards with method.zero_stage)",
-                )
-            )
-    if m.offload_optimizer and m.zero_stage == 0:
-        out.append(Refusal("method.offload_optimizer", "offloading needs sharding; use method.zero_stage=1, 2 or 3"))
-    if m.offload_params and m.zero_stage != 3:
-        out.append(Refusal("method.offload_params", "parameter offload needs method.zero_stage=3"))
-    if num_gpus == 1 and m.zero_stage > 0 and not (m.offload_optimizer or m.offload_params):
-        out.append(
-            Refusal(
-                "method.zero_stage",
-                "sharding over one GPU only adds overhead; use method.zero_stage=0, or offload "
-                "(method.offload_optimizer=true)",
-            )
-        )
     return out
 
 

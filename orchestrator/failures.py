@@ -10,13 +10,11 @@ import os
 import traceback
 from dataclasses import dataclass
 
+from orchestrator.engines.base import UnsupportedError
+
 MAX_REASON_CHARS = 500
 MAX_TRACEBACK_CHARS = 32_000
 """A compiler's output can run to 100 kB of warnings; the record keeps the start and the end."""
-
-
-class UnsupportedError(RuntimeError):
-    """A cell this machine cannot run (a precision its CPU lacks): the reason is the whole story, no traceback."""
 
 
 _OOM_MARKERS = ("out of memory", "can't allocate memory", "cublas_status_alloc_failed", "failed to allocate")

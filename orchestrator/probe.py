@@ -1,8 +1,8 @@
 """The probe: measure one cell (a model, a GPU type and count, a method) with a short real training run.
 
 It runs inside one job, one process per rank, and returns the measured part of the cell's record. Which engine
-trains (``probe.kind``: DeepSpeed today) is the engine module's business (orchestrator/engines/base.py); this loop
-is the same for all::
+trains (``method.engine``) is its folder's business (orchestrator/engines/<name>/, found through
+orchestrator/engines/registry.py and created by orchestrator/engines/base.py); this loop is the same for all::
 
     build  the model and the engine for the first micro-batch, once
     search the largest micro-batch that fits (``method.micro_batch_size: auto``) on that one engine: start from a

@@ -3,10 +3,10 @@
 The probe's loop (micro-batch search, warm-up, timing, records) is the same for every engine; an engine only
 builds the model for a batch plan, runs one micro-step (forward and backward, and at the accumulation boundary the
 gradient reduction and the optimizer step), changes its micro-batch without a rebuild, and frees what it holds.
-An engine is the module ``orchestrator/engines/<method.engine>/engine.py`` with a ``create`` function; adding one
-is adding that module (and the method fields it reads), nothing in the probe. ``probe.kind: deepspeed`` (the
-name predates a second engine) is the training probe, whichever engine ``method.engine`` names; ``sleep`` trains
-nothing and never gets here.
+An engine is the module ``orchestrator/engines/<method.engine>/engine.py`` with a ``create`` function, next to the
+``spec.py`` that registers it (orchestrator/engines/registry.py); adding one is adding that folder (and the method
+fields it reads), nothing in the probe. ``probe.kind: deepspeed`` (the name predates a second engine) is the
+training probe, whichever engine ``method.engine`` names; ``sleep`` trains nothing and never gets here.
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ WEIGHT_DECAY = 0.01
 """Pythia's weight decay (models/*.yml)."""
 GRADIENT_CLIPPING = 1.0
 """Pythia clips gradients at norm 1.0; the norm is part of a real step's cost, so the probe computes it too."""
+
+
+class UnsupportedError(RuntimeError):
+    """A cell this machine cannot run (a precision its CPU lacks), as an engine finds out: the reason is the whole
+    story, and the record gets no traceback (orchestrator/failures.py)."""
 
 
 class Engine(Protocol):
@@ -93,7 +98,9 @@ def engine_name(config: Config) -> str:
 
 def create_engine(config: Config, device: torch.device, rank: int) -> Engine:
     """The engine ``config.method.engine`` names, for ``rank`` on ``device``; a clear error for an unknown one."""
-    name = engine_name(config)
+    from orchestrator.engines.registry import engine_spec
+
+    name = engine_spec(engine_name(config)).name
     module_name = engine_module_name(name)
     try:
         module = importlib.import_module(module_name)

@@ -8,12 +8,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
+from orchestrator.schema import PRECISIONS, ZERO_STAGES
 
 if TYPE_CHECKING:
     from orchestrator.batch import BatchPlan
     from orchestrator.schema import MethodConfig
-
-PRECISIONS = ("bf16", "fp16", "fp32")
 
 
 def uses_torch_adam(method: MethodConfig) -> bool:
@@ -30,8 +29,8 @@ def check_method(method: MethodConfig) -> None:
     """Refuse settings DeepSpeed cannot run, naming the key and what is accepted."""
     if method.precision not in PRECISIONS:
         raise ValueError(f"method.precision={method.precision!r}: accepted are {', '.join(PRECISIONS)}")
-    if method.zero_stage not in (0, 1, 2, 3):
-        raise ValueError(f"method.zero_stage={method.zero_stage}: accepted are 0, 1, 2, 3")
+    if method.zero_stage not in ZERO_STAGES:
+        raise ValueError(f"method.zero_stage={method.zero_stage}: accepted are {', '.join(map(str, ZERO_STAGES))}")
     if method.offload_optimizer and method.zero_stage == 0:
         raise ValueError("method.offload_optimizer=true needs method.zero_stage 1, 2 or 3")
     if method.offload_params and method.zero_stage != 3:

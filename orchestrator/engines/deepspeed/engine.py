@@ -14,10 +14,9 @@ import logging
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.engines.base import free_device_memory
+from orchestrator.engines.base import UnsupportedError, free_device_memory
 from orchestrator.engines.deepspeed.config import build_ds_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
-from orchestrator.failures import UnsupportedError
 from orchestrator.models import enable_activation_checkpointing, family_module
 
 if TYPE_CHECKING:

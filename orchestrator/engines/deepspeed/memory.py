@@ -1,5 +1,6 @@
-"""Device memory of a DeepSpeed training step per GPU: ZeRO model states, buffers, activations, the peak, and the
-micro-batch that fits. Pure arithmetic; the model's own figures come from its family module.
+"""Device memory of a DeepSpeed training step per GPU: ZeRO model states, buffers, and the micro-batch that fits.
+Pure arithmetic; the model's own figures come from its family module, what every engine shares (activations, the
+allocator's overhead, the peak) from :mod:`orchestrator.engines.memory`.
 
 Model states (bytes, Ψ parameters, N data-parallel GPUs, mixed precision with Adam; Rajbhandari et al. 2020,
 "ZeRO", §5): parameters 2Ψ, gradients 2Ψ, optimizer states 12Ψ (fp32 master copy, momentum, variance), so
@@ -20,33 +21,49 @@ of cells at once with this same arithmetic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from orchestrator.batch import divisors
+from orchestrator.engines.memory import (
+    ALLOCATOR_OVERHEAD,
+    DEFAULT_MARGIN,
+    GIB,
+    activation_bytes_per_sequence,
+    largest_fitting_divisor,
+    micro_batch_that_fits,
+    peak_bytes,
+    precision_bytes,
+    sequences_that_fit,
+)
+from orchestrator.engines.memory import scalar_or_array as _out
+from orchestrator.engines.spec import CellArrays
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
-GIB = 2**30
+__all__ = [
+    "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "ZeroArrays", "buffer_bytes", "estimate_micro_batch_size",
+    "fixed_bytes", "memory_terms_of", "model_state_bytes",
+    # What every engine shares (orchestrator.engines.memory), named here too for the callers that read the
+    # DeepSpeed model whole: the peak and the micro-batch that fits are the same rule for both.
+    "ALLOCATOR_OVERHEAD", "DEFAULT_MARGIN", "GIB", "activation_bytes_per_sequence", "largest_fitting_divisor",
+    "peak_bytes", "precision_bytes", "sequences_that_fit",
+]  # fmt: skip
+
 BUCKET_ELEMENTS = 5e8
 """DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size``."""
 STAGE3_PREFETCH_ELEMENTS = 5e7
 """DeepSpeed's default ``stage3_prefetch_bucket_size``."""
-ALLOCATOR_OVERHEAD = 1.12
-"""Reserved over allocated bytes of PyTorch's CUDA caching allocator (fragmentation, rounding to blocks): the
-median of the six H100 records in tests/data/gpu-records (1.021 to 1.149; the reserved peak is what a GPU runs
-out of). Multiplies everything the step allocates."""
-DEFAULT_MARGIN = 0.10
-"""Share of GPU memory kept free for the CUDA context, NCCL and what the model leaves out."""
 
 
-def precision_bytes(precision: Any) -> Any:
-    """Bytes per parameter of the 16-bit copies (4 in fp32)."""
-    out = np.where(np.asarray(precision, dtype=object) == "fp32", 4.0, 2.0)
-    return _out(out)
+class ZeroArrays(CellArrays, Protocol):
+    """The predictor's arrays DeepSpeed's terms read: the cells' ZeRO settings besides the model and the GPUs."""
+
+    stage: np.ndarray
+    offload_optimizer: np.ndarray
+    offload_params: np.ndarray
 
 
 def model_state_bytes(
@@ -85,80 +102,26 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
     return _out(np.where(stage >= 3, stage3, np.where(stage >= 1, buckets, stage0)))
 
 
-def activation_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes of the activations one sequence adds to the peak of a training step (logits and loss included).
-
-    Without checkpointing the peak comes at the loss, with every layer's activations still held:
-    ``L × layer + logits``. With full checkpointing each layer keeps only its input, and the peak is the larger
-    of the loss and one layer being rebuilt in the backward pass (measured on the CPU: the two never coincide).
-    fp32 doubles the layers' bytes; the logits' peak is already counted in fp32 entries.
-    """
-    family = family_module(model.family)
-    seq = model.seq_length
-    compiled = bool(method.compile)
-    kept = family.activation_bytes_per_token_per_layer(model, method.attention, method.activation_checkpointing)
-    scale = 2.0 if method.precision == "fp32" else 1.0
-    layers = model.num_layers * kept * seq * scale
-    logits = family.logit_bytes_per_token(model, compiled) * seq
-    if not method.activation_checkpointing:
-        return float(layers + logits)
-    rebuilt = family.activation_bytes_per_token_per_layer(model, method.attention, False) * seq * scale
-    return float(layers + max(logits, rebuilt))
-
-
-def allocator_overhead(accelerator: Any) -> Any:
-    """:data:`ALLOCATOR_OVERHEAD` on a CUDA device; 1 on the CPU, which has no caching allocator."""
-    return _out(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, ALLOCATOR_OVERHEAD))
-
-
-def peak_bytes(fixed_bytes: Any, per_sequence_bytes: Any, micro_batch_size: Any, accelerator: Any = "cuda") -> Any:
-    """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
-    overhead."""
-    allocated = np.asarray(fixed_bytes, dtype=float) + np.asarray(per_sequence_bytes, dtype=float) * np.asarray(
-        micro_batch_size, dtype=float
+def memory_terms_of(x: ZeroArrays) -> dict[str, Any]:
+    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
+    instead), for every cell of ``x`` as the predictor adds them up (analysis/inputs.py)."""
+    params, grads, optimizer = model_state_bytes(
+        x.params, x.stage, x.num_gpus, x.precision, x.offload_optimizer, x.offload_params
     )
-    return _out(np.asarray(allocator_overhead(accelerator)) * allocated)
-
-
-def sequences_that_fit(usable_bytes: Any, fixed_bytes: Any, per_sequence_bytes: Any, accelerator: Any = "cuda") -> Any:
-    """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
-    where the usable memory is unknown)."""
-    overhead = np.asarray(allocator_overhead(accelerator))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        room = (np.asarray(usable_bytes, dtype=float) / overhead - np.asarray(fixed_bytes, dtype=float)) / (
-            np.asarray(per_sequence_bytes, dtype=float)
-        )
-    return _out(np.where(np.isfinite(room), np.maximum(np.floor(room), 0.0), np.nan))
-
-
-def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:
-    """The micro-batch ``auto`` ends at: the largest divisor of the per-GPU batch that is at most ``fitting``
-    sequences, or 1 when none fits (every divisor is a candidate, as in the probe's search; not only powers of
-    two). ``fitting`` NaN (unknown memory) gives the whole per-GPU batch."""
-    per_gpu = np.asarray(per_gpu_batch, dtype=float)
-    limit = np.asarray(fitting, dtype=float)
-    per_gpu, limit = np.broadcast_arrays(per_gpu, limit)
-    out = np.ones(per_gpu.shape)
-    for value in np.unique(per_gpu[np.isfinite(per_gpu) & (per_gpu >= 1)]):
-        rows = per_gpu == value
-        options = np.array(divisors(int(value)), dtype=float)
-        index = np.searchsorted(options, np.where(np.isnan(limit[rows]), value, limit[rows]), side="right") - 1
-        out[rows] = options[np.maximum(index, 0)]
-    return _out(out)
+    full = sum(model_state_bytes(x.params, x.stage, x.num_gpus, x.precision))
+    return {
+        "params": params,
+        "grads": grads,
+        "optimizer": optimizer,
+        "buffers": buffer_bytes(x.params, x.largest_weight, x.stage, x.num_gpus, x.precision),
+        "offloaded": full - params - grads - optimizer,
+    }
 
 
 def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     """The most sequences per micro-batch that the memory model says fit in ``memory_gib`` per GPU (at least 1),
-    leaving :data:`DEFAULT_MARGIN` free.
-
-    The probe starts its search at the largest divisor of the per-GPU batch not above this; what decides is the
-    measured trial, not this number. The predictor applies the same rule (:func:`largest_fitting_divisor`).
-    """
-    fixed = fixed_bytes(cfg.model, cfg.method, cfg.num_gpus)
-    fitting = sequences_that_fit(
-        memory_gib * GIB * (1.0 - DEFAULT_MARGIN), fixed, activation_bytes_per_sequence(cfg.model, cfg.method)
-    )
-    return max(1, int(fitting))
+    leaving :data:`~orchestrator.engines.memory.DEFAULT_MARGIN` free: where the probe's search starts."""
+    return micro_batch_that_fits(cfg, memory_gib, fixed_bytes(cfg.model, cfg.method, cfg.num_gpus))
 
 
 def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int) -> float:
@@ -169,8 +132,3 @@ def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int) -> floa
     )
     largest = family_module(model.family).largest_weight_elements(model)
     return float(sum(states) + buffer_bytes(psi, largest, method.zero_stage, num_gpus, method.precision))
-
-
-def _out(value: Any) -> Any:
-    # Scalars in, float out; arrays in, arrays out.
-    return float(value) if np.ndim(value) == 0 else value

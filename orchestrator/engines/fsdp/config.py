@@ -15,11 +15,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.schema import FSDP_REDUCE_PRECISIONS, FSDP_SHARDINGS
+
 if TYPE_CHECKING:
     from orchestrator.schema import MethodConfig
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-SHARDINGS = ("full", "grad_op", "none", "hybrid")
+SHARDINGS = FSDP_SHARDINGS
+"""``method.fsdp_sharding``'s domain (orchestrator/schema.py)."""
+REDUCE_PRECISIONS = FSDP_REDUCE_PRECISIONS
+"""``method.fsdp_reduce_precision``'s domain."""
 MESH_DIM_NAMES = ("replicate", "shard")
 
 
@@ -64,8 +69,10 @@ def fsdp_options(method: MethodConfig, num_gpus: int, num_nodes: int) -> FsdpOpt
         raise ValueError(f"method.fsdp_sharding={sharding!r}: accepted are {', '.join(SHARDINGS)}")
     if method.precision not in ("bf16", "fp32"):
         raise ValueError(f"method.precision={method.precision!r} with method.engine=fsdp: accepted are bf16, fp32")
-    if method.fsdp_reduce_precision not in ("fp32", "bf16"):
-        raise ValueError(f"method.fsdp_reduce_precision={method.fsdp_reduce_precision!r}: accepted are fp32, bf16")
+    if method.fsdp_reduce_precision not in REDUCE_PRECISIONS:
+        raise ValueError(
+            f"method.fsdp_reduce_precision={method.fsdp_reduce_precision!r}: accepted are {', '.join(REDUCE_PRECISIONS)}"
+        )
     if sharding == "hybrid":
         if num_nodes < 2 or num_gpus % num_nodes:
             raise ValueError(

@@ -1,6 +1,6 @@
 """Device memory of an FSDP2 training step per GPU: sharded model states, gathered parameters, the accumulated
-gradients, and the micro-batch that fits. Pure arithmetic; activations are the family's, as for DeepSpeed
-(:func:`orchestrator.engines.deepspeed.memory.activation_bytes_per_sequence`: the engine does not change them).
+gradients, and the micro-batch that fits. Pure arithmetic; activations, the allocator's overhead and the peak are
+what every engine shares (:mod:`orchestrator.engines.memory`).
 
 Ψ parameters, S ranks a parameter is sharded over (``full``, ``grad_op``: every GPU; ``hybrid``: the GPUs of a
 node; ``none``: 1), p bytes of the compute dtype (2 in bf16, 4 in fp32), r of the reduce dtype:
@@ -21,26 +21,30 @@ Every function works element-wise on numpy arrays as on scalars, as the DeepSpee
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from orchestrator.engines.deepspeed.memory import (
-    DEFAULT_MARGIN,
-    GIB,
-    activation_bytes_per_sequence,
-    precision_bytes,
-    sequences_that_fit,
-)
+from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
+from orchestrator.engines.memory import scalar_or_array as _out
+from orchestrator.engines.spec import CellArrays
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
-    "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "model_state_bytes",
-    "shard_group_size",
+    "FsdpArrays", "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
+    "model_state_bytes", "reduce_bytes", "shard_group_size",
 ]  # fmt: skip
+
+
+class FsdpArrays(CellArrays, Protocol):
+    """The predictor's arrays FSDP's terms read: the cells' ``fsdp_*`` settings besides the model and the GPUs."""
+
+    fsdp_sharding: np.ndarray
+    fsdp_offload: np.ndarray
+    fsdp_reduce_precision: np.ndarray
 
 
 def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
@@ -111,6 +115,14 @@ def memory_terms(
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
 
 
+def memory_terms_of(x: FsdpArrays) -> dict[str, Any]:
+    """:func:`memory_terms` for every cell of the predictor's arrays ``x``."""
+    return memory_terms(
+        x.params, x.largest_weight, x.layers, x.fsdp_sharding, x.num_gpus, x.num_nodes, x.precision,
+        x.fsdp_reduce_precision, x.fsdp_offload,
+    )  # fmt: skip
+
+
 def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nodes: int = 1) -> float:
     """Allocated bytes per GPU that do not grow with the micro-batch: model states after sharding and buffers."""
     psi = num_parameters(model)
@@ -126,14 +138,5 @@ def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nod
 
 def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     """The most sequences per micro-batch the memory model says fit in ``memory_gib`` per GPU (at least 1),
-    leaving :data:`DEFAULT_MARGIN` free: where the probe's search starts."""
-    fixed = fixed_bytes(cfg.model, cfg.method, cfg.num_gpus, cfg.num_nodes)
-    fitting = sequences_that_fit(
-        memory_gib * GIB * (1.0 - DEFAULT_MARGIN), fixed, activation_bytes_per_sequence(cfg.model, cfg.method)
-    )
-    return max(1, int(fitting))
-
-
-def _out(value: Any) -> Any:
-    # Scalars in, float out; arrays in, arrays out.
-    return float(value) if np.ndim(value) == 0 else value
+    leaving :data:`~orchestrator.engines.memory.DEFAULT_MARGIN` free: where the probe's search starts."""
+    return micro_batch_that_fits(cfg, memory_gib, fixed_bytes(cfg.model, cfg.method, cfg.num_gpus, cfg.num_nodes))

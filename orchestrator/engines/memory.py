@@ -1,0 +1,114 @@
+"""Device memory every engine's model shares: bytes per parameter, the activations of one sequence, the caching
+allocator's overhead, the reserved peak and the micro-batch that fits. Pure arithmetic; what an engine keeps of the
+model states and which buffers it adds is its own ``<engine>/memory.py``.
+
+Every function of arrays works element-wise on numpy arrays as on scalars, so the predictor evaluates thousands
+of cells at once with this same arithmetic.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.batch import divisors
+from orchestrator.models import family_module
+
+if TYPE_CHECKING:
+    from orchestrator.schema import Config, MethodConfig, ModelConfig
+
+GIB = 2**30
+ALLOCATOR_OVERHEAD = 1.12
+"""Reserved over allocated bytes of PyTorch's CUDA caching allocator (fragmentation, rounding to blocks): the
+median of the six H100 records in tests/data/gpu-records (1.021 to 1.149; the reserved peak is what a GPU runs
+out of). Multiplies everything the step allocates."""
+DEFAULT_MARGIN = 0.10
+"""Share of GPU memory kept free for the CUDA context, NCCL and what the model leaves out."""
+
+
+def precision_bytes(precision: Any) -> Any:
+    """Bytes per parameter of the 16-bit copies (4 in fp32)."""
+    out = np.where(np.asarray(precision, dtype=object) == "fp32", 4.0, 2.0)
+    return scalar_or_array(out)
+
+
+def activation_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> float:
+    """Bytes of the activations one sequence adds to the peak of a training step (logits and loss included).
+
+    Without checkpointing the peak comes at the loss, with every layer's activations still held:
+    ``L × layer + logits``. With full checkpointing each layer keeps only its input, and the peak is the larger
+    of the loss and one layer being rebuilt in the backward pass (measured on the CPU: the two never coincide).
+    fp32 doubles the layers' bytes; the logits' peak is already counted in fp32 entries. The engine does not
+    change them.
+    """
+    family = family_module(model.family)
+    seq = model.seq_length
+    compiled = bool(method.compile)
+    kept = family.activation_bytes_per_token_per_layer(model, method.attention, method.activation_checkpointing)
+    scale = 2.0 if method.precision == "fp32" else 1.0
+    layers = model.num_layers * kept * seq * scale
+    logits = family.logit_bytes_per_token(model, compiled) * seq
+    if not method.activation_checkpointing:
+        return float(layers + logits)
+    rebuilt = family.activation_bytes_per_token_per_layer(model, method.attention, False) * seq * scale
+    return float(layers + max(logits, rebuilt))
+
+
+def allocator_overhead(accelerator: Any) -> Any:
+    """:data:`ALLOCATOR_OVERHEAD` on a CUDA device; 1 on the CPU, which has no caching allocator."""
+    return scalar_or_array(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, ALLOCATOR_OVERHEAD))
+
+
+def peak_bytes(fixed_bytes: Any, per_sequence_bytes: Any, micro_batch_size: Any, accelerator: Any = "cuda") -> Any:
+    """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
+    overhead."""
+    allocated = np.asarray(fixed_bytes, dtype=float) + np.asarray(per_sequence_bytes, dtype=float) * np.asarray(
+        micro_batch_size, dtype=float
+    )
+    return scalar_or_array(np.asarray(allocator_overhead(accelerator)) * allocated)
+
+
+def sequences_that_fit(usable_bytes: Any, fixed_bytes: Any, per_sequence_bytes: Any, accelerator: Any = "cuda") -> Any:
+    """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
+    where the usable memory is unknown)."""
+    overhead = np.asarray(allocator_overhead(accelerator))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        room = (np.asarray(usable_bytes, dtype=float) / overhead - np.asarray(fixed_bytes, dtype=float)) / (
+            np.asarray(per_sequence_bytes, dtype=float)
+        )
+    return scalar_or_array(np.where(np.isfinite(room), np.maximum(np.floor(room), 0.0), np.nan))
+
+
+def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:
+    """The micro-batch ``auto`` ends at: the largest divisor of the per-GPU batch that is at most ``fitting``
+    sequences, or 1 when none fits (every divisor is a candidate, as in the probe's search; not only powers of
+    two). ``fitting`` NaN (unknown memory) gives the whole per-GPU batch."""
+    per_gpu = np.asarray(per_gpu_batch, dtype=float)
+    limit = np.asarray(fitting, dtype=float)
+    per_gpu, limit = np.broadcast_arrays(per_gpu, limit)
+    out = np.ones(per_gpu.shape)
+    for value in np.unique(per_gpu[np.isfinite(per_gpu) & (per_gpu >= 1)]):
+        rows = per_gpu == value
+        options = np.array(divisors(int(value)), dtype=float)
+        index = np.searchsorted(options, np.where(np.isnan(limit[rows]), value, limit[rows]), side="right") - 1
+        out[rows] = options[np.maximum(index, 0)]
+    return scalar_or_array(out)
+
+
+def micro_batch_that_fits(cfg: Config, memory_gib: float, fixed_bytes: float) -> int:
+    """The most sequences per micro-batch that fit in ``memory_gib`` per GPU (at least 1), leaving
+    :data:`DEFAULT_MARGIN` free, given the engine's ``fixed_bytes`` (what does not grow with the micro-batch).
+
+    Where the probe's search starts (each engine's ``estimate_micro_batch_size``); what decides is the measured
+    trial, not this number. The predictor applies the same rule (:func:`largest_fitting_divisor`).
+    """
+    fitting = sequences_that_fit(
+        memory_gib * GIB * (1.0 - DEFAULT_MARGIN), fixed_bytes, activation_bytes_per_sequence(cfg.model, cfg.method)
+    )
+    return max(1, int(fitting))
+
+
+def scalar_or_array(value: Any) -> Any:
+    """Scalars in, float out; arrays in, arrays out."""
+    return float(value) if np.ndim(value) == 0 else value

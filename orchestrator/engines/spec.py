@@ -1,0 +1,95 @@
+"""What a training engine declares about itself, so that the cells' checks, the cell id, the labels and the
+predictor find it through :mod:`orchestrator.engines.registry` instead of naming it.
+
+Each engine folder ``orchestrator/engines/<name>/`` has a ``spec.py`` whose ``SPEC`` is an :class:`EngineSpec`:
+the ``MethodConfig`` fields it owns, the values they accept, its option refusals, its share of a cell's label, its
+memory and step-time terms, and what to try when a cell is predicted not to fit. A spec is cheap to import (the
+checks of every sweep read all of them): nothing in it imports numpy, torch or a training library at module level;
+its memory and step-time terms import their arithmetic when first called.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from orchestrator.refusal import Refusal
+    from orchestrator.schema import Config
+
+MEMORY_HOLDERS = ("params", "grads", "optimizer", "buffers", "offloaded")
+"""The keys of an engine's memory terms: bytes per GPU of the parameters, gradients, optimizer states and
+buffers, and of what offload keeps on the host instead (not part of the peak)."""
+STEP_TIME_TERMS = ("communication_s", "offload_s")
+"""The keys of an engine's step-time terms: nominal seconds of one optimizer step's communication and of its
+offload (the copies to and from the host and the optimizer step on the CPU)."""
+
+
+class CellArrays(Protocol):
+    """The predictor's arrays every engine may read, one element per cell (``analysis.inputs.Inputs`` has them,
+    and each engine's own settings besides)."""
+
+    params: np.ndarray
+    """Parameters of the model (the family's formula)."""
+    largest_weight: np.ndarray
+    """Elements of the model's largest weight."""
+    layers: np.ndarray
+    num_gpus: np.ndarray
+    num_nodes: np.ndarray
+    precision: np.ndarray
+
+
+@dataclass(frozen=True)
+class Links:
+    """The bandwidths the step-time model assumes for each cell (``analysis/step_time.py``), in bytes per second."""
+
+    intra_node: Any
+    """All-reduce bus bandwidth between the GPUs of one node, per cell."""
+    inter_node: Any
+    """All-reduce bus bandwidth across nodes."""
+    host: Any
+    """One GPU's link to host memory, per cell."""
+    cpu_adam_params_per_s_per_node: float
+    """Parameters a node's CPUs update per second with Adam (offloaded optimizer steps)."""
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One training engine as the rest of gpudays sees it; ``orchestrator/engines/<name>/spec.py`` defines one."""
+
+    name: str
+    """``method.engine``'s value, and the engine folder's name."""
+    setting: str
+    """How a refusal names one of its settings when another engine is chosen: ``a DeepSpeed setting``."""
+    fields: tuple[str, ...]
+    """The ``MethodConfig`` fields only this engine reads: refused under any other engine when off their defaults.
+    What each accepts is its domain, declared beside the field (orchestrator/schema.py)."""
+    check: Callable[[Config], list[Refusal]]
+    """Refusals of a cell that names this engine, for its own options (the registry refuses the other engines'
+    fields)."""
+    foreign: Callable[[EngineSpec, Any, Any], str]
+    """``foreign(owner, value, default)``: why ``owner``'s field, set to ``value`` under this engine, is refused
+    (it belongs at ``default``), and what this engine uses instead."""
+    label: Callable[[Mapping[str, Any]], str]
+    """How a cell shards under this engine, in a few words, from its method settings (a ``MethodConfig``'s fields
+    or a row of the cells table): ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``."""
+    memory_terms: Callable[[Any], dict[str, Any]]
+    """``memory_terms(x)``: bytes per GPU by :data:`MEMORY_HOLDERS` for every cell of the predictor's arrays ``x``
+    (a :class:`CellArrays` with this engine's settings), element-wise."""
+    step_time_terms: Callable[[Any, Any, Links], dict[str, Any]]
+    """``step_time_terms(x, accum, links)``: :data:`STEP_TIME_TERMS` of one optimizer step of ``accum``
+    micro-steps for every cell of ``x``, element-wise."""
+    not_fit_advice: str
+    """What to try, besides more GPUs and activation checkpointing, for a cell predicted not to fit: ``a higher
+    ZeRO stage, offload``."""
+    identity_always: tuple[str, ...] = ()
+    """Those of its fields that join every cell's id even at their defaults: DeepSpeed's, as before there was a
+    second engine. A new engine leaves it empty: its fields join an id only where set, so no existing id moves."""
+
+    @property
+    def identity_if_set(self) -> tuple[str, ...]:
+        """Its fields that join a cell's id only where they differ from their defaults."""
+        return tuple(f for f in self.fields if f not in self.identity_always)
