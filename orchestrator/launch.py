@@ -18,7 +18,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import shlex
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,7 +30,7 @@ import yaml
 from orchestrator import cells, slurm
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths, append_jsonl
-from orchestrator.schema import to_config
+from orchestrator.schema import Config, to_container
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
 REQUEUE_BACKSTOP = 20
@@ -67,45 +67,44 @@ class Resources:
     job_name: str = "gpudays"
 
 
-def resources(cell: dict[str, Any]) -> Resources:
+def resources(cell: Config) -> Resources:
     """The scheduler request of a cell, from its gpu and cluster configs."""
-    gpu, cluster = cell["gpu"], cell["cluster"]
-    num_gpus, num_nodes = int(cell["num_gpus"]), int(cell["num_nodes"])
-    per_node = num_gpus // num_nodes
-    on_cuda = gpu["accelerator"] == "cuda"
+    gpu, cluster = cell.gpu, cell.cluster
+    per_node = cell.num_gpus // cell.num_nodes
+    on_cuda = gpu.accelerator == "cuda"
     gres = None
     if on_cuda:
         problem = gpu_type_problem(cell)
         if problem:
             raise SubmissionRefused(problem)
-        gres_type = cluster["gres_by_gpu"].get(gpu["name"])
+        gres_type = cluster.gres_by_gpu.get(gpu.name)
         gres = f"gpu:{gres_type}:{per_node}" if gres_type else f"gpu:{per_node}"
-    constraints = [c for c in (cluster["constraint"], cluster["constraint_by_gpu"].get(gpu["name"])) if c]
-    mem = cluster["mem_gb_per_gpu"]
+    constraints = [c for c in (cluster.constraint, cluster.constraint_by_gpu.get(gpu.name)) if c]
+    mem = cluster.mem_gb_per_gpu
     return Resources(
-        backend=cluster["backend"],
-        nodes=num_nodes,
+        backend=cluster.backend,
+        nodes=cell.num_nodes,
         tasks_per_node=per_node,
         gpus_per_node=per_node if on_cuda else 0,
         gres=gres,
         constraint="&".join(f"({c})" if len(constraints) > 1 else c for c in constraints) or None,
-        partition=cluster["partition"],
-        account=cluster["account"],
-        qos=cluster["qos"],
-        time_limit_min=int(cluster["time_limit_min"]),
-        cpus_per_task=int(cluster["cpus_per_gpu"]),
-        mem_gb=int(mem) * per_node if mem else None,
-        array_parallelism=int(cluster["array_parallelism"]),
-        max_array_size=int(cluster["max_array_size"]),
-        accelerator=gpu["accelerator"],
-        setup=tuple(cluster["setup"]),
-        env=tuple(sorted((str(k), str(v)) for k, v in cluster["env"].items())),
-        template=cluster["template"],
-        job_name="gpudays" if cell["name"] == "gpudays" else f"gpudays-{cell['name']}",
+        partition=cluster.partition,
+        account=cluster.account,
+        qos=cluster.qos,
+        time_limit_min=cluster.time_limit_min,
+        cpus_per_task=cluster.cpus_per_gpu,
+        mem_gb=mem * per_node if mem else None,
+        array_parallelism=cluster.array_parallelism,
+        max_array_size=cluster.max_array_size,
+        accelerator=gpu.accelerator,
+        setup=tuple(cluster.setup),
+        env=tuple(sorted((str(k), str(v)) for k, v in cluster.env.items())),
+        template=cluster.template,
+        job_name="gpudays" if cell.name == "gpudays" else f"gpudays-{cell.name}",
     )
 
 
-def gpu_type_problem(cell: dict[str, Any]) -> str | None:
+def gpu_type_problem(cell: Config) -> str | None:
     """Why a SLURM cell's GPU type cannot be requested, or None.
 
     A cluster config that maps GPU types (``gres_by_gpu`` or ``constraint_by_gpu`` not empty) must map the cell's
@@ -113,22 +112,22 @@ def gpu_type_problem(cell: dict[str, Any]) -> str | None:
     satisfies, and the cell would measure whatever GPU the scheduler picked. A cluster config with both maps empty
     asks for untyped GPUs on purpose (a cluster with one GPU type).
     """
-    gpu, cluster = cell["gpu"], cell["cluster"]
-    if cluster["backend"] != "slurm" or gpu["accelerator"] != "cuda":
+    gpu, cluster = cell.gpu, cell.cluster
+    if cluster.backend != "slurm" or gpu.accelerator != "cuda":
         return None
-    by_gres, by_constraint = cluster["gres_by_gpu"] or {}, cluster["constraint_by_gpu"] or {}
-    if not (by_gres or by_constraint) or gpu["name"] in by_gres or gpu["name"] in by_constraint:
+    by_gres, by_constraint = cluster.gres_by_gpu, cluster.constraint_by_gpu
+    if not (by_gres or by_constraint) or gpu.name in by_gres or gpu.name in by_constraint:
         return None
     mapped = sorted({*by_gres, *by_constraint})
     return (
-        f"cell {cells.cell_id(to_config(cell))} ({cells.label(to_config(cell))}) asks for gpu={gpu['name']}, which the cluster config "
+        f"cell {cells.cell_id(cell)} ({cells.label(cell)}) asks for gpu={gpu.name}, which the cluster config "
         f"maps in neither cluster.gres_by_gpu nor cluster.constraint_by_gpu (it maps {', '.join(mapped)}); "
-        f"add `{gpu['name']}: <the site's gres type>` to gres_by_gpu (sinfo -o '%P %G' lists them) or a feature "
+        f"add `{gpu.name}: <the site's gres type>` to gres_by_gpu (sinfo -o '%P %G' lists them) or a feature "
         "to constraint_by_gpu in your cluster's YAML file, or choose a GPU this cluster has"
     )
 
 
-def check_gpu_types(configs: dict[str, dict[str, Any]]) -> None:
+def check_gpu_types(configs: Mapping[str, Config]) -> None:
     """Raise SubmissionRefused naming every cell whose GPU type the cluster config does not map."""
     problems = [p for p in (gpu_type_problem(cfg) for cfg in configs.values()) if p]
     if problems:
@@ -203,7 +202,7 @@ def next_attempt(paths: SweepPaths, cell_id: str) -> int:
     return sum(1 for line in path.read_text().splitlines() if line.strip()) + 1
 
 
-def write_cell(paths: SweepPaths, cell_id: str, config: dict[str, Any]) -> None:
+def write_cell(paths: SweepPaths, cell_id: str, cell: Config) -> None:
     """Write the resolved config a job will read; the same cell always writes the same text.
 
     libyaml's dumper, not OmegaConf's, because it is ten times faster and a sweep may write thousands of cells;
@@ -211,7 +210,7 @@ def write_cell(paths: SweepPaths, cell_id: str, config: dict[str, Any]) -> None:
     """
     target = paths.cell_config(cell_id)
     target.parent.mkdir(parents=True, exist_ok=True)
-    text = yaml.dump(config, Dumper=_YamlDumper, sort_keys=False, default_flow_style=False)
+    text = yaml.dump(to_container(cell), Dumper=_YamlDumper, sort_keys=False, default_flow_style=False)
     try:
         if target.read_text() == text:
             return
@@ -228,7 +227,7 @@ def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
         yield items[start : start + size]
 
 
-def group_by_resources(configs: dict[str, dict[str, Any]]) -> dict[Resources, list[str]]:
+def group_by_resources(configs: Mapping[str, Config]) -> dict[Resources, list[str]]:
     """Cells that ask for the same resources, together: each group becomes one array job."""
     groups: dict[Resources, list[str]] = {}
     for cid, cfg in configs.items():
@@ -274,7 +273,7 @@ def _what_the_cluster_has() -> str:
         return f"(sinfo could not be asked: {e})"
 
 
-def check_slurm(configs: dict[str, dict[str, Any]]) -> None:
+def check_slurm(configs: Mapping[str, Config]) -> None:
     """Ask the cluster, before anything is submitted, whether it would accept every cell as configured.
 
     One ``sinfo`` for the partition names; one ``sacctmgr`` for the user's accounts and one for the QOS names,
@@ -344,8 +343,8 @@ def describe_request(res: Resources) -> str:
     return " ".join(parts)
 
 
-def _name_cells(cell_ids: Sequence[str], configs: dict[str, dict[str, Any]], shown: int = 3) -> str:
-    names = [f"{cid} ({cells.label(to_config(configs[cid]))})" for cid in cell_ids[:shown]]
+def _name_cells(cell_ids: Sequence[str], configs: Mapping[str, Config], shown: int = 3) -> str:
+    names = [f"{cid} ({cells.label(configs[cid])})" for cid in cell_ids[:shown]]
     more = f" and {len(cell_ids) - shown} more" if len(cell_ids) > shown else ""
     return f"{len(cell_ids)} cell(s) " + ", ".join(names) + more
 
@@ -354,7 +353,7 @@ def _name_cells(cell_ids: Sequence[str], configs: dict[str, dict[str, Any]], sho
 
 
 def submit_slurm(
-    paths: SweepPaths, configs: dict[str, dict[str, Any]], max_array_size: int | None = None
+    paths: SweepPaths, configs: Mapping[str, Config], max_array_size: int | None = None
 ) -> list[Submission]:
     """One sbatch call (an array job) per resource group and array-size chunk; returns without waiting.
 
@@ -374,7 +373,7 @@ def submit_slurm(
             with executor.batch():
                 jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
-                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(to_config(configs[cid])))
+                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
                 append_jsonl(paths.attempts(cid), sub.__dict__)
                 out.append(sub)
     return out

@@ -14,15 +14,17 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import console, launch, local, status
+from orchestrator import cells, console, launch, local, status
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.record import BadCellConfig, read_cell_config
+from orchestrator.schema import Config, to_config
 from orchestrator.states import UNFIXABLE, parse_state, rerun_selectable
 
 
@@ -96,10 +98,10 @@ def sweep_lock(paths: SweepPaths) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def check(configs: dict[str, dict[str, Any]]) -> None:
+def check(configs: Mapping[str, Config]) -> None:
     """Before anything is written: GPU types the cluster config cannot request, and what SLURM would refuse."""
-    slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
-    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
+    here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     try:
         launch.check_gpu_types(slurm)
         for cfg in here.values():
@@ -126,7 +128,7 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     cannot request is bad input either way.
     """
     show_plan(plan, predictions=True)
-    configs = {c.cell_id: c.config for c in plan.cells}
+    configs = {c.cell_id: c.typed for c in plan.cells}
     if ask_scheduler:
         if not plan.cells:
             raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
@@ -143,10 +145,10 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     return Exit.OK
 
 
-def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
+def _submit(paths: SweepPaths, configs: Mapping[str, Config]) -> bool:
     """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM."""
-    slurm = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "slurm"}
-    here = {c: v for c, v in configs.items() if v["cluster"]["backend"] == "local"}
+    slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
+    here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     if slurm:
         try:
             subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size())
@@ -166,7 +168,7 @@ def _submit(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> bool:
     return bool(slurm)
 
 
-def run_local(paths: SweepPaths, configs: dict[str, dict[str, Any]]) -> None:
+def run_local(paths: SweepPaths, configs: Mapping[str, Config]) -> None:
     """Run cells on this machine one after another, saying which runs, for how long, and how each ended."""
     console.out(f"running {len(configs)} cell(s) on this machine, one after another")
     progress = console.LocalProgress(len(configs))
@@ -191,7 +193,7 @@ def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: boo
 def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
     paths = SweepPaths(plan.sweep_dir)
-    check({c.cell_id: c.config for c in plan.cells})
+    check({c.cell_id: c.typed for c in plan.cells})
     with sweep_lock(paths):
         append_jsonl(
             paths.sweep_log,
@@ -214,12 +216,12 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
                 },
             )
         # Read inside the lock: a command that held it before this one has recorded its submissions by now.
-        new: dict[str, dict[str, Any]] = {}
+        new: dict[str, Config] = {}
         for cell in plan.cells:
             already = paths.attempts(cell.cell_id).is_file()
-            launch.write_cell(paths, cell.cell_id, cell.config)
+            launch.write_cell(paths, cell.cell_id, cell.typed)
             if not already:
-                new[cell.cell_id] = cell.config
+                new[cell.cell_id] = cell.typed
         known = len(plan.cells) - len(new)
         if known:
             console.out(
@@ -262,19 +264,24 @@ def resume(
     return _follow(paths, submitted_to_slurm, wait, True, interval_s)
 
 
-def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> dict[str, Any]:
-    """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given."""
+def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
+    """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given.
+
+    ``cell.yaml`` is read back as the typed cell and judged again, so an edited file with a value outside its
+    domain is refused here, naming the cell and key, before anything is submitted."""
+    where = paths.cell_config(s.cell_id)
     try:
-        cfg = read_cell_config(paths.cell_config(s.cell_id))
-    except BadCellConfig as e:
-        raise LifecycleError(f"cell {s.cell_id}: {e}") from e
-    if not isinstance(cfg.get("cluster"), dict):
-        raise LifecycleError(f"cell {s.cell_id}: {paths.cell_config(s.cell_id)} is not a cell config")
+        cfg = to_config(read_cell_config(where))
+    except (BadCellConfig, ValueError) as e:
+        raise LifecycleError(f"cell {s.cell_id}: {where} is not a cell config: {e}") from e
+    refusals = cells.check_values(cfg)
+    if refusals:
+        raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(map(str, refusals)))
     if s.state == "timeout" and (time_limit or time_factor):
-        old = int(cfg["cluster"]["time_limit_min"])
-        new = time_limit or int(round(old * (time_factor or 1)))
-        cfg["cluster"]["time_limit_min"] = max(new, 1)
-        console.out(f"  {s.cell_id}: time limit {old} -> {cfg['cluster']['time_limit_min']} min")
+        old = cfg.cluster.time_limit_min
+        new = max(time_limit or int(round(old * (time_factor or 1))), 1)
+        cfg = replace(cfg, cluster=replace(cfg.cluster, time_limit_min=new))
+        console.out(f"  {s.cell_id}: time limit {old} -> {new} min")
         launch.write_cell(paths, s.cell_id, cfg)
     return cfg
 

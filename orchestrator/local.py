@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ from orchestrator import cells
 from orchestrator.jobside import CellJob
 from orchestrator.launch import Resources, Submission, SubmissionRefused, next_attempt, resources
 from orchestrator.paths import SweepPaths, append_jsonl
-from orchestrator.schema import to_config
+from orchestrator.schema import Config
 
 DONE_CHECK_S = 0.1
 """How often a running local cell is checked for its end."""
@@ -45,13 +45,13 @@ def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str
     return visible[:num_gpus]
 
 
-def check_local_gpus(configs: dict[str, dict[str, Any]], device_count: Callable[[], int] | None = None) -> None:
+def check_local_gpus(configs: Mapping[str, Config], device_count: Callable[[], int] | None = None) -> None:
     """Raise SubmissionRefused when a local CUDA cell asks for more GPUs than this machine lets it see.
 
     ``device_count``: how many CUDA devices this process sees (default: torch's count, which honours
     ``CUDA_VISIBLE_DEVICES``); torch is imported only when some local cell is a CUDA cell.
     """
-    wanted = {cid: int(cfg["num_gpus"]) for cid, cfg in configs.items() if cfg["gpu"]["accelerator"] == "cuda"}
+    wanted = {cid: cfg.num_gpus for cid, cfg in configs.items() if cfg.gpu.accelerator == "cuda"}
     if not wanted:
         return
     if device_count is None:
@@ -61,7 +61,7 @@ def check_local_gpus(configs: dict[str, dict[str, Any]], device_count: Callable[
     have = device_count()
     short = {cid: n for cid, n in wanted.items() if n > have}
     if short:
-        names = ", ".join(f"{cid} ({cells.label(to_config(configs[cid]))})" for cid in list(short)[:5])
+        names = ", ".join(f"{cid} ({cells.label(configs[cid])})" for cid in list(short)[:5])
         raise SubmissionRefused(
             f"{len(short)} local cell(s) ask for more GPUs than this machine shows ({have} visible to CUDA): "
             f"{names}; on this machine use gpu=cpu or num_gpus={have} or less, or submit them with cluster=slurm"
@@ -103,7 +103,7 @@ class LocalRun:
 
 def submit_local(
     paths: SweepPaths,
-    configs: dict[str, dict[str, Any]],
+    configs: Mapping[str, Config],
     on_done: Callable[[str], None] | None = None,
     on_start: Callable[[LocalRun], None] | None = None,
     on_poll: Callable[[LocalRun], None] | None = None,
@@ -121,10 +121,10 @@ def submit_local(
         executor.update_parameters(**local_parameters(res))
         attempt = next_attempt(paths, cid)
         job = executor.submit(CellJob(str(paths.root), cid, attempt))
-        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(to_config(cfg)))
+        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
         append_jsonl(paths.attempts(cid), sub.__dict__)
         out.append(sub)
-        run = LocalRun(cid, cells.label(to_config(cfg)), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
+        run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
         if on_start is not None:
             on_start(run)
         # The job's end is noticed within DONE_CHECK_S (a waitpid), so the next cell starts at once; on_poll (the

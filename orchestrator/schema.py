@@ -9,7 +9,7 @@ cluster an hour later. Cross-field rules that need more than one group (bf16 on 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from hydra.core.config_store import ConfigStore
@@ -279,6 +279,12 @@ def to_config(composed: Any) -> Config:
     if missing:
         raise ValueError(f"cell config: missing group(s) {', '.join(missing)}")
     return cfg
+
+
+def to_container(cfg: Config) -> dict[str, Any]:
+    """The typed cell as plain data, as ``cell.yaml`` and a record's ``config`` hold it (the inverse of
+    :func:`to_config`: the same keys in the same order as Hydra composes them)."""
+    return asdict(cfg)
 
 
 _GROUP_TYPES: dict[str, type] = {

@@ -68,3 +68,11 @@ def make_cell() -> Callable[..., dict[str, Any]]:
         return cells[0].config
 
     return _make
+
+
+@pytest.fixture
+def make_typed(make_cell: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
+    """Like ``make_cell``, as the schema's typed ``Config`` (what submission and the job take)."""
+    from orchestrator.schema import to_config
+
+    return lambda *overrides: to_config(make_cell(*overrides))

@@ -18,6 +18,7 @@ from orchestrator import cli, console, launch, lifecycle, local
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.record import RECORD_SCHEMA_VERSION
+from orchestrator.schema import to_config
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def _cell(sweep_dir: Path, config: dict[str, Any], status: str, **record: Any) -
     """A cell as a finished local attempt leaves it: config, one attempt, a record and task 0's log."""
     paths = SweepPaths(sweep_dir)
     cid = f"{status}{len(paths.cell_ids())}"
-    launch.write_cell(paths, cid, config)
+    launch.write_cell(paths, cid, to_config(config))
     job = "999999999"  # no such process: a local attempt that has ended
     append_jsonl(paths.attempts(cid), {"cell_id": cid, "attempt": 1, "job_id": job, "backend": "local"})
     paths.job_dir(job).mkdir(parents=True, exist_ok=True)

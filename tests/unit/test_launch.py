@@ -9,19 +9,20 @@ import submitit
 
 from orchestrator import launch, local
 from orchestrator.paths import SweepPaths
+from orchestrator.schema import Config
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
 
-def _sbatch_text(cell: dict) -> str:
+def _sbatch_text(cell: Config) -> str:
     res = launch.resources(cell)
     executor = submitit.SlurmExecutor(folder="/sweeps/demo/jobs/%j")
     executor.update_parameters(**launch.slurm_parameters(res))
     return executor._make_submission_file_text("python -u -m submitit.core._submit /sweeps/demo/jobs/%j", "0")
 
 
-def test_two_node_sbatch_matches_the_reviewed_golden_file(make_cell) -> None:
-    cell = make_cell(
+def test_two_node_sbatch_matches_the_reviewed_golden_file(make_typed) -> None:
+    cell = make_typed(
         "cluster=example-university",
         "model=pythia-1b",
         "gpu=a100-80gb",
@@ -32,41 +33,41 @@ def test_two_node_sbatch_matches_the_reviewed_golden_file(make_cell) -> None:
     assert _sbatch_text(cell) == (GOLDEN / "sbatch_a100-80gb_2x4.sh").read_text()
 
 
-def test_cpu_cells_request_no_gpus_and_select_deepspeeds_cpu_accelerator(make_cell) -> None:
-    text = _sbatch_text(make_cell("cluster=slurm", "num_gpus=2", "num_nodes=2"))
+def test_cpu_cells_request_no_gpus_and_select_deepspeeds_cpu_accelerator(make_typed) -> None:
+    text = _sbatch_text(make_typed("cluster=slurm", "num_gpus=2", "num_nodes=2"))
     assert "--gres" not in text
     assert "#SBATCH --nodes=2" in text and "#SBATCH --ntasks-per-node=1" in text
     assert "export DS_ACCELERATOR=cpu" in text
 
 
-def test_gres_type_comes_from_the_cluster_map_or_is_left_out(make_cell) -> None:
+def test_gres_type_comes_from_the_cluster_map_or_is_left_out(make_typed) -> None:
     mapped = launch.resources(
-        make_cell("cluster=example-university", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")
+        make_typed("cluster=example-university", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")
     )
-    plain = launch.resources(make_cell("cluster=slurm", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m"))
+    plain = launch.resources(make_typed("cluster=slurm", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m"))
     assert mapped.gres == "gpu:h100:4"
     assert plain.gres == "gpu:4"
 
 
-def test_env_values_are_shell_quoted(make_cell) -> None:
-    cell = make_cell("cluster=slurm", "+cluster.env.WEIRD='a b $(touch /tmp/pwned) `id`'")
+def test_env_values_are_shell_quoted(make_typed) -> None:
+    cell = make_typed("cluster=slurm", "+cluster.env.WEIRD='a b $(touch /tmp/pwned) `id`'")
     lines = launch.render_setup(launch.resources(cell))
     assert "export WEIRD='a b $(touch /tmp/pwned) `id`'" in lines
 
 
-def test_cells_with_equal_resources_share_one_array(make_cell) -> None:
+def test_cells_with_equal_resources_share_one_array(make_typed) -> None:
     cfgs = {
-        "a": make_cell("cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=2"),
-        "b": make_cell(
+        "a": make_typed("cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=2"),
+        "b": make_typed(
             "cluster=slurm", "gpu=a100-80gb", "model=pythia-160m", "num_gpus=2", "method.activation_checkpointing=true"
         ),
-        "c": make_cell("cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=4"),
-        "d": make_cell("cluster=slurm", "gpu=h100-80gb", "model=pythia-70m", "num_gpus=2"),
+        "c": make_typed("cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=4"),
+        "d": make_typed("cluster=slurm", "gpu=h100-80gb", "model=pythia-70m", "num_gpus=2"),
     }
     groups = sorted(sorted(ids) for ids in launch.group_by_resources(cfgs).values())
     # a and b differ only in what is measured; c asks for more GPUs; d's gres type is the same (untyped) gpu:2
     assert groups == [["a", "b", "d"], ["c"]]
-    cfgs["d"] = make_cell("cluster=example-university", "gpu=h100-80gb", "model=pythia-70m", "num_gpus=2")
+    cfgs["d"] = make_typed("cluster=example-university", "gpu=h100-80gb", "model=pythia-70m", "num_gpus=2")
     groups = sorted(sorted(ids) for ids in launch.group_by_resources(cfgs).values())
     assert groups == [["a", "b"], ["c"], ["d"]]
 
@@ -76,15 +77,15 @@ def test_large_groups_split_at_max_array_size() -> None:
     assert [len(c) for c in chunks] == [1000, 1000, 500]
 
 
-def test_single_node_gpu_sbatch_matches_the_reviewed_golden_file(make_cell) -> None:
-    cell = make_cell(
+def test_single_node_gpu_sbatch_matches_the_reviewed_golden_file(make_typed) -> None:
+    cell = make_typed(
         "cluster=example-university", "model=pythia-410m", "gpu=h100-80gb", "num_gpus=4", "method.zero_stage=1"
     )
     assert _sbatch_text(cell) == (GOLDEN / "sbatch_h100-80gb_1x4.sh").read_text()
 
 
-def test_a_gpu_type_the_cluster_does_not_map_is_refused_not_untyped(make_cell) -> None:
-    cell = make_cell("cluster=example-university", "gpu=h200", "num_gpus=4", "model=pythia-70m")
+def test_a_gpu_type_the_cluster_does_not_map_is_refused_not_untyped(make_typed) -> None:
+    cell = make_typed("cluster=example-university", "gpu=h200", "num_gpus=4", "model=pythia-70m")
     with pytest.raises(launch.SubmissionRefused) as info:
         launch.check_gpu_types({"x": cell})
     message = str(info.value)
@@ -95,8 +96,8 @@ def test_a_gpu_type_the_cluster_does_not_map_is_refused_not_untyped(make_cell) -
         launch.resources(cell)  # never an untyped --gres=gpu:4 on the way to sbatch
 
 
-def test_a_gpu_type_mapped_by_constraint_alone_is_accepted(make_cell) -> None:
-    cell = make_cell(
+def test_a_gpu_type_mapped_by_constraint_alone_is_accepted(make_typed) -> None:
+    cell = make_typed(
         "cluster=example-university",
         "gpu=h200",
         "num_gpus=4",
@@ -112,7 +113,7 @@ class _Started(Exception):
     """Raised by the stand-in for submitit's job controller, with what it would have started the job with."""
 
 
-def _what_submitit_hands_the_job(monkeypatch, tmp_path: Path, cell: dict, environ: dict[str, str]) -> dict:
+def _what_submitit_hands_the_job(monkeypatch, tmp_path: Path, cell: Config, environ: dict[str, str]) -> dict:
     """Run submit_local up to the point where submitit starts the job's controller; return its arguments."""
     import submitit.local.local as submitit_local
 
@@ -130,16 +131,16 @@ def _what_submitit_hands_the_job(monkeypatch, tmp_path: Path, cell: dict, enviro
 
 
 @pytest.mark.parametrize("num_gpus", [1, 2, 4, 8])
-def test_a_local_gpu_cell_runs_one_rank_per_gpu_and_sees_its_gpus(monkeypatch, tmp_path, make_cell, num_gpus) -> None:
-    cell = make_cell("cluster=local", "gpu=h100-80gb", f"num_gpus={num_gpus}", "model=pythia-70m")
+def test_a_local_gpu_cell_runs_one_rank_per_gpu_and_sees_its_gpus(monkeypatch, tmp_path, make_typed, num_gpus) -> None:
+    cell = make_typed("cluster=local", "gpu=h100-80gb", f"num_gpus={num_gpus}", "model=pythia-70m")
     started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {})
     assert started["tasks_per_node"] == num_gpus
     # submitit exports this as the job's CUDA_VISIBLE_DEVICES; rank r uses device r of it.
     assert started["cuda_devices"] == ",".join(str(i) for i in range(num_gpus))
 
 
-def test_a_local_gpu_cell_uses_the_gpus_this_shell_was_given(monkeypatch, tmp_path, make_cell) -> None:
-    cell = make_cell("cluster=local", "gpu=a100-80gb", "num_gpus=2", "model=pythia-70m")
+def test_a_local_gpu_cell_uses_the_gpus_this_shell_was_given(monkeypatch, tmp_path, make_typed) -> None:
+    cell = make_typed("cluster=local", "gpu=a100-80gb", "num_gpus=2", "model=pythia-70m")
     started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {"CUDA_VISIBLE_DEVICES": "5,7,3"})
     assert started["cuda_devices"] == "5,7"
     uuids = "GPU-aaaa,GPU-bbbb"
@@ -149,17 +150,17 @@ def test_a_local_gpu_cell_uses_the_gpus_this_shell_was_given(monkeypatch, tmp_pa
         local.local_parameters(launch.resources(cell), {"CUDA_VISIBLE_DEVICES": "0"})
 
 
-def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_cell) -> None:
-    cell = make_cell("cluster=local", "gpu=cpu", "num_gpus=2")
+def test_a_local_cpu_cell_sees_no_gpu(monkeypatch, tmp_path, make_typed) -> None:
+    cell = make_typed("cluster=local", "gpu=cpu", "num_gpus=2")
     started = _what_submitit_hands_the_job(monkeypatch, tmp_path, cell, {})
     assert started["tasks_per_node"] == 2 and started["cuda_devices"] == ""
 
 
-def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused(make_cell) -> None:
-    cells = {"four": make_cell("cluster=local", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")}
+def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused(make_typed) -> None:
+    cells = {"four": make_typed("cluster=local", "gpu=h100-80gb", "num_gpus=4", "model=pythia-70m")}
     local.check_local_gpus(cells, device_count=lambda: 8)
     with pytest.raises(launch.SubmissionRefused, match="2 visible to CUDA") as info:
         local.check_local_gpus(cells, device_count=lambda: 2)
     assert "four (pythia-70m h100-80gb x4" in str(info.value)
-    cpu_only = {"cpu": make_cell("cluster=local", "gpu=cpu", "num_gpus=2")}
+    cpu_only = {"cpu": make_typed("cluster=local", "gpu=cpu", "num_gpus=2")}
     local.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU

@@ -12,6 +12,7 @@ import pytest
 from orchestrator import cli, launch
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.paths import SweepPaths
+from orchestrator.schema import to_config
 
 
 def test_cell_job_checkpoint_resubmits_itself_with_the_requeue_counted() -> None:
@@ -29,7 +30,7 @@ def test_cell_job_checkpoint_resubmits_itself_with_the_requeue_counted() -> None
 
 
 def test_slurm_jobs_get_the_time_limit_warning_the_job_side_acts_on(make_cell) -> None:
-    params = launch.slurm_parameters(launch.resources(make_cell("cluster=slurm")))
+    params = launch.slurm_parameters(launch.resources(to_config(make_cell("cluster=slurm"))))
     assert params["signal_delay_s"] == SIGNAL_DELAY_S
 
 
@@ -38,10 +39,10 @@ def test_cell_config_round_trips_through_the_fast_writer(make_cell, tmp_path: Pa
 
     cell = make_cell("cluster=slurm", "+cluster.env.NCCL_IB_DISABLE='0'", "model.lr=0.0003")
     paths = SweepPaths(tmp_path)
-    launch.write_cell(paths, "c1", cell)
+    launch.write_cell(paths, "c1", to_config(cell))
     assert OmegaConf.to_container(OmegaConf.load(paths.cell_config("c1")), resolve=True) == cell
     before = paths.cell_config("c1").stat().st_mtime_ns
-    launch.write_cell(paths, "c1", cell)
+    launch.write_cell(paths, "c1", to_config(cell))
     assert paths.cell_config("c1").stat().st_mtime_ns == before, "the same config is not written again"
 
 
