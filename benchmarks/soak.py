@@ -126,7 +126,7 @@ def attempts_by_cell(paths: SweepPaths) -> dict[str, list[dict[str, object]]]:
 
 def array_ids(paths: SweepPaths) -> list[str]:
     """The array jobs of the sweep's first submission, in submission order."""
-    first = {str(a[0]["job_id"]).split("_")[0] for a in attempts_by_cell(paths).values() if a}
+    first = {a[0].job_id.split("_")[0] for a in attempts_by_cell(paths).values() if a}
     return sorted(first, key=int)
 
 
@@ -208,7 +208,7 @@ def check_sweep(paths: SweepPaths, settings: SoakSettings, states: list[status.C
     seq_lengths = set()
     for cell_id in cell_ids:
         attempts = status.read_attempts(paths, cell_id)
-        numbers = [int(str(a["attempt"])) for a in attempts]
+        numbers = [a.attempt for a in attempts]
         if numbers != list(range(1, len(numbers) + 1)):
             problems.append(f"{cell_id}: attempts.jsonl lists attempts {numbers}, not 1..{len(numbers)}")
         records = sorted(p.name for p in paths.cell_dir(cell_id).glob("record*.json"))
@@ -224,10 +224,10 @@ def check_sweep(paths: SweepPaths, settings: SoakSettings, states: list[status.C
             problems.append(f"{cell_id}: record says {record.status.value}: {record.reason}")
         if attempts and record.attempt != numbers[-1]:
             problems.append(f"{cell_id}: record.json is from attempt {record.attempt}, latest is {numbers[-1]}")
-        if attempts and str(record.environment.get("job_id")) != str(attempts[-1]["job_id"]):
+        if attempts and str(record.environment.get("job_id")) != str(attempts[-1].job_id):
             problems.append(
                 f"{cell_id}: record.json written by job {record.environment.get('job_id')}, "
-                f"the latest attempt is job {attempts[-1]['job_id']}"
+                f"the latest attempt is job {attempts[-1].job_id}"
             )
         # More records than attempts would mean a run no submission accounts for.
         if len(records) > max(1, len(attempts)):

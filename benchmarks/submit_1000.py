@@ -102,7 +102,7 @@ def job_ids(sweep_dir: Path) -> list[str]:
     from orchestrator.paths import SweepPaths
 
     paths = SweepPaths(sweep_dir)
-    return sorted({a["job_id"].split("_")[0] for c in paths.cell_ids() for a in status.read_attempts(paths, c)})
+    return sorted({a.job_id.split("_")[0] for c in paths.cell_ids() for a in status.read_attempts(paths, c)})
 
 
 def _launcher_installed() -> bool:

@@ -18,6 +18,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.attempts import Attempt
 from orchestrator.states import ACTIVE, UNFIXABLE, State
 from orchestrator.status import counts
 
@@ -267,7 +268,7 @@ def status_view(states: Sequence[Any], only: set[str] | None, summary_only: bool
     return line if summary_only else Group(line, status_table(states, only, max_rows))
 
 
-def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[Path], traceback: str | None) -> Group:
+def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], traceback: str | None) -> Group:
     """One cell: state, reason, attempts with their job ids, log files, the tail of its traceback."""
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold", no_wrap=True)
@@ -287,7 +288,7 @@ def cell_detail(state: Any, attempts: Sequence[dict[str, Any]], logs: Sequence[P
         for col in ("attempt", "job", "backend", "submitted"):
             a.add_column(col, no_wrap=True)
         for entry in attempts:
-            a.add_row(*(_t(fmt(entry.get(k))) for k in ("attempt", "job_id", "backend", "submitted_at")))
+            a.add_row(*(_t(fmt(v)) for v in (entry.attempt, entry.job_id, entry.backend, entry.submitted_at)))
         parts += [_t("attempts", style="bold"), a]
     if logs:
         parts += [_t("logs", style="bold"), *(_t(f"  {p}") for p in logs)]

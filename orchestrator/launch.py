@@ -15,11 +15,10 @@ Cells on this machine run through orchestrator.local.
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import shlex
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,8 +27,9 @@ import submitit
 import yaml
 
 from orchestrator import cells, slurm
+from orchestrator.attempts import Attempt, append_attempt, next_attempt
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
-from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.paths import SweepPaths
 from orchestrator.schema import Config, to_container
 
 TEMPLATES_DIR = Path(__file__).resolve().parent.parent / "sbatch_templates"
@@ -180,26 +180,6 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     return params
-
-
-@dataclass
-class Submission:
-    """One attempt of one cell: which job runs it (one line of the cell's attempts.jsonl)."""
-
-    cell_id: str
-    attempt: int
-    job_id: str
-    backend: str
-    label: str | None = None
-    submitted_at: str = field(default_factory=lambda: dt.datetime.now(dt.timezone.utc).isoformat())
-
-
-def next_attempt(paths: SweepPaths, cell_id: str) -> int:
-    """1 for a cell never submitted, else one more than its submissions so far."""
-    path = paths.attempts(cell_id)
-    if not path.is_file():
-        return 1
-    return sum(1 for line in path.read_text().splitlines() if line.strip()) + 1
 
 
 def write_cell(paths: SweepPaths, cell_id: str, cell: Config) -> None:
@@ -354,14 +334,14 @@ def _name_cells(cell_ids: Sequence[str], configs: Mapping[str, Config], shown: i
 
 def submit_slurm(
     paths: SweepPaths, configs: Mapping[str, Config], max_array_size: int | None = None
-) -> list[Submission]:
+) -> list[Attempt]:
     """One sbatch call (an array job) per resource group and array-size chunk; returns without waiting.
 
     ``max_array_size``: the scheduler's MaxArraySize where known (``scheduler_max_array_size``); a group is split
     at the smaller of it and ``cluster.max_array_size``. Each cell's attempt is appended to its attempts.jsonl
     as soon as its array is accepted.
     """
-    out: list[Submission] = []
+    out: list[Attempt] = []
     for res, cell_ids in group_by_resources(configs).items():
         # CellJob decides how often a timed-out cell is requeued; submitit's own count (which calls every
         # warning of a job under 50 minutes a timeout) is only a backstop against a requeue loop.
@@ -373,7 +353,7 @@ def submit_slurm(
             with executor.batch():
                 jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
-                sub = Submission(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
-                append_jsonl(paths.attempts(cid), sub.__dict__)
+                sub = Attempt(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
+                append_attempt(paths, sub)
                 out.append(sub)
     return out

@@ -398,7 +398,7 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     (cid,) = matches
     state = next(s for s in states_or_records(paths) if s.cell_id == cid)
     attempts = status.read_attempts(paths, cid)
-    logs = sorted(p for a in attempts for p in paths.job_dir(str(a["job_id"])).glob("*_log.*") if p.is_file())
+    logs = sorted(p for a in attempts for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
     traceback = state.record.traceback if state.record is not None else None
     if not isinstance(traceback, str) or not traceback:
         traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None

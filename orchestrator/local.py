@@ -17,9 +17,10 @@ from typing import Any
 import submitit
 
 from orchestrator import cells
+from orchestrator.attempts import Attempt, append_attempt, next_attempt
 from orchestrator.jobside import CellJob
-from orchestrator.launch import Resources, Submission, SubmissionRefused, next_attempt, resources
-from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.launch import Resources, SubmissionRefused, resources
+from orchestrator.paths import SweepPaths
 from orchestrator.schema import Config
 
 DONE_CHECK_S = 0.1
@@ -108,21 +109,21 @@ def submit_local(
     on_start: Callable[[LocalRun], None] | None = None,
     on_poll: Callable[[LocalRun], None] | None = None,
     poll_s: float = 1.0,
-) -> list[Submission]:
+) -> list[Attempt]:
     """Run cells on this machine one after another (never side by side: they would measure each other).
 
     ``on_start`` is called when a cell's job starts, ``on_poll`` about every ``poll_s`` while it runs, and
     ``on_done`` with the cell id when it has ended (its record, if any, is written by then).
     """
-    out: list[Submission] = []
+    out: list[Attempt] = []
     for cid, cfg in configs.items():
         res = resources(cfg)
         executor = submitit.LocalExecutor(folder=paths.submitit_folder())
         executor.update_parameters(**local_parameters(res))
         attempt = next_attempt(paths, cid)
         job = executor.submit(CellJob(str(paths.root), cid, attempt))
-        sub = Submission(cid, attempt, str(job.job_id), "local", cells.label(cfg))
-        append_jsonl(paths.attempts(cid), sub.__dict__)
+        sub = Attempt(cid, attempt, str(job.job_id), "local", cells.label(cfg))
+        append_attempt(paths, sub)
         out.append(sub)
         run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
         if on_start is not None:

@@ -18,7 +18,6 @@ job id; sacct lists each of its runs, and the state comes from the newest while 
 from __future__ import annotations
 
 import datetime as dt
-import json
 import os
 from collections import Counter
 from collections.abc import Sequence
@@ -27,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import slurm
+from orchestrator.attempts import Attempt, read_attempts
 from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, BadRecord, Record, read_cell_config, read_record
 from orchestrator.schema import to_config
@@ -81,23 +81,6 @@ class CellState:
     """Standard error of the job's first task, where a traceback without a record would be."""
     held: HeldAction | None = None
     """For a held cell: what ``resume`` does with it."""
-
-
-def read_attempts(paths: SweepPaths, cell_id: str) -> list[dict[str, Any]]:
-    """The submissions of a cell, oldest first; a line cut short by a crash mid-write is skipped."""
-    try:
-        text = paths.attempts(cell_id).read_text(encoding="utf-8", errors="replace")
-    except FileNotFoundError:
-        return []
-    out = []
-    for line in text.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict) and "job_id" in entry and isinstance(entry.get("attempt"), int):
-            out.append(entry)
-    return out
 
 
 def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]:
@@ -171,14 +154,14 @@ def cell_states(paths: SweepPaths, query_scheduler: bool = True, now: dt.datetim
 
     def decided_by_record(cid: str) -> bool:
         rec = records[cid]
-        latest = attempts[cid][-1]["attempt"] if attempts[cid] else 0
-        return isinstance(rec, Record) and rec.attempt >= int(latest)
+        latest = attempts[cid][-1].attempt if attempts[cid] else 0
+        return isinstance(rec, Record) and rec.attempt >= latest
 
     # Only jobs whose cells the records do not decide go to the scheduler.
     slurm_ids = [
-        str(a[-1]["job_id"])
+        a[-1].job_id
         for cid, a in attempts.items()
-        if a and a[-1].get("backend") == "slurm" and not decided_by_record(cid)
+        if a and a[-1].backend == "slurm" and not decided_by_record(cid)
     ]
     acct: slurm.Accounting | None = None
     note = None
@@ -199,7 +182,7 @@ def cell_states(paths: SweepPaths, query_scheduler: bool = True, now: dt.datetim
 
 def classify(
     cell_id: str,
-    latest: dict[str, Any] | None,
+    latest: Attempt | None,
     record: Record | BadRecord | None,
     acct: slurm.Accounting | None,
     note: str | None = None,
@@ -208,18 +191,18 @@ def classify(
     """One cell's state from its latest submission, its record (or why it is bad) and what the scheduler said of
     the latest submission's job (``acct`` None: the scheduler was not asked)."""
     now = now or dt.datetime.now(dt.timezone.utc)
-    job_id = str(latest["job_id"]) if latest else None
+    job_id = latest.job_id if latest else None
     base = CellState(
         cell_id,
         State.NEW,
-        attempt=int(latest["attempt"]) if latest else 0,
+        attempt=latest.attempt if latest else 0,
         job_id=job_id,
-        label=latest.get("label") if latest else None,
+        label=latest.label if latest else None,
     )
     if isinstance(record, BadRecord):
         # A damaged record cannot say which attempt wrote it; while the latest attempt's job is queued or running,
         # that job decides (it writes a new record when it ends).
-        if latest is not None and latest.get("backend") == "slurm" and acct is not None:
+        if latest is not None and latest.backend == "slurm" and acct is not None:
             active = _from_scheduler(base, latest, acct, note, now)
             if active.state in ACTIVE:
                 return replace(
@@ -230,7 +213,7 @@ def classify(
         return replace(base, state=record.state, reason=_record_reason(record), record=record)
     if latest is None:
         return replace(base, reason="written into the sweep, never submitted")
-    if latest.get("backend") == "local":
+    if latest.backend == "local":
         alive = job_id is not None and job_id.isdigit() and _pid_alive(int(job_id))
         return replace(
             base,
@@ -260,12 +243,12 @@ def _label(paths: SweepPaths, cell_id: str) -> str | None:
 
 
 def _from_scheduler(
-    base: CellState, latest: dict[str, Any], acct: slurm.Accounting, note: str | None, now: dt.datetime
+    base: CellState, latest: Attempt, acct: slurm.Accounting, note: str | None, now: dt.datetime
 ) -> CellState:
     try:
-        jid = slurm.JobId.parse(str(latest["job_id"]))
+        jid = slurm.JobId.parse(latest.job_id)
     except ValueError:
-        return replace(base, state=State.LOST, reason=f"attempts.jsonl names job {latest['job_id']!r}, not a SLURM id")
+        return replace(base, state=State.LOST, reason=f"attempts.jsonl names job {latest.job_id!r}, not a SLURM id")
     job = acct.jobs.get(jid)
     if job is None:
         return _unlisted(base, jid, latest, acct, note, now)
@@ -306,7 +289,7 @@ def _held_advice(action: HeldAction | None, jid: slurm.JobId) -> str:
 def _unlisted(
     base: CellState,
     jid: slurm.JobId,
-    latest: dict[str, Any],
+    latest: Attempt,
     acct: slurm.Accounting,
     note: str | None,
     now: dt.datetime,
@@ -327,7 +310,7 @@ def _unlisted(
             reason=f"the scheduler lists array {jid.array} but not task {jid.task}: it never started "
             "(cancelled while pending, or removed)",
         )
-    if _age_s(latest.get("submitted_at"), now) < LOST_GRACE_S:
+    if _age_s(latest.submitted_at or None, now) < LOST_GRACE_S:
         return replace(base, state=State.PENDING, reason="just submitted; the scheduler does not list it yet")
     why = "no record, and the scheduler no longer knows the job"
     if note:

@@ -73,7 +73,7 @@ def sweep(paths: SweepPaths, overrides: list[str]) -> str:
 
 
 def job_of(paths: SweepPaths, cell_id: str) -> str:
-    return status.read_attempts(paths, cell_id)[-1]["job_id"]
+    return status.read_attempts(paths, cell_id)[-1].job_id
 
 
 def squeue(cluster: LocalCluster, job_id: str, fmt: str) -> str:
@@ -216,7 +216,7 @@ def test_resume_with_the_faults_removed_ends_every_cell_ok_exactly_once(faulted:
         tries = status.read_attempts(paths, cid)
         record = json.loads(paths.record(cid).read_text())
         expected = 1 if name == "requeued" else 2  # an ok cell is never submitted again
-        assert [t["attempt"] for t in tries] == list(range(1, expected + 1)), name
+        assert [t.attempt for t in tries] == list(range(1, expected + 1)), name
         assert (record["status"], record["attempt"]) == ("ok", expected), name
     # The timed-out cell's new limit, and no record lost: the replaced ones are kept under their attempt.
     assert "time_limit_min: 2" in paths.cell_config(cell["timeout"]).read_text()

@@ -115,7 +115,7 @@ def test_a_preempted_cell_is_requeued_by_the_cluster_and_ends_ok_once(
                      "probe.sleep_s=10", "model.seq_length=99"]) == 0  # fmt: skip
     paths = SweepPaths(sweep_dir)
     (cid,) = paths.cell_ids()
-    job = status.read_attempts(paths, cid)[-1]["job_id"]
+    job = status.read_attempts(paths, cid)[-1].job_id
     node = wait_until(
         lambda: (lambda out: out.split()[1] if out.startswith("RUNNING") else None)(
             cluster.run_client(["squeue", "-h", "-j", job, "-o", "%T %N"], check=False).strip()
@@ -164,7 +164,7 @@ def test_two_resumes_at_once_never_submit_a_cell_twice(slurm_cluster: LocalClust
     assert sum("resubmitting 3 cell(s)" in out for out in outputs) == 1, outputs
     assert sum("nothing to resume" in out for out in outputs) == 1, outputs
     for cid in paths.cell_ids():
-        assert [a["attempt"] for a in status.read_attempts(paths, cid)] == [1, 2]
+        assert [a.attempt for a in status.read_attempts(paths, cid)] == [1, 2]
     states = wait_until(
         lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 120, "the reruns to end", 1
     )
@@ -183,7 +183,7 @@ def test_tasks_cancelled_while_pending_are_lost_at_once_and_resume_reruns_them(
     )  # fmt: skip
     assert code == 0
     paths = SweepPaths(sweep_dir)
-    job_of = {status.read_attempts(paths, cid)[-1]["job_id"]: cid for cid in paths.cell_ids()}
+    job_of = {status.read_attempts(paths, cid)[-1].job_id: cid for cid in paths.cell_ids()}
     array = next(iter(job_of)).split("_")[0]
     victims = [f"{array}_{task}" for task in (8, 9, 10, 11)]
     # Two run at a time, three seconds each: tasks 8-11 are still pending, and leave no trace once cancelled.
@@ -209,7 +209,7 @@ def test_a_held_task_is_released_by_resume_and_a_cancelled_array_is_rerun(
     args = ["--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=2", "cluster.array_parallelism=1"]
     assert cli.main(["sweep", *args, "model.seq_length=80,81,82"]) == 0
     paths = SweepPaths(sweep_dir)
-    jobs = sorted(status.read_attempts(paths, cid)[-1]["job_id"] for cid in paths.cell_ids())
+    jobs = sorted(status.read_attempts(paths, cid)[-1].job_id for cid in paths.cell_ids())
     held_job = jobs[-1]
     slurm_cluster.run_client(["scontrol", "hold", held_job])
     held = wait_until(
@@ -234,8 +234,8 @@ def test_a_held_task_is_released_by_resume_and_a_cancelled_array_is_rerun(
 
     # A whole array cancelled before any task started: every cell is cancelled, and resume reruns them.
     assert cli.main(["sweep", *args, "model.seq_length=83,84"]) == 0
-    new = [cid for cid in paths.cell_ids() if status.read_attempts(paths, cid)[-1]["job_id"] not in jobs]
-    array = status.read_attempts(paths, new[0])[-1]["job_id"].split("_")[0]
+    new = [cid for cid in paths.cell_ids() if status.read_attempts(paths, cid)[-1].job_id not in jobs]
+    array = status.read_attempts(paths, new[0])[-1].job_id.split("_")[0]
     slurm_cluster.run_client(["scancel", array])
     states = wait_until(
         lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 60, "the cancel to show", 1

@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.record": CORE,
     "orchestrator.states": CORE,
     "orchestrator.paths": CORE,
+    "orchestrator.attempts": CORE,
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
     "orchestrator.sweep": RUNTIME,

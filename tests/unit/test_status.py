@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from orchestrator import cli, slurm, status
+from orchestrator.attempts import Attempt
 from orchestrator.paths import SweepPaths, append_jsonl, write_json_atomic
 from orchestrator.record import BadRecord, Record
 from orchestrator.states import STATES, HeldAction, RecordStatus, State
@@ -17,8 +19,8 @@ NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
 LONG_AGO = (NOW - dt.timedelta(hours=1)).isoformat()
 
 
-def submission(attempt: int = 1, job_id: str = "40_3", backend: str = "slurm", at: str = LONG_AGO) -> dict:
-    return {"cell_id": "c1", "attempt": attempt, "job_id": job_id, "backend": backend, "submitted_at": at}
+def submission(attempt: int = 1, job_id: str = "40_3", backend: str = "slurm", at: str = LONG_AGO) -> Attempt:
+    return Attempt("c1", attempt, job_id, backend, submitted_at=at)
 
 
 def record(status_: str = "ok", attempt: int = 1, reason: str | None = None) -> Record:
@@ -198,7 +200,7 @@ def test_records_on_disk_half_written_foreign_or_unreadable_are_corrupt(sweep: S
     write_json_atomic(sweep.record("fff"), {"status": "ok"})
     sweep.record("ggg").write_bytes(b"\x00\xff garbage")
     for cid in ("aaa", "bbb", "ccc", "ddd", "fff", "ggg"):
-        append_jsonl(sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1"})
+        append_jsonl(sweep.attempts(cid), {**asdict(submission()), "cell_id": cid, "backend": "local", "job_id": "1"})
 
     states = {s.cell_id: s for s in status.cell_states(sweep, query_scheduler=False, now=NOW)}
     assert states["aaa"].state == "ok"
@@ -216,7 +218,7 @@ def test_status_and_report_call_the_same_records_corrupt_without_a_traceback(swe
     write_json_atomic(sweep.record("aaa"), {"status": "ok"})
     sweep.record("bbb").write_bytes(b"\x00\xff garbage")
     for cid in ("aaa", "bbb"):
-        append_jsonl(sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1"})
+        append_jsonl(sweep.attempts(cid), {**asdict(submission()), "cell_id": cid, "backend": "local", "job_id": "1"})
     assert cli.main(["status", str(sweep.root), "--state", "corrupt"]) == 0
     shown = capsys.readouterr().out
     assert "corrupt 2" in shown and "aaa" in shown and "bbb" in shown
@@ -231,15 +233,15 @@ def test_status_and_report_call_the_same_records_corrupt_without_a_traceback(swe
 
 
 def test_an_attempt_line_cut_short_is_skipped_and_the_one_before_counts(sweep: SweepPaths) -> None:
-    append_jsonl(sweep.attempts("aaa"), {**submission(attempt=1), "cell_id": "aaa"})
+    append_jsonl(sweep.attempts("aaa"), {**asdict(submission(attempt=1)), "cell_id": "aaa"})
     with open(sweep.attempts("aaa"), "a") as f:
         f.write('{"cell_id": "aaa", "attempt": 2, "job_')
-    assert [a["attempt"] for a in status.read_attempts(sweep, "aaa")] == [1]
+    assert [a.attempt for a in status.read_attempts(sweep, "aaa")] == [1]
 
 
 def test_a_local_cell_whose_process_is_gone_without_a_record_is_lost(sweep: SweepPaths) -> None:
     # pid 2**22 + 1 is above Linux's pid_max default, so no process has it.
-    append_jsonl(sweep.attempts("aaa"), {**submission(backend="local", job_id=str(2**22 + 1)), "cell_id": "aaa"})
+    append_jsonl(sweep.attempts("aaa"), {**asdict(submission(backend="local", job_id=str(2**22 + 1))), "cell_id": "aaa"})
     (state,) = [s for s in status.cell_states(sweep, now=NOW) if s.cell_id == "aaa"]
     assert state.state == "lost"
 
@@ -249,7 +251,7 @@ def _finished(sweep: SweepPaths, cid: str, status_: str, reason: str | None = No
     rec = {"schema_version": 1, "cell_id": cid, "status": status_, "attempt": 1, "reason": reason, "metrics": {}}
     write_json_atomic(sweep.record(cid), rec)
     append_jsonl(
-        sweep.attempts(cid), {**submission(), "cell_id": cid, "backend": "local", "job_id": "1", "label": label}
+        sweep.attempts(cid), {**asdict(submission()), "cell_id": cid, "backend": "local", "job_id": "1", "label": label}
     )
 
 
@@ -259,7 +261,7 @@ def _states_sweep(sweep: SweepPaths) -> None:
     _finished(sweep, "ccc", "invalid", reason="heads do not divide the hidden size", label="bad-heads a100 x1")
     _finished(sweep, "ddd", "does_not_fit", reason="micro-batch 1 does not fit", label="pythia-12b a100 x1")
     sweep.record("fff").write_bytes(b"\x00\xff garbage")
-    append_jsonl(sweep.attempts("fff"), {**submission(), "cell_id": "fff", "backend": "local", "job_id": "1"})
+    append_jsonl(sweep.attempts("fff"), {**asdict(submission()), "cell_id": "fff", "backend": "local", "job_id": "1"})
     # eee and ggg: never submitted (new).
 
 

@@ -1,0 +1,40 @@
+"""A cell's attempts.jsonl: typed lines, one reader, and an append that survives a line a crash cut short."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator import status
+from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts
+from orchestrator.paths import SweepPaths
+
+
+def test_attempts_round_trip_typed(tmp_path: Path) -> None:
+    paths = SweepPaths(tmp_path)
+    assert read_attempts(paths, "c1") == [] and next_attempt(paths, "c1") == 1
+    first = Attempt("c1", 1, "40_3", "slurm", "pythia-70m cpu x1")
+    append_attempt(paths, first)
+    assert read_attempts(paths, "c1") == [first]
+    assert next_attempt(paths, "c1") == 2
+
+
+def test_a_line_cut_short_does_not_swallow_the_next_submission(tmp_path: Path) -> None:
+    paths = SweepPaths(tmp_path)
+    append_attempt(paths, Attempt("c1", 1, "40_3", "slurm"))
+    with open(paths.attempts("c1"), "a") as f:
+        f.write('{"attempt": 2, "backend": "slurm", "cell_id": "c1", "job_i')  # a crash mid-write
+    # The damaged line's job may have run: its number is not given to another submission.
+    assert next_attempt(paths, "c1") == 3
+    append_attempt(paths, Attempt("c1", 3, "41_0", "slurm"))
+    assert [(a.attempt, a.job_id) for a in read_attempts(paths, "c1")] == [(1, "40_3"), (3, "41_0")]
+    # status reads the same attempts: the latest is the one just appended, not a cell `new` to submit again.
+    (paths.cell_dir("c1") / "cell.yaml").write_text("name: x\n")
+    (state,) = status.cell_states(paths, query_scheduler=False)
+    assert state.attempt == 3 and state.job_id == "41_0"
+
+
+def test_foreign_lines_are_skipped(tmp_path: Path) -> None:
+    paths = SweepPaths(tmp_path)
+    paths.attempts("c1").parent.mkdir(parents=True)
+    paths.attempts("c1").write_text('[1, 2]\n{"attempt": true, "job_id": "1"}\n{"attempt": 1}\nnot json\n')
+    assert read_attempts(paths, "c1") == []
