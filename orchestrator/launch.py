@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import shlex
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -333,13 +333,17 @@ def _name_cells(cell_ids: Sequence[str], configs: Mapping[str, Config], shown: i
 
 
 def submit_slurm(
-    paths: SweepPaths, configs: Mapping[str, Config], max_array_size: int | None = None
+    paths: SweepPaths,
+    configs: Mapping[str, Config],
+    max_array_size: int | None = None,
+    on_submitted: Callable[[str], None] | None = None,
 ) -> list[Attempt]:
     """One sbatch call (an array job) per resource group and array-size chunk; returns without waiting.
 
     ``max_array_size``: the scheduler's MaxArraySize where known (``scheduler_max_array_size``); a group is split
     at the smaller of it and ``cluster.max_array_size``. Each cell's attempt is appended to its attempts.jsonl
-    as soon as its array is accepted.
+    as soon as its array is accepted; ``on_submitted`` is called with the cell id just before (``resume`` moves
+    the replaced attempt's record aside there, once its replacement is surely on its way).
     """
     out: list[Attempt] = []
     for res, cell_ids in group_by_resources(configs).items():
@@ -354,6 +358,8 @@ def submit_slurm(
                 jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
                 sub = Attempt(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
+                if on_submitted is not None:
+                    on_submitted(cid)
                 append_attempt(paths, sub)
                 out.append(sub)
     return out

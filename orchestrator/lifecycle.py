@@ -14,7 +14,7 @@ import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from enum import IntEnum
@@ -23,7 +23,7 @@ from typing import Any
 
 from orchestrator import cells, console, launch, local, status
 from orchestrator.paths import SweepPaths, append_jsonl
-from orchestrator.record import BadCellConfig, read_cell_config
+from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
 from orchestrator.schema import Config, to_config
 from orchestrator.states import UNFIXABLE, parse_state, rerun_selectable
 
@@ -35,6 +35,7 @@ class Exit(IntEnum):
     CELLS_FAILED = 1
     BAD_INPUT = 2
     SCHEDULER = 3
+    ACTIVE = 4
     INTERNAL = 70
     INTERRUPTED = 130
 
@@ -44,6 +45,7 @@ EXIT_MEANING = {
     Exit.CELLS_FAILED: "some cell failed, timed out, was lost...: it needs a rerun (gpudays resume)",
     Exit.BAD_INPUT: "bad input (config, override, flag, folder): nothing was submitted",
     Exit.SCHEDULER: "the scheduler refused the submission or could not be asked",
+    Exit.ACTIVE: "status --check: no cell needs a rerun, but some are still pending or running",
     Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
     Exit.INTERRUPTED: "stopped with Ctrl-C",
 }
@@ -145,30 +147,36 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     return Exit.OK
 
 
-def _submit(paths: SweepPaths, configs: Mapping[str, Config]) -> bool:
-    """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM."""
+def _submit(
+    paths: SweepPaths, configs: Mapping[str, Config], before_start: Callable[[str], None] | None = None
+) -> bool:
+    """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM.
+
+    ``before_start`` is called with each cell id once its job is accepted (SLURM) or about to start (local)."""
     slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     if slurm:
         try:
-            subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size())
+            subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size(), before_start)
         except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
             said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")
             raise LifecycleError(
-                f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; "
-                f"`{shell_hint('gpudays', 'resume', paths.root)}` submits the others (their state is `new`).",
+                f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; the "
+                f"others are as they were, and `{shell_hint('gpudays', 'resume', paths.root)}` submits them.",
                 Exit.SCHEDULER,
             ) from e
         arrays = sorted({s.job_id.split("_")[0] for s in subs}, key=lambda j: (len(j), j))
         console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
     if here:
-        run_local(paths, here)
+        run_local(paths, here, before_start)
     return bool(slurm)
 
 
-def run_local(paths: SweepPaths, configs: Mapping[str, Config]) -> None:
+def run_local(
+    paths: SweepPaths, configs: Mapping[str, Config], before_start: Callable[[str], None] | None = None
+) -> None:
     """Run cells on this machine one after another, saying which runs, for how long, and how each ended."""
     console.out(f"running {len(configs)} cell(s) on this machine, one after another")
     progress = console.LocalProgress(len(configs))
@@ -178,7 +186,9 @@ def run_local(paths: SweepPaths, configs: Mapping[str, Config]) -> None:
         progress.done(state)
 
     with progress:
-        local.submit_local(paths, configs, on_done=done, on_start=progress.start, on_poll=progress.poll)
+        local.submit_local(
+            paths, configs, on_done=done, on_start=progress.start, on_poll=progress.poll, before_start=before_start
+        )
 
 
 def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: bool, interval_s: float) -> Exit:
@@ -254,13 +264,18 @@ def resume(
             console.out(f"  {line}")
         if not todo:
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
+            if wait and not status.is_done(states):
+                # --wait waits for every active cell of the sweep, whoever submitted it.
+                return _follow(paths, False, True, True, interval_s)
             return Exit.OK
         configs = {s.cell_id: _rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
+        by_id = {s.cell_id: s for s in todo}
         check(configs)
-        for s in todo:
-            _archive_record(paths, s)
         console.out(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
-        submitted_to_slurm = _submit(paths, configs)
+        # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
+        # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
+        # inside _submit, so theirs are moved just before each starts.
+        submitted_to_slurm = _submit(paths, configs, before_start=lambda cid: _archive_record(paths, by_id[cid]))
     return _follow(paths, submitted_to_slurm, wait, True, interval_s)
 
 
@@ -287,8 +302,12 @@ def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor
 
 
 def _archive_record(paths: SweepPaths, s: Any) -> None:
-    """Keep the record of the attempt being replaced next to the new one, under the attempt's name."""
+    """Keep the record of the attempt being replaced next to the new one, under the attempt's name (never the new
+    attempt's own record, should its job have written one already)."""
     record = paths.record(s.cell_id)
+    found = read_record(record, s.cell_id)
+    if isinstance(found, Record) and found.attempt > s.attempt:
+        return
     if record.exists():
         record.rename(paths.archived_record(s.cell_id, s.attempt, corrupt=s.state == "corrupt"))
 
@@ -384,6 +403,8 @@ def show_status(
     c.print(console.status_view(states, only, summary, None))
     if check and any(status.needs_rerun(s.state) for s in states):
         return Exit.CELLS_FAILED
+    if check and not status.is_done(states):
+        return Exit.ACTIVE
     return Exit.OK
 
 

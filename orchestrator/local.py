@@ -109,6 +109,7 @@ def submit_local(
     on_start: Callable[[LocalRun], None] | None = None,
     on_poll: Callable[[LocalRun], None] | None = None,
     poll_s: float = 1.0,
+    before_start: Callable[[str], None] | None = None,
 ) -> list[Attempt]:
     """Run cells on this machine one after another (never side by side: they would measure each other).
 
@@ -121,6 +122,8 @@ def submit_local(
         executor = submitit.LocalExecutor(folder=paths.submitit_folder())
         executor.update_parameters(**local_parameters(res))
         attempt = next_attempt(paths, cid)
+        if before_start is not None:
+            before_start(cid)
         job = executor.submit(CellJob(str(paths.root), cid, attempt))
         sub = Attempt(cid, attempt, str(job.job_id), "local", cells.label(cfg))
         append_attempt(paths, sub)

@@ -223,3 +223,47 @@ def test_cluster_help_lists_its_verbs(capsys) -> None:
     out = capsys.readouterr().out
     for verb in ("up", "down", "status", "env"):
         assert f"    {verb} " in out, out
+
+
+def _running(sweep_dir: Path, config: dict[str, Any]) -> str:
+    """A local cell whose job is still running: its attempt names this test's own (live) process."""
+    import os
+
+    paths = SweepPaths(sweep_dir)
+    cid = f"running{len(paths.cell_ids())}"
+    launch.write_cell(paths, cid, to_config(config))
+    append_jsonl(paths.attempts(cid), {"cell_id": cid, "attempt": 1, "job_id": str(os.getpid()), "backend": "local"})
+    return cid
+
+
+def test_status_check_exits_non_zero_while_a_cell_is_still_running(tmp_path: Path, tiny_config, capsys) -> None:
+    _cell(tmp_path, tiny_config, "ok")
+    _running(tmp_path, tiny_config)
+    assert cli.main(["status", str(tmp_path), "--check", "--summary"]) == Exit.ACTIVE
+    _cell(tmp_path, tiny_config, "failed", reason="boom")
+    assert cli.main(["status", str(tmp_path), "--check", "--summary"]) == Exit.CELLS_FAILED, "a rerun comes first"
+
+
+def test_resume_wait_with_nothing_to_resubmit_waits_for_the_running_cells(
+    tmp_path: Path, tiny_config, capsys, monkeypatch
+) -> None:
+    _cell(tmp_path, tiny_config, "ok")
+    _running(tmp_path, tiny_config)
+    waited: list[Path] = []
+    monkeypatch.setattr(lifecycle, "wait_for", lambda paths, interval_s=5.0: waited.append(paths.root))
+    cli.main(["resume", str(tmp_path), "--wait"])
+    assert waited == [tmp_path], "--wait waits for every active cell, whoever submitted it"
+
+
+def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, tiny_config, capsys, monkeypatch) -> None:
+    cid = _cell(tmp_path, tiny_config, "failed", reason="boom")
+    paths = SweepPaths(tmp_path)
+    before = paths.record(cid).read_bytes()
+
+    def refused(*args: Any, **kwargs: Any) -> list[Any]:
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(local, "submit_local", refused)
+    assert cli.main(["resume", str(tmp_path)]) != Exit.OK
+    assert paths.record(cid).read_bytes() == before, "the failed attempt's record stays until a new one is on its way"
+    assert [p.name for p in paths.cell_dir(cid).glob("record*")] == ["record.json"]
