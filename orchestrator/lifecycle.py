@@ -257,6 +257,7 @@ def resume(
         except status.SchedulerUnavailable as e:
             raise LifecycleError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
         wanted = None if only is None else [parse_state(name) for name in only]
+        say_damaged(paths)
         todo = [s for s in states if rerun_selectable(s.state, wanted)]
         # Held cells are released or cancelled for resubmission here; what was done is said.
         todo, held_said = status.settle_held(todo)
@@ -310,6 +311,12 @@ def _archive_record(paths: SweepPaths, s: Any) -> None:
         return
     if record.exists():
         record.rename(paths.archived_record(s.cell_id, s.attempt, corrupt=s.state == "corrupt"))
+
+
+def say_damaged(paths: SweepPaths) -> None:
+    """Entries under cells/ that are not cells, on stderr: no cell leaves a sweep without a word."""
+    for line in paths.damaged_cells():
+        console.note(f"{paths.root}: {line}")
 
 
 def states_or_records(paths: SweepPaths) -> list[Any]:
@@ -401,6 +408,7 @@ def show_status(
         wait_for(paths, interval_s)
         states = states_or_records(paths)
     c.print(console.status_view(states, only, summary, None))
+    say_damaged(paths)
     if check and any(status.needs_rerun(s.state) for s in states):
         return Exit.CELLS_FAILED
     if check and not status.is_done(states):
@@ -411,6 +419,7 @@ def show_status(
 def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
     ids = paths.cell_ids()
+    say_damaged(paths)
     matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
     if len(matches) != 1:
         what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"

@@ -87,10 +87,41 @@ class SweepPaths:
         return self.jobs_dir / job_id
 
     def cell_ids(self) -> list[str]:
-        """Ids of every cell written into this sweep, sorted."""
+        """Ids of every cell written into this sweep, sorted: the real folders under ``cells/`` that hold a
+        ``cell.yaml`` (a link is never followed into another cell; see :meth:`damaged_cells`)."""
         if not self.cells_dir.is_dir():
             return []
-        return sorted(p.name for p in self.cells_dir.iterdir() if (p / CELL_CONFIG_NAME).is_file())
+        return sorted(
+            p.name for p in self.cells_dir.iterdir() if not p.is_symlink() and (p / CELL_CONFIG_NAME).is_file()
+        )
+
+    def damaged_cells(self) -> list[str]:
+        """Why each entry under ``cells/`` that is not a cell is not one (a link, a file, a folder without
+        ``cell.yaml``, one that cannot be read), one line each, sorted; ``status``, ``show`` and ``resume`` say
+        these, so no cell drops out of a sweep silently."""
+        try:
+            entries = sorted(self.cells_dir.iterdir())
+        except FileNotFoundError:
+            return []
+        except OSError as e:
+            return [f"{self.cells_dir}: cannot be read ({e.strerror or type(e).__name__})"]
+        out = []
+        for p in entries:
+            if p.name.startswith("."):
+                continue
+            where = f"cells/{p.name}"
+            if p.is_symlink():
+                out.append(f"{where} is a link (to {os.readlink(p)}), not a cell folder; it is not followed")
+            elif not p.is_dir():
+                out.append(f"{where} is a file, not a cell folder")
+            elif not (p / CELL_CONFIG_NAME).is_file():
+                try:
+                    held = ", ".join(sorted(q.name for q in p.iterdir())[:5]) or "nothing"
+                except OSError as e:
+                    out.append(f"{where} cannot be read ({e.strerror or type(e).__name__})")
+                    continue
+                out.append(f"{where} has no {CELL_CONFIG_NAME} (it holds {held}); its cell cannot be shown or rerun")
+        return out
 
     def output(self, name: str) -> Path:
         return self.root / name

@@ -267,3 +267,25 @@ def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, ti
     assert cli.main(["resume", str(tmp_path)]) != Exit.OK
     assert paths.record(cid).read_bytes() == before, "the failed attempt's record stays until a new one is on its way"
     assert [p.name for p in paths.cell_dir(cid).glob("record*")] == ["record.json"]
+
+
+def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never_followed(
+    tmp_path: Path, tiny_config, capsys
+) -> None:
+    good = _cell(tmp_path, tiny_config, "failed", reason="boom")
+    cells = SweepPaths(tmp_path).cells_dir
+    (cells / "alias").symlink_to(cells / good)  # a link to another cell
+    (cells / "stray").write_text("x")  # a file
+    (cells / "noconfig").mkdir()  # a folder that lost its cell.yaml
+    (cells / "noconfig" / "record.json").write_text("{}")
+    assert SweepPaths(tmp_path).cell_ids() == [good]
+    for argv in (["status", str(tmp_path)], ["show", str(tmp_path), good]):
+        cli.main(argv)
+        err = capsys.readouterr().err
+        assert "cells/alias is a link" in err and "not followed" in err, argv
+        assert "cells/stray is a file" in err and "cells/noconfig has no cell.yaml (it holds record.json)" in err
+    before = (cells / good / "record.json").read_bytes()
+    cli.main(["resume", str(tmp_path), "--only", "timeout"])  # nothing selected: the link's target is left alone
+    assert "cells/alias is a link" in capsys.readouterr().err
+    assert (cells / good / "record.json").read_bytes() == before
+    assert not (cells / good / "attempts.jsonl").read_text().count("alias")
