@@ -166,4 +166,5 @@ def _fit_memory(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, flo
 def _column(frame: pd.DataFrame, name: str) -> np.ndarray:
     if name not in frame.columns:
         return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    out: np.ndarray = pd.to_numeric(frame[name], errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+    return out

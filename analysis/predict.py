@@ -128,7 +128,8 @@ def predict_frame(
     def forced(series: pd.Series | None) -> np.ndarray | None:
         if series is None:
             return None
-        return pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        out: np.ndarray = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        return out
 
     pred = _predict(x, calibration, margin, forced(micro_batch_size), forced(grad_accum_steps))
     return pd.DataFrame(
