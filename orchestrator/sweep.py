@@ -34,8 +34,9 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import cells as cells_mod
-from orchestrator.cells import Refusal
 from orchestrator.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint, register_schemas, remember
+from orchestrator.engines.registry import engine_spec
+from orchestrator.refusal import Refusal
 from orchestrator.schema import Config, to_config
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
@@ -345,8 +346,7 @@ def refuse_unfit(p: Plan, margin: float) -> None:
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
             usable = cell.typed.gpu.memory_gib * (1 - margin)
-            fsdp = cell.typed.method.engine == "fsdp"
-            shard = "full sharding, fsdp_offload" if fsdp else "a higher ZeRO stage, offload"
+            shard = engine_spec(cell.typed.method.engine).not_fit_advice
             cell.refusals.append(
                 Refusal(
                     "prediction",
