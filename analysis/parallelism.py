@@ -31,7 +31,8 @@ import math
 from dataclasses import dataclass, replace
 
 from analysis.step_time import DEFAULT_EFFICIENCY
-from orchestrator.engines.deepspeed.memory import GIB, model_state_bytes
+from orchestrator.engines.deepspeed.memory import model_state_bytes
+from orchestrator.engines.memory import GIB
 from orchestrator.models import family_module, flops_per_token, num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 

@@ -22,7 +22,8 @@ from analysis.predict import (
 from analysis.records import Catalog
 from analysis.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
 from orchestrator.batch import divisors
-from orchestrator.engines.deepspeed.memory import ALLOCATOR_OVERHEAD, GIB, estimate_micro_batch_size
+from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
+from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
 from orchestrator.models import flops_per_token
 from orchestrator.schema import to_config
 

@@ -25,17 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from orchestrator.engines.memory import (
-    ALLOCATOR_OVERHEAD,
-    DEFAULT_MARGIN,
-    GIB,
-    activation_bytes_per_sequence,
-    largest_fitting_divisor,
-    micro_batch_that_fits,
-    peak_bytes,
-    precision_bytes,
-    sequences_that_fit,
-)
+from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.engines.spec import CellArrays
 from orchestrator.models import family_module, num_parameters
@@ -46,10 +36,6 @@ if TYPE_CHECKING:
 __all__ = [
     "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "ZeroArrays", "buffer_bytes", "estimate_micro_batch_size",
     "fixed_bytes", "memory_terms_of", "model_state_bytes",
-    # What every engine shares (orchestrator.engines.memory), named here too for the callers that read the
-    # DeepSpeed model whole: the peak and the micro-batch that fits are the same rule for both.
-    "ALLOCATOR_OVERHEAD", "DEFAULT_MARGIN", "GIB", "activation_bytes_per_sequence", "largest_fitting_divisor",
-    "peak_bytes", "precision_bytes", "sequences_that_fit",
 ]  # fmt: skip
 
 BUCKET_ELEMENTS = 5e8

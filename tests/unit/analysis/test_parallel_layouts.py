@@ -15,7 +15,7 @@ from analysis.parallelism import (
     stage_parameters,
 )
 from analysis.step_time import DEFAULT_EFFICIENCY
-from orchestrator.engines.deepspeed.memory import GIB
+from orchestrator.engines.memory import GIB
 from orchestrator.models import num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 

@@ -8,14 +8,12 @@ import dataclasses
 import pytest
 
 from orchestrator.batch import divisors
-from orchestrator.engines.deepspeed.memory import (
+from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size, fixed_bytes, model_state_bytes
+from orchestrator.engines.memory import (
     ALLOCATOR_OVERHEAD,
     GIB,
     activation_bytes_per_sequence,
-    estimate_micro_batch_size,
-    fixed_bytes,
     largest_fitting_divisor,
-    model_state_bytes,
     peak_bytes,
     sequences_that_fit,
 )

@@ -13,6 +13,7 @@ from analysis.inputs import inputs_from_columns
 from analysis.predict import plan, predict_cell
 from analysis.records import Catalog
 from analysis.step_time import step_terms
+from orchestrator.engines import memory as shared_memory
 from orchestrator.engines.deepspeed import memory as ds_memory
 from orchestrator.engines.fsdp.memory import (
     buffer_bytes,
@@ -73,10 +74,10 @@ def test_arrays_and_scalars_agree() -> None:
 def test_the_probe_starts_its_search_where_the_model_says(make_cell) -> None:
     config = to_config(make_cell("model=pythia-1b", "gpu=a100-80gb", "num_gpus=8", "method=fsdp-full"))
     fixed = fixed_bytes(config.model, config.method, 8)
-    per_sequence = ds_memory.activation_bytes_per_sequence(config.model, config.method)
+    per_sequence = shared_memory.activation_bytes_per_sequence(config.model, config.method)
     micro = estimate_micro_batch_size(config, 80.0)
-    usable = 80.0 * ds_memory.GIB * (1 - ds_memory.DEFAULT_MARGIN)
-    peak = ds_memory.peak_bytes  # allocated bytes times the caching allocator's overhead, as for DeepSpeed
+    usable = 80.0 * shared_memory.GIB * (1 - shared_memory.DEFAULT_MARGIN)
+    peak = shared_memory.peak_bytes  # allocated bytes times the caching allocator's overhead, as for DeepSpeed
     assert peak(fixed, per_sequence, micro) <= usable < peak(fixed, per_sequence, micro + 1)
     assert fixed > 16 * num_parameters(config.model) / 8  # the accumulated gradients and gathered layers too
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.engines.deepspeed.memory import activation_bytes_per_sequence
+from orchestrator.engines.memory import activation_bytes_per_sequence
 from orchestrator.models import enable_activation_checkpointing, gpt_neox
 from orchestrator.schema import MethodConfig, ModelConfig
 
