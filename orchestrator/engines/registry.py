@@ -1,9 +1,9 @@
 """Every training engine, found by its folder: ``orchestrator/engines/<name>/spec.py`` and its ``SPEC``.
 
 The cells' checks and id (orchestrator.cells), the probe (orchestrator.engines.base.create_engine), the predictor
-(analysis/inputs.py, analysis/step_time.py) and the report's labels (analysis/tables.py) ask this module, never an
-engine by name; adding an engine is adding its folder (and its ``MethodConfig`` fields and ``conf/method/``
-presets). The engine that ``MethodConfig.engine`` defaults to comes first; a row of the cells table naming no
+(analysis/inputs.py, analysis/step_time.py), the report's labels (analysis/tables.py) and its engine columns
+(analysis/catalog.py, analysis/report.py, analysis/scaling.py) ask this module, never an engine by name; adding an
+engine is adding its folder (and its ``MethodConfig`` fields and ``conf/method/`` presets). The engine that ``MethodConfig.engine`` defaults to comes first; a row of the cells table naming no
 engine, or one no longer registered, is predicted as that one (records from before there was a choice).
 """
 
@@ -63,16 +63,37 @@ def engine_spec(name: str) -> EngineSpec:
         raise ValueError(f"method.engine={name!r}: accepted are {', '.join(_SPECS)}") from None
 
 
+_METHOD_TYPES: list[type[MethodConfig]] = [MethodConfig]
+
+
+def method_type() -> type[MethodConfig]:
+    """The dataclass of a cell's method, whose fields the cells table, the catalog and the predictor carry:
+    ``MethodConfig``, where every engine of orchestrator/engines/ declares its fields, or the subclass an engine
+    registered from outside declares its own in (:func:`registered`)."""
+    return _METHOD_TYPES[-1]
+
+
 @contextmanager
-def registered(spec: EngineSpec) -> Iterator[EngineSpec]:
-    """``spec`` registered while the block runs: an engine defined outside orchestrator/engines/ (a test's)."""
+def registered(spec: EngineSpec, method: type[MethodConfig] | None = None) -> Iterator[EngineSpec]:
+    """``spec`` registered while the block runs: an engine defined outside orchestrator/engines/ (a test's).
+
+    ``method``, a subclass of :func:`method_type`, declares the engine's fields where ``MethodConfig`` does not:
+    it is :func:`method_type` while the block runs."""
     if spec.name in _SPECS:
         raise ValueError(f"an engine named {spec.name!r} is already registered")
+    method = method or method_type()
+    if not issubclass(method, method_type()):
+        raise TypeError(f"{method.__name__} must subclass {method_type().__name__}")
+    undeclared = set(spec.fields) - {f.name for f in fields(method)}
+    if undeclared:
+        raise ValueError(f"engine {spec.name!r}: {', '.join(sorted(undeclared))} not fields of {method.__name__}")
     _SPECS[spec.name] = spec
+    _METHOD_TYPES.append(method)
     try:
         yield spec
     finally:
         del _SPECS[spec.name]
+        _METHOD_TYPES.pop()
 
 
 def identity_keys() -> tuple[str, ...]:
@@ -83,6 +104,12 @@ def identity_keys() -> tuple[str, ...]:
 def identity_keys_if_set() -> tuple[str, ...]:
     """Engine fields that join a cell's id only where they differ from their defaults, so no existing id moves."""
     return tuple(key for spec in _SPECS.values() for key in spec.identity_if_set)
+
+
+def sharding_keys() -> tuple[str, ...]:
+    """Every engine's fields that say how a cell shards and offloads (``EngineSpec.sharding``), the default
+    engine's first: a line each of the scaling table."""
+    return tuple(key for spec in _SPECS.values() for key in spec.sharding)
 
 
 def check_engine_options(cell: Config) -> list[Refusal]:

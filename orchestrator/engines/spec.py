@@ -88,8 +88,17 @@ class EngineSpec:
     identity_always: tuple[str, ...] = ()
     """Those of its fields that join every cell's id even at their defaults: DeepSpeed's, as before there was a
     second engine. A new engine leaves it empty: its fields join an id only where set, so no existing id moves."""
+    sharding_fields: tuple[str, ...] | None = None
+    """Those of its fields that say how it shards and offloads: each of their values is a line of its own in the
+    scaling table and they are the plan's columns; its other fields are tuned per GPU count, as the method's own
+    settings are. None: all of :attr:`fields`."""
 
     @property
     def identity_if_set(self) -> tuple[str, ...]:
         """Its fields that join a cell's id only where they differ from their defaults."""
         return tuple(f for f in self.fields if f not in self.identity_always)
+
+    @property
+    def sharding(self) -> tuple[str, ...]:
+        """:attr:`sharding_fields`, or all of its fields where it names none."""
+        return self.fields if self.sharding_fields is None else self.sharding_fields

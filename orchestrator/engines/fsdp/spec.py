@@ -90,4 +90,5 @@ SPEC = EngineSpec(
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
     not_fit_advice="full sharding, fsdp_offload",
+    sharding_fields=("fsdp_sharding", "fsdp_offload"),  # the reduce dtype is tuned per count, as precision is
 )

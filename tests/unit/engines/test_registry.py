@@ -211,7 +211,7 @@ PIPE = EngineSpec(
 
 @pytest.fixture
 def pipe() -> Any:
-    with registry.registered(PIPE) as spec:
+    with registry.registered(PIPE, PipeMethod) as spec:
         yield spec
     assert "pipe" not in registry.engine_names()
 
