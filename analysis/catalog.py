@@ -1,20 +1,24 @@
-"""The model and GPU configs of ``conf/``, by name, and the columns they give a cell in the report's table.
+"""The model and GPU configs of ``conf/``, by name, and the columns they and the method give a cell in the
+report's table.
 
 A record carries its own copy of the cell's config; what an old or truncated record lacks comes from today's
-``conf/``, and a GPU's prices always do, so that an updated price reaches old sweeps.
+``conf/``, and a GPU's prices always do, so that an updated price reaches old sweeps. The method's columns are its
+fields, each converted by the kind its type declares (:mod:`analysis.columns`): a field added to ``MethodConfig``
+for an engine is a column without a change here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, cast
 
 import yaml
 
-from analysis.columns import as_bool, as_int, as_name, columns_of
+from analysis.columns import _kinds, as_int, coerce, columns_of
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
+from orchestrator.engines.registry import DEFAULT_ENGINE, engine_specs, method_type
 from orchestrator.schema import GpuConfig, ModelConfig
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
@@ -25,11 +29,10 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 
 SETTING_KEYS = (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)
-"""The method settings of a cell, as the orchestrator names them."""
-DEFAULT_ENGINE = "deepspeed"
-"""The engine of a record written before ``method.engine`` existed."""
-FSDP_SETTING_KEYS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
-"""Settings only the FSDP engine reads: empty (not applicable) in a DeepSpeed cell's row."""
+"""The method settings of a cell in the order of a record's settings (the columns' order; a field outside them,
+an engine's registered from outside the package, comes after)."""
+RENAMED_METHOD_COLUMNS = {"micro_batch_size": "micro_batch_size_setting"}
+"""Method fields whose column has another name: the table's ``micro_batch_size`` is the one the probe measured."""
 GPU_PRICE_KEYS = ("board_power_w", "purchase_price_usd", "cloud_usd_per_gpu_hour")
 """Figures that change over time: taken from today's ``conf/gpu`` when the GPU is known there."""
 
@@ -60,29 +63,28 @@ class Catalog:
         return hit
 
     def method_columns(self, method: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
-        """The settings columns of a cell: from its config's method, else from the record's settings."""
+        """The settings columns of a cell, one per method field (:func:`method_kinds`), each converted by its kind:
+        from its config's method, else from the record's settings. A record naming no engine is the default
+        engine's; the fields of another engine that join an id only where set (``EngineSpec.identity_if_set``:
+        FSDP's, under DeepSpeed) are empty in its row: not applicable."""
+        kinds = method_kinds()
 
         def build() -> tuple[dict[str, Any], str | None]:
             columns: dict[str, Any] = {}
-            for key in SETTING_KEYS:
+            for key, kind in kinds.items():
                 value = method.get(key, settings.get(key))
-                if key == "zero_stage":
-                    columns[key] = as_int(value)
-                elif key == "micro_batch_size":
-                    columns["micro_batch_size_setting"] = (
-                        "auto" if value in (None, "auto") else (as_int(value) or str(value))
-                    )
-                elif key in ("precision", "attention", "engine", "fsdp_sharding", "fsdp_reduce_precision"):
-                    columns[key] = as_name(value)
+                if key == "micro_batch_size":  # a positive integer or auto
+                    columns[method_column(key)] = "auto" if value in (None, "auto") else (as_int(value) or str(value))
                 else:
-                    columns[key] = as_bool(value)
-            columns["engine"] = columns["engine"] or DEFAULT_ENGINE
-            if columns["engine"] != "fsdp":
-                columns.update(dict.fromkeys(FSDP_SETTING_KEYS))
+                    columns[method_column(key)] = as_int(value) if kind == "int" else coerce(kind, value)
+            engine = columns["engine"] = columns["engine"] or DEFAULT_ENGINE
+            for spec in engine_specs():
+                if spec.name != engine:
+                    columns.update(dict.fromkeys(spec.identity_if_set))
             return columns, None
 
-        key: tuple[Any, ...] = ("method", *method.items())
-        if not all(k in method for k in SETTING_KEYS):  # settings fill the gaps, so they are part of the key
+        key: tuple[Any, ...] = ("method", method_type(), *method.items())
+        if not all(k in method for k in kinds):  # settings fill the gaps, so they are part of the key
             key = (*key, "settings", *settings.items())
         return self._cached(key, build)[0]
 
@@ -129,6 +131,30 @@ class Catalog:
             return columns, problem
 
         return self._cached(("gpu", name, *stored.items()), build)
+
+
+def method_kinds() -> Mapping[str, str]:
+    """Every method field with its kind (``str``, ``bool``, ``int``, ``float`` or ``any``, from its type): the
+    fields of ``MethodConfig``, or of the subclass an engine registered from outside the package declares its own
+    in (``orchestrator.engines.registry.method_type``), in the order of a record's settings."""
+    cls = method_type()
+    if cls not in _METHOD_KINDS:
+        kinds, order = _kinds(cls), {key: i for i, key in enumerate(SETTING_KEYS)}
+        _METHOD_KINDS[cls] = {key: kinds[key] for key in sorted(kinds, key=lambda key: order.get(key, len(order)))}
+    return _METHOD_KINDS[cls]
+
+
+_METHOD_KINDS: dict[type, Mapping[str, str]] = {}
+
+
+def method_defaults() -> dict[str, Any]:
+    """Every method field's default (None where it has none), by field name."""
+    return {f.name: None if f.default is MISSING else f.default for f in fields(method_type())}
+
+
+def method_column(name: str) -> str:
+    """The cells table's column of method field ``name``: its name, but for :data:`RENAMED_METHOD_COLUMNS`."""
+    return RENAMED_METHOD_COLUMNS.get(name, name)
 
 
 def _read_group(folder: Path) -> dict[str, dict[str, Any]]:

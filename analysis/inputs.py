@@ -4,25 +4,27 @@ A cell's model appears as its architecture (``model_num_layers``, ``model_hidden
 FLOPs per token and activation bytes come from its family module (:mod:`orchestrator.models`), evaluated once per
 distinct model or model × method in the table, so thousands of cells cost a handful of calls. A published
 ``model_num_parameters`` is never used as a figure: the architecture decides.
+
+A cell's method is every field of ``MethodConfig`` (:func:`analysis.catalog.method_kinds`), each an array typed by
+the field's kind in :attr:`Inputs.method`; each engine reads its own fields there by name, so an engine's field
+reaches its memory and step-time terms without a change here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from analysis.catalog import method_column, method_defaults, method_kinds
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
 from orchestrator.engines.memory import activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import FAMILIES, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
-
-METHOD_DEFAULTS: dict[str, Any] = {f.name: f.default for f in fields(MethodConfig)}
-"""orchestrator.schema.MethodConfig's defaults, for old or partial configs that lack a setting."""
 
 DEFAULT_FAMILY = ModelConfig.family
 
@@ -43,11 +45,10 @@ def flat_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
     model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
     row: dict[str, Any] = columns_of(ModelConfig, "model", model)
     row.update(columns_of(GpuConfig, "gpu", gpu))
-    row.update({k: method.get(k) for k in METHOD_DEFAULTS if k != "micro_batch_size"})
+    row.update({method_column(k): method.get(k) for k in method_defaults()})
     row.update(
         model=model.get("name"),
         gpu=gpu.get("name"),
-        micro_batch_size_setting=method.get("micro_batch_size"),
         num_gpus=cell.get("num_gpus"),
         num_nodes=cell.get("num_nodes"),
         probe_memory_limit_gib=probe.get("memory_limit_gib"),
@@ -82,24 +83,23 @@ class Inputs:
     """The dense peak for the cell's precision; NaN where the device has none."""
     num_gpus: np.ndarray
     num_nodes: np.ndarray
-    stage: np.ndarray
+    engine: np.ndarray
+    """The engine whose memory and step-time terms each cell takes (the default engine's name where none)."""
     precision: np.ndarray
     attention: np.ndarray
-    offload_optimizer: np.ndarray
-    offload_params: np.ndarray
-    engine: np.ndarray
-    """``deepspeed`` or ``fsdp``; the ZeRO fields above apply to the first, the ``fsdp_*`` ones to the second."""
-    fsdp_sharding: np.ndarray
-    fsdp_offload: np.ndarray
-    fsdp_reduce_precision: np.ndarray
     checkpointing: np.ndarray
     compile: np.ndarray
     micro_setting: np.ndarray
     """The cell's fixed micro-batch; NaN for ``auto``."""
+    method: Mapping[str, np.ndarray]
+    """Every method field's array by the field's name, typed by its kind: numbers as floats, text as objects,
+    flags as bools, anything else as the values themselves; the field's default where a cell has none (NaN for a
+    number without one). Each engine reads its own fields here (``EngineSpec.memory_terms``)."""
 
     @property
     def per_gpu_batch(self) -> np.ndarray:
-        return np.maximum(np.floor(self.batch / self.num_gpus), 1.0)
+        out: np.ndarray = np.maximum(np.floor(self.batch / self.num_gpus), 1.0)
+        return out
 
 
 def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
@@ -113,7 +113,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         out = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
         return np.where(np.isnan(out), default, out)
 
-    def text(name: str, default: str) -> np.ndarray:
+    def text(name: str, default: str | None) -> np.ndarray:
         values = columns.get(name)
         if values is None:
             return np.full(length, default, dtype=object)
@@ -129,6 +129,24 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
             return np.full(length, default)
         return np.array([bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in values], dtype=bool)
 
+    def value(name: str, default: Any) -> np.ndarray:
+        out = np.empty(length, dtype=object)
+        for row, v in enumerate(raw(name)):
+            out[row] = default if _missing(v) else v
+        return out
+
+    def typed(kind: str, name: str, default: Any) -> np.ndarray:
+        if kind in ("int", "float"):
+            return num(name, np.nan if default is None else float(default))
+        if kind == "str":
+            return text(name, default)
+        if kind == "bool":
+            return flag(name, bool(default))
+        return value(name, default)
+
+    defaults = method_defaults()
+    method = {key: typed(kind, method_column(key), defaults[key]) for key, kind in method_kinds().items()}
+
     layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
     heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")
     # The whole architecture, one typed ModelConfig per distinct combination of its fields' columns.
@@ -136,11 +154,9 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     models = _models(architecture, length)
     known = np.array([m is not None for m in models], dtype=bool) & np.isfinite(batch) & (batch > 0)
 
-    precision = text("precision", METHOD_DEFAULTS["precision"])
-    attention = text("attention", METHOD_DEFAULTS["attention"])
-    checkpointing = flag("activation_checkpointing", False)
-    compiled = flag("compile", False)
-    tf32 = flag("tf32", True) & flag("gpu_supports_tf32", True)
+    precision, attention = method["precision"], method["attention"]
+    checkpointing, compiled = method["activation_checkpointing"], method["compile"]
+    tf32 = method["tf32"] & flag("gpu_supports_tf32", True)
     peak_tf32 = num("gpu_peak_tflops_tf32")
     fp32_peak = np.where(tf32 & (peak_tf32 > 0), peak_tf32, num("gpu_peak_tflops_fp32"))
     reference = np.select(
@@ -188,18 +204,13 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         reference_tflops=np.where(reference > 0, reference, np.nan),
         num_gpus=np.maximum(num("num_gpus", 1.0), 1.0),
         num_nodes=np.maximum(num("num_nodes", 1.0), 1.0),
-        stage=num("zero_stage", 0.0),
+        engine=method["engine"],
         precision=precision,
         attention=attention,
-        offload_optimizer=flag("offload_optimizer", False),
-        offload_params=flag("offload_params", False),
-        engine=text("engine", METHOD_DEFAULTS["engine"]),
-        fsdp_sharding=text("fsdp_sharding", METHOD_DEFAULTS["fsdp_sharding"]),
-        fsdp_offload=flag("fsdp_offload", False),
-        fsdp_reduce_precision=text("fsdp_reduce_precision", METHOD_DEFAULTS["fsdp_reduce_precision"]),
         checkpointing=checkpointing,
         compile=compiled,
         micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
+        method=method,
     )
 
 

@@ -12,20 +12,21 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates as est
-from analysis.inputs import METHOD_DEFAULTS, inputs_from_columns
+from analysis.catalog import method_kinds
+from analysis.inputs import inputs_from_columns
 from analysis.predict import DEFAULT_MARGIN, Calibration, predict_frame
 from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, rows_of
 from orchestrator.engines.registry import engine_specs, identity_keys, identity_keys_if_set, method_label
 
-_ENGINE_DEFAULTS = {key: METHOD_DEFAULTS[key] for spec in engine_specs() for key in spec.fields}
-"""Every engine's method fields, with their defaults (their types decide how the CSV writes them)."""
+_ENGINE_KINDS = {key: method_kinds()[key] for spec in engine_specs() for key in spec.fields}
+"""Every engine's method fields, with their kinds (which decide how the CSV writes them)."""
 INT_COLUMNS = (
-    "num_gpus", "num_nodes", *(k for k, v in _ENGINE_DEFAULTS.items() if type(v) is int), "attempt",
+    "num_gpus", "num_nodes", *(k for k, kind in _ENGINE_KINDS.items() if kind == "int"), "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "steps_timed", "tokens_per_step", "num_parameters",
     "train_steps", "predicted_micro_batch_size",
 )  # fmt: skip
 BOOL_COLUMNS = (
-    *(k for k, v in _ENGINE_DEFAULTS.items() if type(v) is bool), "activation_checkpointing", "compile", "tf32",
+    *(k for k, kind in _ENGINE_KINDS.items() if kind == "bool"), "activation_checkpointing", "compile", "tf32",
     "predicted_fits", "measured_fits", "fit_agrees",
 )  # fmt: skip
 SETTING_COLUMNS = (

@@ -3,8 +3,9 @@
 The cells' checks and id (orchestrator.cells), the probe (orchestrator.engines.base.create_engine), the predictor
 (analysis/inputs.py, analysis/step_time.py), the report's labels (analysis/tables.py) and its engine columns
 (analysis/catalog.py, analysis/report.py, analysis/scaling.py) ask this module, never an engine by name; adding an
-engine is adding its folder (and its ``MethodConfig`` fields and ``conf/method/`` presets). The engine that ``MethodConfig.engine`` defaults to comes first; a row of the cells table naming no
-engine, or one no longer registered, is predicted as that one (records from before there was a choice).
+engine is adding its folder (and its ``MethodConfig`` fields and ``conf/method/`` presets). The engine that
+``MethodConfig.engine`` defaults to comes first; a row of the cells table naming no engine, or one no longer
+registered, is predicted as that one (records from before there was a choice).
 """
 
 from __future__ import annotations

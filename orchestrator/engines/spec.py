@@ -29,8 +29,8 @@ offload (the copies to and from the host and the optimizer step on the CPU)."""
 
 
 class CellArrays(Protocol):
-    """The predictor's arrays every engine may read, one element per cell (``analysis.inputs.Inputs`` has them,
-    and each engine's own settings besides)."""
+    """The predictor's arrays every engine may read, one element per cell (``analysis.inputs.Inputs``): the
+    figures every engine shares by name, and every method field by its name in :attr:`method`."""
 
     params: np.ndarray
     """Parameters of the model (the family's formula)."""
@@ -40,6 +40,9 @@ class CellArrays(Protocol):
     num_gpus: np.ndarray
     num_nodes: np.ndarray
     precision: np.ndarray
+    method: Mapping[str, np.ndarray]
+    """Every method field's array by the field's name (an engine reads its own fields here): numbers as floats,
+    text as objects, flags as bools, the field's default where a cell has no value."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +81,7 @@ class EngineSpec:
     or a row of the cells table): ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``."""
     memory_terms: Callable[[Any], dict[str, Any]]
     """``memory_terms(x)``: bytes per GPU by :data:`MEMORY_HOLDERS` for every cell of the predictor's arrays ``x``
-    (a :class:`CellArrays` with this engine's settings), element-wise."""
+    (a :class:`CellArrays`: this engine's settings are in its ``method``), element-wise."""
     step_time_terms: Callable[[Any, Any, Links], dict[str, Any]]
     """``step_time_terms(x, accum, links)``: :data:`STEP_TIME_TERMS` of one optimizer step of ``accum``
     micro-steps for every cell of ``x``, element-wise."""

@@ -21,20 +21,20 @@ of cells at once with this same arithmetic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
-from orchestrator.engines.spec import CellArrays
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
+    from orchestrator.engines.spec import CellArrays
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
-    "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "ZeroArrays", "buffer_bytes", "estimate_micro_batch_size",
+    "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "buffer_bytes", "estimate_micro_batch_size",
     "fixed_bytes", "memory_terms_of", "model_state_bytes",
 ]  # fmt: skip
 
@@ -42,14 +42,6 @@ BUCKET_ELEMENTS = 5e8
 """DeepSpeed's default ``reduce_bucket_size`` and ``allgather_bucket_size``."""
 STAGE3_PREFETCH_ELEMENTS = 5e7
 """DeepSpeed's default ``stage3_prefetch_bucket_size``."""
-
-
-class ZeroArrays(CellArrays, Protocol):
-    """The predictor's arrays DeepSpeed's terms read: the cells' ZeRO settings besides the model and the GPUs."""
-
-    stage: np.ndarray
-    offload_optimizer: np.ndarray
-    offload_params: np.ndarray
 
 
 def model_state_bytes(
@@ -88,18 +80,20 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
     return _out(np.where(stage >= 3, stage3, np.where(stage >= 1, buckets, stage0)))
 
 
-def memory_terms_of(x: ZeroArrays) -> dict[str, Any]:
+def memory_terms_of(x: CellArrays) -> dict[str, Any]:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
-    instead), for every cell of ``x`` as the predictor adds them up (analysis/inputs.py)."""
+    instead), for every cell of ``x`` as the predictor adds them up (analysis/inputs.py), by its ZeRO fields."""
+    m = x.method
+    stage, offload_optimizer, offload_params = m["zero_stage"], m["offload_optimizer"], m["offload_params"]
     params, grads, optimizer = model_state_bytes(
-        x.params, x.stage, x.num_gpus, x.precision, x.offload_optimizer, x.offload_params
+        x.params, stage, x.num_gpus, x.precision, offload_optimizer, offload_params
     )
-    full = sum(model_state_bytes(x.params, x.stage, x.num_gpus, x.precision))
+    full = sum(model_state_bytes(x.params, stage, x.num_gpus, x.precision))
     return {
         "params": params,
         "grads": grads,
         "optimizer": optimizer,
-        "buffers": buffer_bytes(x.params, x.largest_weight, x.stage, x.num_gpus, x.precision),
+        "buffers": buffer_bytes(x.params, x.largest_weight, stage, x.num_gpus, x.precision),
         "offloaded": full - params - grads - optimizer,
     }
 

@@ -19,21 +19,22 @@ import numpy as np
 from orchestrator.engines.memory import precision_bytes
 
 if TYPE_CHECKING:
-    from orchestrator.engines.deepspeed.memory import ZeroArrays
-    from orchestrator.engines.spec import Links
+    from orchestrator.engines.spec import CellArrays, Links
 
 
-def step_time_terms(x: ZeroArrays, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
     """Nominal seconds of communication (``communication_s``) and offload (``offload_s``) of one step of
-    ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s)."""
+    ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s), by its ZeRO fields."""
     n, nodes, psi = x.num_gpus, x.num_nodes, x.params
-    volume = np.where(x.stage >= 3, 3.0, 2.0) * (n - 1.0) / n * psi * precision_bytes(x.precision)
+    m = x.method
+    stage, offload_optimizer, offload_params = m["zero_stage"], m["offload_optimizer"], m["offload_params"]
+    volume = np.where(stage >= 3, 3.0, 2.0) * (n - 1.0) / n * psi * precision_bytes(x.precision)
     busbw = np.where(nodes > 1, links.inter_node, links.intra_node)
     communication = np.where(n > 1, volume / busbw, 0.0)
     host = links.host
     offload = np.where(
-        x.offload_optimizer & (x.stage >= 1),
+        offload_optimizer & (stage >= 1),
         4.0 * psi / n / host + psi / nodes / links.cpu_adam_params_per_s_per_node,
         0.0,
-    ) + np.where(x.offload_params & (x.stage >= 3), accum * 4.0 * psi / n / host, 0.0)
+    ) + np.where(offload_params & (stage >= 3), accum * 4.0 * psi / n / host, 0.0)
     return {"communication_s": communication, "offload_s": offload}

@@ -21,30 +21,22 @@ Every function works element-wise on numpy arrays as on scalars, as the DeepSpee
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
-from orchestrator.engines.spec import CellArrays
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
+    from orchestrator.engines.spec import CellArrays
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
-    "FsdpArrays", "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
+    "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
     "model_state_bytes", "reduce_bytes", "shard_group_size",
 ]  # fmt: skip
-
-
-class FsdpArrays(CellArrays, Protocol):
-    """The predictor's arrays FSDP's terms read: the cells' ``fsdp_*`` settings besides the model and the GPUs."""
-
-    fsdp_sharding: np.ndarray
-    fsdp_offload: np.ndarray
-    fsdp_reduce_precision: np.ndarray
 
 
 def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
@@ -115,11 +107,12 @@ def memory_terms(
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
 
 
-def memory_terms_of(x: FsdpArrays) -> dict[str, Any]:
-    """:func:`memory_terms` for every cell of the predictor's arrays ``x``."""
+def memory_terms_of(x: CellArrays) -> dict[str, Any]:
+    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``fsdp_*`` fields."""
+    m = x.method
     return memory_terms(
-        x.params, x.largest_weight, x.layers, x.fsdp_sharding, x.num_gpus, x.num_nodes, x.precision,
-        x.fsdp_reduce_precision, x.fsdp_offload,
+        x.params, x.largest_weight, x.layers, m["fsdp_sharding"], x.num_gpus, x.num_nodes, x.precision,
+        m["fsdp_reduce_precision"], m["fsdp_offload"],
     )  # fmt: skip
 
 

@@ -18,21 +18,22 @@ from orchestrator.engines.fsdp.memory import reduce_bytes, shard_group_size
 from orchestrator.engines.memory import precision_bytes
 
 if TYPE_CHECKING:
-    from orchestrator.engines.fsdp.memory import FsdpArrays
-    from orchestrator.engines.spec import Links
+    from orchestrator.engines.spec import CellArrays, Links
 
 
-def step_time_terms(x: FsdpArrays, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
     """Nominal seconds of communication (``communication_s``) and offload (``offload_s``) of one step of
-    ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s)."""
+    ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s), by its ``fsdp_*`` fields."""
     n, nodes, psi = x.num_gpus, x.num_nodes, x.params
+    m = x.method
+    sharding, offload, reduce = m["fsdp_sharding"], m["fsdp_offload"], m["fsdp_reduce_precision"]
     intra, inter = links.intra_node, links.inter_node
-    shards = shard_group_size(x.fsdp_sharding, n, nodes)
-    p, r = precision_bytes(x.precision), reduce_bytes(x.fsdp_reduce_precision)
-    regather = (x.fsdp_sharding == "full") | (x.fsdp_sharding == "hybrid")
-    gathers = np.where(x.fsdp_sharding == "none", 0.0, np.where(regather, 2.0, 1.0))
+    shards = shard_group_size(sharding, n, nodes)
+    p, r = precision_bytes(x.precision), reduce_bytes(reduce)
+    regather = (sharding == "full") | (sharding == "hybrid")
+    gathers = np.where(sharding == "none", 0.0, np.where(regather, 2.0, 1.0))
     # Inside a node for the shards of hybrid; across nodes for everything else of a multi-node cell.
-    shard_bw = np.where((nodes > 1) & (x.fsdp_sharding != "hybrid"), inter, intra)
+    shard_bw = np.where((nodes > 1) & (sharding != "hybrid"), inter, intra)
     gather_s = accum * gathers * (shards - 1.0) / shards * psi * p / shard_bw
     scatter_s = (shards - 1.0) / shards * psi * r / shard_bw
     replicas = n / shards
@@ -40,7 +41,7 @@ def step_time_terms(x: FsdpArrays, accum: Any, links: Links) -> dict[str, Any]:
     all_reduce_s = 2.0 * (replicas - 1.0) / replicas * psi / shards * r / replica_bw
     communication = np.where(n > 1, gather_s + scatter_s + all_reduce_s, 0.0)
     offload = np.where(
-        x.fsdp_offload,
+        offload,
         (accum * gathers + 1.0) * 4.0 * psi / shards / links.host + psi / nodes / links.cpu_adam_params_per_s_per_node,
         0.0,
     )
