@@ -25,6 +25,7 @@ from analysis.calibration import Calibration, GpuCalibration, calibrate
 from analysis.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
 from analysis.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
+from orchestrator.engines.registry import identity_keys, identity_keys_if_set, sharding_keys
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",
@@ -144,11 +145,13 @@ def predict_frame(
     )
 
 
-PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine", "fsdp_sharding", "fsdp_offload", "zero_stage",
-                "offload_optimizer", "offload_params",
+PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine",
+                *(k for k in (*identity_keys_if_set(), *identity_keys()) if k in sharding_keys()),
                 "activation_checkpointing", "precision", "micro_batch_size_setting", *PREDICTION_COLUMNS,
                 "predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud",
                 "predicted_cost_usd_amortised", "predicted_energy_kwh")  # fmt: skip
+"""Columns of :func:`plan`: the cell, its engine and how it shards and offloads (each engine's
+``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions."""
 
 
 def plan(

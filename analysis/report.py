@@ -93,12 +93,13 @@ from analysis import engine_comparison, scaling, tables
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import RESULT_STATUSES, Catalog, load_cells
+from orchestrator.engines.registry import identity_keys, identity_keys_if_set
 
 CELLS_COLUMNS: tuple[str, ...] = (
     "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
-    "zero_stage", "offload_optimizer", "offload_params", "activation_checkpointing", "precision",
+    *identity_keys(), "activation_checkpointing", "precision",
     "micro_batch_size_setting", "compile", "tf32", "attention",
-    "engine", "fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision",
+    "engine", *identity_keys_if_set(),
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
     "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",
@@ -111,7 +112,8 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "memory_error_pct", "predicted_step_time_s", "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
 )  # fmt: skip
-"""Columns of cells.csv, in order (documented in this module's docstring)."""
+"""Columns of cells.csv, in order (documented in this module's docstring). The engines' fields come from the
+registry: those that join every cell's id (DeepSpeed's) after the GPUs, the others after ``engine``."""
 
 CSV_FLOAT_FORMAT = "%.10g"
 MAX_MARKDOWN_ROWS = 60

@@ -5,8 +5,8 @@ reads). Rows of ``scaling.csv``, one per (model, GPU type, sharding option, GPU 
 measured cell of that layout (micro-batch, checkpointing, compilation... are whatever was fastest). The columns
 beyond those of cells.csv:
 
-- ``sharding``: a short label of the sharding option the line follows, e.g. ``zero2 offload-opt`` (the engine
-  first, where the cells name one). A line is one value of :data:`SHARDING_COLUMNS`.
+- ``sharding``: a short label of the sharding option the line follows, its engine's label (``EngineSpec.label``),
+  e.g. ``zero2 offload-opt`` or ``fsdp-full offload``. A line is one value of :data:`SHARDING_COLUMNS`.
 - ``speedup``: tokens/s over that of the line's base, the fastest layout of its smallest GPU count;
   ``ideal_speedup``: GPU count over the base's; ``scaling_efficiency`` = speedup ÷ ideal.
 - ``marginal_speedup_per_added_gpu``: tokens/s gained since the fastest layout of the next smaller GPU count,
@@ -37,25 +37,29 @@ import pandas as pd
 
 from analysis import estimates as est
 from analysis.records import MEASURED_FITS, rows_of
-from analysis.tables import engine_sharding_label, settings_label
+from analysis.tables import engine_label, settings_label
+from orchestrator.engines.registry import identity_keys_if_set, sharding_keys
 
 KNEE_MARGINAL_SPEEDUP = 0.5
 """Default knee threshold: beyond the knee an added GPU buys less than half of what each of the first GPUs does
 (marginal speed-up per added GPU < 0.5). At 0.5, doubling a count that scaled perfectly so far gains 1.5× the
 throughput for 2× the GPUs: a third less time for a third more money and energy per token."""
 
-SHARDING_COLUMNS = ("engine", "zero_stage", "offload_optimizer", "offload_params", "fsdp_sharding", "fsdp_offload")
+SHARDING_COLUMNS = ("engine", *sharding_keys())
 """Method settings that make a scaling line of their own (those the cells have): the training engine, once the
-cells name one, and how it shards and offloads. The other settings are tuned per count: the fastest is taken."""
+cells name one, and how it shards and offloads (each engine's ``EngineSpec.sharding``, the default engine's
+first). The other settings are tuned per count: the fastest is taken."""
+OPTIONAL_COLUMNS = ("engine", *(key for key in sharding_keys() if key in identity_keys_if_set()))
+"""Those of :data:`SHARDING_COLUMNS` that scaling.csv has only where the cells do: the engine, and the fields of
+the engines after the first (``fsdp_sharding``, ``fsdp_offload``)."""
 
 SCALING_COLUMNS = (
-    "model", "gpu", "engine", "zero_stage", "offload_optimizer", "offload_params", "fsdp_sharding", "fsdp_offload",
-    "sharding", "num_gpus",
+    "model", "gpu", *SHARDING_COLUMNS, "sharding", "num_gpus",
     "num_nodes", "tokens_per_s", "tokens_per_s_per_gpu", "speedup", "ideal_speedup", "scaling_efficiency",
     "marginal_speedup_per_added_gpu", "knee_num_gpus", "beyond_knee", "tokens_per_kwh",
     "usd_per_billion_tokens_cloud", "usd_per_billion_tokens_amortised", "time_to_train_days", "settings", "cell_id",
 )  # fmt: skip
-"""Columns of scaling.csv, in order; ``engine`` and the ``fsdp_*`` ones only where the cells have them."""
+"""Columns of scaling.csv, in order; :data:`OPTIONAL_COLUMNS` only where the cells have them."""
 
 TOKENS_PER_BILLION = 1e9
 
@@ -68,18 +72,13 @@ def _num(frame: pd.DataFrame, name: str) -> pd.Series:
 
 def scaling_columns(cells: pd.DataFrame) -> list[str]:
     """The columns of the scaling table for these cells: the engine's columns are left out where they have none."""
-    optional = ("engine", "fsdp_sharding", "fsdp_offload")
-    return [c for c in SCALING_COLUMNS if c not in optional or c in cells.columns]
+    return [c for c in SCALING_COLUMNS if c not in OPTIONAL_COLUMNS or c in cells.columns]
 
 
 def sharding_label(row: Mapping[str, Any]) -> str:
-    """A short label of a line's sharding option, e.g. ``zero3 offload-opt offload-params`` or ``fsdp-full``."""
-    parts = [engine_sharding_label(row)]
-    if row.get("offload_optimizer") is True:
-        parts.append("offload-opt")
-    if row.get("offload_params") is True:
-        parts.append("offload-params")
-    return " ".join(parts)
+    """A short label of a line's sharding option, its engine's label: ``zero3 offload-opt offload-params``,
+    ``fsdp-full offload``."""
+    return engine_label(row)
 
 
 def check_knee(knee: float) -> float:

@@ -168,12 +168,6 @@ def engine_label(row: Any) -> str:
     return method_label(row)
 
 
-def engine_sharding_label(row: Any) -> str:
-    """:func:`engine_label` without the offload flags :func:`analysis.scaling.sharding_label` appends itself
-    (``offload_optimizer``, ``offload_params``)."""
-    return method_label({**row, "offload_optimizer": None, "offload_params": None})
-
-
 def _model_order(frame: pd.DataFrame) -> pd.Series:
     return _col(frame, "num_parameters")
 

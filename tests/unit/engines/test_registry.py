@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from analysis.inputs import inputs_from_columns, memory_terms
+from analysis.scaling import sharding_label
 from analysis.step_time import step_terms
-from analysis.tables import engine_label, engine_sharding_label, settings_label
+from analysis.tables import engine_label, settings_label
 from orchestrator import cells, schema
 from orchestrator.domains import domain_of
 from orchestrator.engines import engine_folders, registry
@@ -136,7 +137,7 @@ def test_cell_and_table_labels_are_what_they_were(base: Config) -> None:
     assert cells.label(fsdp) == "pythia-70m h100-80gb x8 fsdp-grad_op offload reduce-bf16 bf16 mb=auto"
     row = {**cells.settings(zero3), "micro_batch_size": 4, "grad_accum_steps": 2, "num_nodes": 2}
     assert settings_label(row) == "zero3 offload-opt offload-params ckpt mb4x2 bf16 2nodes"
-    assert engine_sharding_label(row) == "zero3"  # scaling's label appends the offload flags itself
+    assert sharding_label(row) == "zero3 offload-opt offload-params"  # scaling's label is the engine's
     row = {**cells.settings(fsdp), "micro_batch_size": 8, "grad_accum_steps": 1}
     assert settings_label(row) == "fsdp-grad_op offload reduce-bf16 mb8x1 bf16"
 
