@@ -13,13 +13,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.inputs import inputs_from_columns, memory_terms
+from analysis.catalog import Catalog
+from analysis.inputs import flat_cell, inputs_from_columns, memory_terms
+from analysis.predict import predict_cell
 from analysis.scaling import sharding_label
 from analysis.step_time import step_terms
 from analysis.tables import engine_label, settings_label
 from orchestrator import cells, schema
 from orchestrator.domains import domain_of
 from orchestrator.engines import engine_folders, registry
+from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
 from orchestrator.engines.spec import MEMORY_HOLDERS, STEP_TIME_TERMS, EngineSpec, Links
 from orchestrator.refusal import Refusal
 from orchestrator.schema import Config, MethodConfig, to_config
@@ -193,7 +196,9 @@ def _pipe_label(settings: Mapping[str, Any]) -> str:
 
 
 PIPE_BYTES = 7.0 * 2**30
+"""Bytes per GPU of each holder with one pipeline stage; ``pipe_stages`` divides them."""
 PIPE_SECONDS = 0.125
+"""Seconds of each step-time term with one pipeline stage; ``pipe_stages`` multiplies them."""
 
 PIPE = EngineSpec(
     name="pipe",
@@ -204,8 +209,8 @@ PIPE = EngineSpec(
         f"{value!r} is {owner.setting}; with method.engine=pipe leave it at {default!r}"
     ),
     label=_pipe_label,
-    memory_terms=lambda x: {k: np.full(len(x.params), PIPE_BYTES) for k in MEMORY_HOLDERS},
-    step_time_terms=lambda x, accum, links: {k: np.full(len(x.params), PIPE_SECONDS) for k in STEP_TIME_TERMS},
+    memory_terms=lambda x: {k: PIPE_BYTES / x.method["pipe_stages"] for k in MEMORY_HOLDERS},
+    step_time_terms=lambda x, accum, links: {k: PIPE_SECONDS * x.method["pipe_stages"] for k in STEP_TIME_TERMS},
     not_fit_advice="more pipeline stages",
 )
 
@@ -214,7 +219,7 @@ PIPE = EngineSpec(
 def pipe() -> Any:
     with registry.registered(PIPE, PipeMethod) as spec:
         yield spec
-    assert "pipe" not in registry.engine_names()
+    assert "pipe" not in registry.engine_names() and registry.method_type() is MethodConfig
 
 
 def test_a_third_engine_is_checked_against_the_others_and_they_against_it(base: Config, pipe: EngineSpec) -> None:
@@ -250,3 +255,38 @@ def test_the_predictor_takes_a_third_engines_terms_for_its_cells_only(pipe: Engi
         alone = inputs_from_columns({**COLUMNS, "engine": [engine] * 3}, 3)
         assert {k: memory[k][row] for k in memory} == {k: v[row] for k, v in memory_terms(alone).items()}
         assert list(step[row]) == list(step_terms(alone, accum)[row])
+
+
+def test_a_third_engines_field_reaches_the_inputs_the_table_the_labels_and_its_terms(
+    base: Config, pipe: EngineSpec
+) -> None:
+    # The predictor's inputs: a number array under the field's name, its default (1) where a cell has none.
+    x = inputs_from_columns({**COLUMNS, "engine": ["pipe"] * 3, "pipe_stages": [4, None, "two"]}, 3)
+    assert x.method["pipe_stages"].dtype == float and list(x.method["pipe_stages"]) == [4.0, 1.0, 1.0]
+    # Its terms read it there.
+    memory, step = memory_terms(x), step_terms(x, np.full(3, 4.0))
+    assert list(memory["params"]) == [PIPE_BYTES / 4, PIPE_BYTES, PIPE_BYTES]
+    assert list(step[:, 1]) == [PIPE_SECONDS * 4, PIPE_SECONDS, PIPE_SECONDS]
+    # The cells table: converted by its declared kind (int), from the config or the record's settings; empty
+    # (not applicable) in another engine's row, as FSDP's fields are in a DeepSpeed cell's.
+    catalog = Catalog()
+    assert catalog.method_columns({"engine": "pipe", "pipe_stages": "4"}, {})["pipe_stages"] == 4
+    assert catalog.method_columns({}, {"engine": "pipe", "pipe_stages": 2.0})["pipe_stages"] == 2
+    under_fsdp = catalog.method_columns({"engine": "fsdp", "fsdp_sharding": "grad_op", "pipe_stages": 4}, {})
+    assert under_fsdp["pipe_stages"] is None and under_fsdp["fsdp_sharding"] == "grad_op"
+    assert catalog.method_columns({"pipe_stages": 4}, {})["pipe_stages"] is None  # no engine: the default one
+    # The labels: best.csv's settings and scaling.csv's sharding.
+    row = {"engine": "pipe", "pipe_stages": 4, "precision": "bf16", "micro_batch_size": 2, "grad_accum_steps": 8}
+    assert settings_label(row) == "pipe4 mb2x8 bf16" and sharding_label(row) == "pipe4"
+    # A whole cell, as `gpudays plan` predicts it.
+    piped = dataclasses.asdict(with_method(base, PipeMethod, engine="pipe", pipe_stages=2))
+    assert flat_cell(piped)["pipe_stages"] == 2
+    prediction = predict_cell(piped, micro_batch_size=1)
+    assert prediction.params_gib == pytest.approx(PIPE_BYTES / 2 * ALLOCATOR_OVERHEAD / GIB)
+    assert prediction.offloaded_gib == pytest.approx(PIPE_BYTES / 2 / GIB)
+
+
+def test_an_engine_registered_from_outside_declares_its_fields() -> None:
+    with pytest.raises(ValueError, match="pipe_stages not fields of MethodConfig"), registry.registered(PIPE):
+        pass
+    assert "pipe" not in registry.engine_names() and registry.method_type() is MethodConfig
