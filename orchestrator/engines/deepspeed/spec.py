@@ -85,5 +85,7 @@ SPEC = EngineSpec(
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
     not_fit_advice="a higher ZeRO stage, offload",
-    identity_always=FIELDS,
+    # In every cell's id since before there was a second engine; a field added later joins an id only where set.
+    identity_always=("zero_stage", "offload_optimizer", "offload_params"),
+    sharding_fields=("zero_stage", "offload_optimizer", "offload_params"),
 )
