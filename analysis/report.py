@@ -112,8 +112,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "memory_error_pct", "predicted_step_time_s", "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
 )  # fmt: skip
-"""Columns of cells.csv, in order (documented in this module's docstring). The engines' fields come from the
-registry: those that join every cell's id (DeepSpeed's) after the GPUs, the others after ``engine``."""
+"""Columns of cells.csv, in order (documented in this module's docstring); the engines' fields from the registry."""
 
 CSV_FLOAT_FORMAT = "%.10g"
 MAX_MARKDOWN_ROWS = 60
