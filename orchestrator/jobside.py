@@ -39,7 +39,7 @@ import traceback
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
-from typing import Any, cast
+from typing import Any, NoReturn, cast
 
 import submitit
 
@@ -137,6 +137,16 @@ def sleep_probe(sleep_s: float) -> dict[str, Any]:
     return {"status": "ok", "reason": "probe.kind=sleep: nothing measured", "metrics": {}, "environment": {}}
 
 
+class InjectedFailure(RuntimeError):
+    """What ``probe.kind=fail`` raises: a real failure of a job, for checking how failures are handled."""
+
+
+def fail_probe(sleep_s: float) -> NoReturn:
+    """No measurement: hold the allocation for ``sleep_s``, then fail the way a probe's bug would."""
+    time.sleep(sleep_s)
+    raise InjectedFailure("probe.kind=fail: this cell fails on purpose (set probe.kind=sleep or deepspeed to fix it)")
+
+
 def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, int] | None = None) -> str:
     """Measure one cell on this rank; rank 0 writes the record. Returns the cell's status.
 
@@ -183,6 +193,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             }
         elif typed.probe.kind == "sleep":
             result = sleep_probe(typed.probe.sleep_s)
+        elif typed.probe.kind == "fail":
+            fail_probe(typed.probe.sleep_s)
         else:
             from orchestrator.probe import run_probe
 

@@ -28,9 +28,9 @@ FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 BACKENDS = ("local", "slurm")
-PROBE_KINDS = ("deepspeed", "sleep")
-"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep``
-measures nothing."""
+PROBE_KINDS = ("deepspeed", "sleep", "fail")
+"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep`` and
+``fail`` measure nothing (plumbing checks: a job that ends ok, one that fails)."""
 STEP_TIMINGS = ("composed", "whole")
 NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of letters, digits and _ . -")
 """Names that become folder names, job names and table keys."""
@@ -195,7 +195,8 @@ class ProbeConfig:
     kind: str = field(default="deepspeed", metadata=domain(choices=PROBE_KINDS))
     """``deepspeed`` measures: the training probe (the name predates a second engine; ``method.engine`` picks
     DeepSpeed or FSDP); ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
-    cluster's plumbing (submission, arrays, records, resume) at no GPU cost."""
+    cluster's plumbing (submission, arrays, records, resume) at no GPU cost; ``fail`` sleeps ``sleep_s`` and then
+    raises, to check how failures are recorded and rerun (the record is ``failed``, with its traceback)."""
     sleep_s: float = field(default=0.0, metadata=domain(ge=0))
 
     step_timing: str = field(default="composed", metadata=domain(choices=STEP_TIMINGS))

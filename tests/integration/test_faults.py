@@ -4,7 +4,8 @@ raises, and one whose record is damaged on disk after it was written.
 
 ``status`` must tell each apart; then, with the faults removed, ``resume`` must end every cell ok exactly once,
 with no record lost and one row per cell in cells.csv. Cells that need not measure use ``probe.kind=sleep``; the
-failing cell runs the real DeepSpeed probe with a setting the probe rejects (``probe.max_steps=0``).
+failing cell runs the real DeepSpeed probe in an environment torch rejects (``TORCH_DISTRIBUTED_DEBUG=bogus`` in
+``cluster.env``: a site's misconfiguration that nothing before submission can see).
 """
 
 from __future__ import annotations
@@ -40,7 +41,10 @@ FAULTS: dict[str, list[str]] = {
     "corrupt": [*SLEEP, "model.seq_length=37", "probe.sleep_s=1"],
     # DeepSpeed builds its CPU comm op first: minutes on a busy machine. A time-limit warning during that build
     # would make the cell a timeout (the build dies of the signal), so this cell gets room to reach its fault.
-    "failed": ["probe=quick", "method.micro_batch_size=4", "probe.max_steps=0", "cluster.time_limit_min=20"],
+    "failed": [
+        "probe=quick", "method.micro_batch_size=4", "+cluster.env.TORCH_DISTRIBUTED_DEBUG=bogus",
+        "cluster.time_limit_min=20",
+    ],  # fmt: skip
 }
 FIXES: dict[str, list[str]] = {
     "node_fail": [*FAULTS["node_fail"][:-2], "probe.sleep_s=1", "cluster.cpus_per_gpu=8"],
@@ -188,7 +192,7 @@ def test_timed_out_cell_requeued_itself_once_then_ended_as_timeout(faulted: Faul
 def test_failed_cell_has_its_exception_and_traceback_in_the_record(faulted: FaultedSweep) -> None:
     record = faulted.states["failed"].record
     assert record is not None and record.status == "failed"
-    assert "max_steps" in (record.reason or "")
+    assert "TORCH_DISTRIBUTED_DEBUG" in (record.reason or "")
     assert record.traceback and "Traceback" in record.traceback and "ValueError" in record.traceback
 
 

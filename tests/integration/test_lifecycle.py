@@ -147,12 +147,13 @@ def test_a_preempted_cell_is_requeued_by_the_cluster_and_ends_ok_once(
 
 def test_two_resumes_at_once_never_submit_a_cell_twice(slurm_cluster: LocalCluster, tmp_path: Path) -> None:
     sweep_dir = tmp_path / "twice"
-    args = ["--dir", str(sweep_dir), *COMMON, "model.seq_length=70,71,72"]
-    # time.sleep(-1) raises in the job: three cells fail for real.
-    assert cli.main(["sweep", *args, "probe.sleep_s=-1", "--wait", "--interval", "1", "--no-report"]) == 1
+    base = [c for c in COMMON if c != "probe.kind=sleep"]
+    args = ["--dir", str(sweep_dir), *base, "model.seq_length=70,71,72"]
+    # probe.kind=fail raises in the job: three cells fail for real.
+    assert cli.main(["sweep", *args, "probe.kind=fail", "--wait", "--interval", "1", "--no-report"]) == 1
     paths = SweepPaths(sweep_dir)
     assert {s.state for s in status.cell_states(paths)} == {"failed"}
-    cli.main(["sweep", *args, "probe.sleep_s=0", "--no-report"])  # the fault removed; nothing submitted
+    cli.main(["sweep", *args, "probe.kind=sleep", "probe.sleep_s=0", "--no-report"])  # the fault removed
 
     procs = [
         subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "resume", str(sweep_dir)], cwd=REPO,

@@ -28,18 +28,18 @@ def _gpudays(*args: str) -> subprocess.Popen[str]:
 
 def test_two_resumes_at_once_rerun_each_failed_cell_once(tmp_path: Path, capsys) -> None:
     sweep_dir = tmp_path / "s"
-    common = ["--dir", str(sweep_dir), "probe.kind=sleep", "model.seq_length=32,48,64"]
-    # time.sleep(-1) raises in the job: three cells fail for real.
-    assert cli.main(["sweep", *common, "probe.sleep_s=-1", "--no-report"]) == 1
+    common = ["--dir", str(sweep_dir), "model.seq_length=32,48,64"]
+    # probe.kind=fail raises in the job: three cells fail for real.
+    assert cli.main(["sweep", *common, "probe.kind=fail", "--no-report"]) == 1
     paths = SweepPaths(sweep_dir)
     cells = paths.cell_ids()
     assert len(cells) == 3
     assert all(json.loads(paths.record(c).read_text())["status"] == "failed" for c in cells)
-    assert "ValueError" in json.loads(paths.record(cells[0]).read_text())["traceback"]
+    assert "InjectedFailure" in json.loads(paths.record(cells[0]).read_text())["traceback"]
     # Remove the fault: the same sweep again with a good setting rewrites the cells' configs (the probe's settings
     # are not part of a cell's identity) and submits nothing. Then resume twice at once.
     capsys.readouterr()
-    assert cli.main(["sweep", *common, "probe.sleep_s=0", "--no-report"]) == 1
+    assert cli.main(["sweep", *common, "probe.kind=sleep", "probe.sleep_s=0", "--no-report"]) == 1
     assert "3 cell(s) already in this sweep" in capsys.readouterr().out
     assert all("sleep_s: 0.0" in paths.cell_config(c).read_text() for c in cells)
 
