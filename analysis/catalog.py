@@ -16,7 +16,7 @@ from typing import Any, cast
 
 import yaml
 
-from analysis.columns import _kinds, as_int, coerce, columns_of
+from analysis.columns import as_int, coerce, columns_of, field_kinds
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 from orchestrator.engines.registry import DEFAULT_ENGINE, engine_specs, method_type
 from orchestrator.schema import GpuConfig, ModelConfig
@@ -139,7 +139,7 @@ def method_kinds() -> Mapping[str, str]:
     in (``orchestrator.engines.registry.method_type``), in the order of a record's settings."""
     cls = method_type()
     if cls not in _METHOD_KINDS:
-        kinds, order = _kinds(cls), {key: i for i, key in enumerate(SETTING_KEYS)}
+        kinds, order = field_kinds(cls), {key: i for i, key in enumerate(SETTING_KEYS)}
         _METHOD_KINDS[cls] = {key: kinds[key] for key in sorted(kinds, key=lambda key: order.get(key, len(order)))}
     return _METHOD_KINDS[cls]
 

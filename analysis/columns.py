@@ -36,7 +36,7 @@ ARCHITECTURE_FIELDS: tuple[str, ...] = tuple(name for name in MODEL_FIELDS if na
 _KINDS: dict[type, dict[str, str]] = {}
 
 
-def _kinds(cls: type) -> dict[str, str]:
+def field_kinds(cls: type) -> dict[str, str]:
     """Each field's value kind, ``str``, ``bool``, ``int``, ``float`` or ``any``, from its annotation."""
     if cls in _KINDS:
         return _KINDS[cls]
@@ -101,7 +101,7 @@ def as_name(value: Any) -> str | None:
 
 def columns_of(cls: type, prefix: str, values: Mapping[str, Any]) -> dict[str, Any]:
     """One config section (a mapping of ``cls``'s fields) as ``<prefix>_<field>`` columns, each value coerced."""
-    kinds = _kinds(cls)
+    kinds = field_kinds(cls)
     return {f"{prefix}_{name}": coerce(kind, values.get(name)) for name, kind in kinds.items()}
 
 
@@ -109,7 +109,7 @@ def config_of(cls: type[T], values: Mapping[str, Any], name: str = "unnamed") ->
     """The dataclass from its fields' values (a row's columns without prefix); None where a required field is
     missing or a value is not of its kind. Optional fields left empty take the schema's default; a missing
     ``name`` is ``name``."""
-    kinds = _kinds(cls)
+    kinds = field_kinds(cls)
     kwargs: dict[str, Any] = {}
     for f in fields(cls):
         value = coerce(kinds[f.name], values.get(f.name))
