@@ -53,6 +53,10 @@ class TokenBudget:
         return "each model's own training run (train_steps x global batch x sequence length)"
 
 
+MIN_BARE_TOKENS = 1e6
+"""The smallest token budget accepted without a unit (K, M, B, T or x): below it a number is a forgotten unit."""
+
+
 def parse_token_budget(tokens: str | float | int | None) -> TokenBudget:
     """Read a token budget: ``None`` (the model's own), ``"20x"`` (× parameters) or ``"300e9"`` / ``"300B"``.
 
@@ -82,6 +86,12 @@ def parse_token_budget(tokens: str | float | int | None) -> TokenBudget:
     value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
     if value <= 0:
         raise ValueError(f"token budget {tokens!r} must be positive; {accepted}")
+    if not match.group(2) and value < MIN_BARE_TOKENS:
+        # "300" or "20" is almost always a forgotten unit (300B, 20x): a run of a few hundred tokens trains nothing.
+        raise ValueError(
+            f"token budget {tokens!r} has no unit and is {value:g} tokens, far too few to pre-train on; give a unit: "
+            f"'{text}B' ({value * 1e9:.3g} tokens), '{text}M', or '{text}x' (tokens per parameter)"
+        )
     return TokenBudget("absolute", value)
 
 

@@ -55,7 +55,7 @@ def test_cloud_cost_and_energy() -> None:
         ("300B", "absolute", 300e9),
         ("1.5T", "absolute", 1.5e12),
         ("500M", "absolute", 500e6),
-        ("4096", "absolute", 4096.0),
+        ("2000000", "absolute", 2e6),  # a bare number under a million tokens is a forgotten unit (below)
         (2e9, "absolute", 2e9),
     ],
 )
@@ -86,3 +86,12 @@ def test_confidence_interval_is_rebuilt_from_the_spread() -> None:
     assert np.isnan(out[2])
     low, high = est.interval(np.array([10.0]), np.array([5.0]))
     assert (low[0], high[0]) == pytest.approx((9.5, 10.5))
+
+
+@pytest.mark.parametrize("text", ["300", "20", "999999"])
+def test_a_small_token_count_without_a_unit_is_refused_naming_the_units(text: str) -> None:
+    # `shortest --tokens 300` once answered a global batch of 1 and 0.00 days; `report --tokens 20` days of 1e-06.
+    with pytest.raises(ValueError, match=rf"'{text}B'.*'{text}M'.*'{text}x'"):
+        est.parse_token_budget(text)
+    assert est.parse_token_budget("3e11").value == 3e11 and est.parse_token_budget("300B").value == 3e11
+    assert est.parse_token_budget("1000000").value == 1e6
