@@ -147,7 +147,7 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
             Refusal("name", f"{cell.name!r}: a sweep name is a folder and job name; use letters, digits, _ . -")
         )
     fields: list[tuple[str, Any]] = []
-    fields += [(f"cluster.{k}", getattr(cluster, k)) for k in ("partition", "account", "qos", "constraint")]
+    fields += [(f"cluster.{k}", getattr(cluster, k)) for k in ("partition", "account", "qos", "constraint", "wckey")]
     fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster.gres_by_gpu.items()]
     fields += [(f"cluster.constraint_by_gpu.{k}", v) for k, v in cluster.constraint_by_gpu.items()]
     for key, value in fields:

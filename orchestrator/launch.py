@@ -65,6 +65,7 @@ class Resources:
     env: tuple[tuple[str, str], ...] = ()
     template: str = "default.sh.j2"
     job_name: str = "gpudays"
+    wckey: str | None = None
 
 
 def resources(cell: Config) -> Resources:
@@ -101,6 +102,7 @@ def resources(cell: Config) -> Resources:
         env=tuple(sorted((str(k), str(v)) for k, v in cluster.env.items())),
         template=cluster.template,
         job_name="gpudays" if cell.name == "gpudays" else f"gpudays-{cell.name}",
+        wckey=cluster.wckey,
     )
 
 
@@ -152,7 +154,9 @@ def render_setup(res: Resources) -> list[str]:
         raise SubmissionRefused(
             f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
         ) from e
-    text = template.render(setup=list(res.setup), env=list(res.env), accelerator=res.accelerator)
+    text = template.render(
+        setup=list(res.setup), env=list(res.env), accelerator=res.accelerator, cpus_per_task=res.cpus_per_task
+    )
     return [line for line in text.splitlines() if line.strip()]
 
 
@@ -169,6 +173,11 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "stderr_to_stdout": False,
         # The time-limit warning CellJob acts on (see orchestrator.jobside).
         "signal_delay_s": SIGNAL_DELAY_S,
+        # From SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task: without this each rank gets one CPU,
+        # and CPU Adam, data loading and host-bound steps are timed on it.
+        "srun_args": [f"--cpus-per-task={res.cpus_per_task}"],
+        # submitit's default wckey ("submitit") is rejected by sites that enforce wckeys: none unless configured.
+        "wckey": res.wckey,
     }
     optional = {
         "gres": res.gres,

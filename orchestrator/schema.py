@@ -181,6 +181,9 @@ class ClusterConfig:
     """Shell lines run before the probe starts (``module load``, environment activation)."""
     env: dict[str, str] = field(default_factory=dict)
     """Environment variables exported in the job (NCCL settings and the like)."""
+    wckey: Optional[str] = None
+    """A SLURM workload characterisation key (``--wckey``) for sites that enforce them; none by default (submitit's
+    own default, ``submitit``, is rejected where wckeys are enforced)."""
     template: str = "default.sh.j2"
     """The sbatch preamble template under ``sbatch_templates/``."""
     inter_node_gbits_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))

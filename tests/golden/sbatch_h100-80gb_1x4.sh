@@ -15,10 +15,11 @@
 #SBATCH --qos=normal
 #SBATCH --signal=USR2@90
 #SBATCH --time=120
-#SBATCH --wckey=submitit
 
 # setup
 # gpudays: environment for the probe
+export SRUN_CPUS_PER_TASK=8
+export OMP_NUM_THREADS=8
 export NCCL_DEBUG=WARN
 export NCCL_IB_DISABLE=0
 module load cuda/12.4
@@ -29,4 +30,4 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err python -u -m submitit.core._submit /sweeps/demo/jobs/%j
+srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err --cpus-per-task=8 python -u -m submitit.core._submit /sweeps/demo/jobs/%j

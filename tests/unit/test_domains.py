@@ -36,6 +36,7 @@ CHECKED_ELSEWHERE = {
     "cluster.account": "check_scheduler_strings",
     "cluster.qos": "check_scheduler_strings",
     "cluster.constraint": "check_scheduler_strings",
+    "cluster.wckey": "check_scheduler_strings",
     "cluster.gres_by_gpu": "check_scheduler_strings, each value",
     "cluster.constraint_by_gpu": "check_scheduler_strings, each value",
     "cluster.setup": "check_scheduler_strings: one shell line an item",

@@ -164,3 +164,13 @@ def test_local_gpu_cells_asking_for_more_gpus_than_the_machine_shows_are_refused
     assert "four (pythia-70m h100-80gb x4" in str(info.value)
     cpu_only = {"cpu": make_typed("cluster=local", "gpu=cpu", "num_gpus=2")}
     local.check_local_gpus(cpu_only, device_count=lambda: 0)  # CPU cells need no GPU
+
+
+def test_each_rank_gets_its_cpus_and_a_wckey_only_when_the_site_has_one(make_typed) -> None:
+    text = _sbatch_text(make_typed("cluster=slurm", "cluster.cpus_per_gpu=6", "num_gpus=2"))
+    assert "--wckey" not in text
+    srun = next(line for line in text.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=6" in srun, "srun from SLURM 22.05 does not inherit sbatch's --cpus-per-task"
+    assert "export SRUN_CPUS_PER_TASK=6" in text and "export OMP_NUM_THREADS=6" in text
+    keyed = _sbatch_text(make_typed("cluster=slurm", "num_gpus=2", "cluster.wckey=lab42"))
+    assert "#SBATCH --wckey=lab42" in keyed
