@@ -32,7 +32,7 @@ from analysis.catalog import Catalog
 from analysis.columns import as_int, as_name, as_number
 from orchestrator import states as vocab
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
-from orchestrator.record import BadCellConfig, BadRecord, Record, read_cell_config, read_record
+from orchestrator.record import METRIC_KINDS, BadCellConfig, BadRecord, Metrics, Record, read_cell_config, read_record
 
 __all__ = ["MEASURED_DOES_NOT_FIT", "MEASURED_FITS", "RESULT_STATUSES", "Catalog", "LoadedCells", "load_cells"]
 
@@ -43,29 +43,11 @@ MEASURED_DOES_NOT_FIT = frozenset(s.value for s in vocab.MEASURED_DOES_NOT_FIT)
 RESULT_STATUSES = MEASURED_FITS | MEASURED_DOES_NOT_FIT
 """Statuses that are an answer about the cell; every other status is a problem to look at."""
 
-METRIC_KEYS = (
-    "step_time_s",
-    "step_time_mean_s",
-    "step_time_std_s",
-    "step_time_iqr_s",
-    "step_time_ci95_pct",
-    "steps_timed",
-    "micro_batch_size",
-    "grad_accum_steps",
-    "per_gpu_batch_size",
-    "tokens_per_step",
-    "tokens_per_s",
-    "tokens_per_s_per_gpu",
-    "model_tflops_per_gpu",
-    "hardware_tflops_per_gpu",
-    "mfu",
-    "hfu",
-    "peak_memory_allocated_gib",
-    "peak_memory_reserved_gib",
-    "host_rss_gib",
-    "num_parameters",
-    "probe_wall_s",
-)
+METRIC_KEYS: tuple[str, ...] = tuple(name for name, kind in METRIC_KINDS.items() if kind in (int, float))
+"""The metrics that are one number (every field of :class:`orchestrator.record.Metrics` but its lists and words),
+each a column of the table (``peak_memory_allocated_gib`` as ``peak_memory_gib``)."""
+WHOLE_METRIC_KEYS: tuple[str, ...] = tuple(name for name in METRIC_KEYS if METRIC_KINDS[name] is int)
+"""Those that count something: whole numbers in the table."""
 SKIPPED_COLUMNS = ("sweep", "cell_id", "label", "reasons")
 
 
@@ -157,7 +139,7 @@ def flatten_cell(
     row["num_nodes"] = as_int(config.get("num_nodes", settings.get("num_nodes"))) or 1
     row.update(catalog.method_columns(method, settings))
 
-    metrics: Mapping[str, Any] = {}
+    metrics = Metrics()
     environment: Mapping[str, Any] = {}
     if record is not None:
         row["status"] = record.status.value
@@ -165,13 +147,13 @@ def flatten_cell(
         row["attempt"] = record.attempt
         metrics = record.metrics
         environment = record.environment
-        if row["status"] == "ok" and as_number(metrics.get("step_time_s")) is None:
+        if row["status"] == "ok" and as_number(metrics.step_time_s) is None:
             problems.append(f"{where}: status ok but no step_time_s in its metrics; estimates left empty")
     for key in METRIC_KEYS:
-        value = as_number(metrics.get(key))
+        value = as_number(getattr(metrics, key))
         out_key = "peak_memory_gib" if key == "peak_memory_allocated_gib" else key
         row[out_key] = value
-    for key in ("steps_timed", "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "num_parameters"):
+    for key in WHOLE_METRIC_KEYS:
         row[key] = as_int(row[key])
 
     hostnames = environment.get("hostnames")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 from analysis.records import Catalog
 from orchestrator.paths import SweepPaths
@@ -54,45 +54,41 @@ def metrics(
     peak_memory_gib: float | None = None,
     ci95_pct: float | None = 1.5,
     steps_timed: int = 12,
-) -> dict[str, Any]:
+) -> Metrics:
     """The probe's metrics for a measured cell, derived from a step time as the probe derives them."""
     model, num_gpus = config["model"], int(config["num_gpus"])
     per_gpu_batch = model["global_batch_size"] // num_gpus
     tokens_per_step = model["global_batch_size"] * model["seq_length"]
-    return {
-        "step_time_s": step_time_s,
-        "step_time_mean_s": step_time_s,
-        "step_time_std_s": step_time_s * 0.02,
-        "step_time_iqr_s": step_time_s * 0.025,
-        "step_time_ci95_pct": ci95_pct,
-        "steps_timed": steps_timed,
-        "micro_batch_size": micro_batch_size,
-        "grad_accum_steps": max(per_gpu_batch // micro_batch_size, 1),
-        "per_gpu_batch_size": per_gpu_batch,
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_step / step_time_s,
-        "tokens_per_s_per_gpu": tokens_per_step / step_time_s / num_gpus,
-        "model_tflops_per_gpu": None,
-        "hardware_tflops_per_gpu": None,
-        "mfu": None,
-        "hfu": None,
-        "peak_memory_allocated_gib": peak_memory_gib,
-        "peak_memory_reserved_gib": None if peak_memory_gib is None else peak_memory_gib * 1.05,
-        "host_rss_gib": 3.0,
-        "num_parameters": model.get("num_parameters"),
-        "probe_wall_s": 60.0,
-        "startup_s": 10.0,
-        "search_s": 20.0,
-        "warmup_s": 5.0,
-        "timed_s": 25.0,
-    }
+    return Metrics(
+        step_time_s=step_time_s,
+        step_time_mean_s=step_time_s,
+        step_time_std_s=step_time_s * 0.02,
+        step_time_iqr_s=step_time_s * 0.025,
+        step_time_ci95_pct=ci95_pct,
+        steps_timed=steps_timed,
+        micro_batch_size=micro_batch_size,
+        grad_accum_steps=max(per_gpu_batch // micro_batch_size, 1),
+        per_gpu_batch_size=per_gpu_batch,
+        tokens_per_step=tokens_per_step,
+        tokens_per_s=tokens_per_step / step_time_s,
+        tokens_per_s_per_gpu=tokens_per_step / step_time_s / num_gpus,
+        peak_memory_allocated_gib=peak_memory_gib,
+        peak_memory_reserved_gib=None if peak_memory_gib is None else peak_memory_gib * 1.05,
+        host_rss_gib=3.0,
+        num_parameters=model.get("num_parameters"),
+        probe_wall_s=60.0,
+        startup_s=10.0,
+        search_s=20.0,
+        warmup_s=5.0,
+        timed_s=25.0,
+    )
 
 
 def record(
     cell_id: str,
     config: dict[str, Any],
     status: str = "ok",
-    metrics_: dict[str, Any] | None = None,
+    metrics_: Metrics | None = None,
     reason: str | None = None,
     sweep: str = "synthetic",
     attempt: int = 1,
@@ -114,7 +110,7 @@ def record(
             **method,
         },
         config=config,
-        metrics=cast(Metrics, metrics_ or {}),
+        metrics=metrics_ or Metrics(),
         environment={
             "hostnames": [f"node{i + 1}" for i in range(int(config["num_nodes"]))],
             "device_name": config["gpu"]["name"],

@@ -30,7 +30,6 @@ import datetime as dt
 import json
 import os
 import platform
-import re
 import signal
 import socket
 import sys
@@ -45,10 +44,10 @@ import submitit
 
 from orchestrator import cells, slurm
 from orchestrator.cells import TIME_LIMIT_WARNING_S
+from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.paths import SweepPaths, write_json_atomic
-from orchestrator.record import Metrics, Record, read_cell_config, write_record
+from orchestrator.record import Record, read_cell_config, write_record
 from orchestrator.schema import Config, to_config
-from orchestrator.states import ANSWERS, RecordStatus, state_of_record
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
 """Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
@@ -62,7 +61,6 @@ SLURM_CHECK_INTERVAL_S = 30
 """slurmctld checks time limits and sends warnings this often, so a warning may come this much early."""
 REQUEUE_MARGIN_S = 15
 """A timed-out cell asks to be requeued this long before its limit, so the requeue wins over the kill."""
-DEFAULT_MAX_REQUEUE_ON_TIMEOUT = 1
 
 # Set just before submitit's handler requeues the job and exits: that SystemExit must end the process, not
 # become the cell's failure record.
@@ -71,16 +69,12 @@ _requeuing = False
 _probe_done = False
 # When SLURM's time-limit warning, or its SIGTERM at the limit, reached this process (time.time()); a failure
 # after it is the time limit's doing, whatever the probe was doing (a compiler killed by the signal included).
-_time_limit_signal: tuple[str, float] | None = None
+_time_limit_signal: TimeSignal | None = None
 
-UNFIXABLE_ERRORS = (
-    "StrictDataclassClassValidationError",
-    "StrictDataclassFieldValidationError",
-    "omegaconf.errors.ValidationError",
-)
-"""Exceptions that say the cell's config cannot be built (transformers validates an architecture this way): the
-same config fails the same way on every rerun, so the record says ``invalid``."""
-MAX_REASON_CHARS = 500
+
+def time_limit_signal() -> TimeSignal | None:
+    """SLURM's time-limit signal, if it reached this process: what the record's status is decided with."""
+    return _time_limit_signal
 
 
 def _say(message: str) -> None:
@@ -131,10 +125,10 @@ def set_distributed_env(
     )
 
 
-def sleep_probe(sleep_s: float) -> dict[str, Any]:
+def sleep_probe(sleep_s: float) -> ProbeOutcome:
     """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
     time.sleep(sleep_s)
-    return {"status": "ok", "reason": "probe.kind=sleep: nothing measured", "metrics": {}, "environment": {}}
+    return outcome_of(Happened(Ending.COMPLETED, "probe.kind=sleep: nothing measured"), time_signal=time_limit_signal())
 
 
 class InjectedFailure(RuntimeError):
@@ -184,13 +178,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     try:
         if typed is None or refusals:
             # The same config fails the same way on every rerun: nothing is built, and the record says invalid.
-            result: dict[str, Any] = {
-                "status": RecordStatus.INVALID.value,
-                "reason": f"the cell's config cannot be built: {'; '.join(refusals)}",
-                "traceback": None,
-                "metrics": {},
-                "environment": {},
-            }
+            refused = Happened(Ending.REFUSED, f"the cell's config cannot be built: {'; '.join(refusals)}")
+            result = outcome_of(refused, time_signal=time_limit_signal())
         elif typed.probe.kind == "sleep":
             result = sleep_probe(typed.probe.sleep_s)
         elif typed.probe.kind == "fail":
@@ -198,17 +187,12 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         else:
             from orchestrator.probe import run_probe
 
-            result = run_probe(cell, rank, world_size, local_rank)
+            result = run_probe(typed, rank, world_size, local_rank, time_signal=time_limit_signal)
     except BaseException as e:  # noqa: BLE001 - the probe reports its own failures; this is the last resort
         if isinstance(e, SystemExit) and _requeuing:
             raise  # the job is being requeued: this run ends here, without a record
-        result = {
-            "status": "failed",
-            "reason": f"{type(e).__name__}: {e}".splitlines()[0],
-            "traceback": traceback.format_exc(),
-            "metrics": {},
-            "environment": {},
-        }
+        raised = Happened(Ending.RAISED, f"{type(e).__name__}: {e}".splitlines()[0], traceback.format_exc())
+        result = outcome_of(raised, time_signal=time_limit_signal())
 
     global _probe_done
     _probe_done = True
@@ -221,7 +205,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             except (OSError, ValueError):
                 continue
         ranks.sort(key=lambda r: r.get("rank", 0))
-        environment = dict(result.get("environment") or {})
+        environment = dict(result.environment)
         environment.update(scheduler_ids())
         environment.update(
             {
@@ -234,24 +218,22 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 "requeued_after_preemption": (requeues or {}).get("preemption", 0),
             }
         )
-        status, reason = judge(result, _time_limit_signal)
         record = Record(
             cell_id=cell_id,
             sweep=typed.name if typed is not None else str(cell.get("name", "")),
             attempt=attempt,
-            status=status,
-            reason=reason,
-            traceback=result.get("traceback"),
+            status=result.status,
+            reason=result.reason,
+            traceback=result.traceback,
             settings=cells.settings(typed) if typed is not None else {},
             config=cell,
-            metrics=cast(Metrics, result.get("metrics") or {}),
+            metrics=result.metrics,
             environment=environment,
             started_at=started_at,
             finished_at=_now(),
         )
         write_record(paths.record(cell_id), record)
-        return status.value
-    return str(result.get("status", "failed"))
+    return result.status.value
 
 
 def typed_cell(cell: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
@@ -262,69 +244,6 @@ def typed_cell(cell: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
     except ValueError as e:
         return None, [str(e)]
     return typed, [str(r) for r in cells.check_values(typed)]
-
-
-def final_exception(traceback_text: str | None) -> str | None:
-    """The last exception of a formatted traceback, every line of its message (``Type: line1\n  line2``)."""
-    if not traceback_text:
-        return None
-    lines = traceback_text.rsplit("Traceback (most recent call last):", 1)[-1].splitlines()
-    # Frames are indented; the exception starts at the first line that is not (its message may be indented).
-    start = next((i for i, line in enumerate(lines) if line.strip() and not line[0].isspace()), None)
-    if start is None:
-        return None
-    return "\n".join(line for line in lines[start:] if line.strip())
-
-
-def unfixable_reason(traceback_text: str | None) -> str | None:
-    """The reason of a failure no rerun can fix (see UNFIXABLE_ERRORS), whole, on one line; None for others."""
-    exc = final_exception(traceback_text)
-    if exc is None:
-        return None
-    type_name = exc.split(":", 1)[0].strip()
-    if not any(type_name == name or type_name.endswith(f".{name}") for name in UNFIXABLE_ERRORS):
-        return None
-    text = " ".join(line.strip() for line in exc.splitlines())
-    text = type_name.rsplit(".", 1)[-1] + text[len(type_name) :]
-    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
-
-
-def _caused_by(signal_name: str, result: dict[str, Any]) -> bool:
-    """Whether a failure came from SLURM's time-limit signal: SIGTERM at the limit always; the warning when the
-    failure names it (a child process that died of it)."""
-    if signal_name == "SIGTERM":
-        return True
-    number = signal.Signals[signal_name].value if signal_name in signal.Signals.__members__ else -1
-    text = f"{result.get('reason') or ''}\n{result.get('traceback') or ''}"
-    return re.search(rf"\b{signal_name}\b|signal {number}\b|<Signals\.{signal_name}", text) is not None
-
-
-def judge(result: dict[str, Any], time_signal: tuple[str, float] | None) -> tuple[RecordStatus, str | None]:
-    """The record's status and reason from the probe's result and the time-limit signal the job got, if any.
-
-    An answer (ok, does_not_fit, oom) stands. SLURM's signals reach every process of the job, so a compiler or a
-    collective dies of them and the probe reports that death as its own failure: a failure after SIGTERM at the
-    limit is ``timeout`` (the job is out of time whatever failed), and so is one that names the time-limit warning
-    (``ninja ... died with <Signals.SIGUSR2: 12>``); a failure of its own after the warning keeps its status. A
-    failure of the config itself is ``invalid``.
-    """
-    try:
-        status = RecordStatus(result.get("status", "failed"))
-    except ValueError:
-        return RecordStatus.FAILED, f"the probe returned an unknown status {result.get('status')!r}"
-    reason = result.get("reason")
-    if state_of_record(status) in ANSWERS:
-        return status, reason
-    if time_signal is not None and _caused_by(time_signal[0], result):
-        name, at = time_signal
-        when = dt.datetime.fromtimestamp(at, dt.timezone.utc).strftime("%H:%M:%S")
-        what = f"{status.value}: {reason}" if reason else status.value
-        return RecordStatus.TIMEOUT, f"SLURM's time limit: {name} at {when} UTC; the probe then ended ({what})"
-    if status is RecordStatus.FAILED:
-        invalid = unfixable_reason(result.get("traceback"))
-        if invalid is not None:
-            return RecordStatus.INVALID, f"the cell's config cannot be built: {invalid}"
-    return status, reason
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
@@ -376,9 +295,11 @@ class CellJob(submitit.helpers.Checkpointable):
         submitit_handler = signal.getsignal(warning)
         if not callable(submitit_handler) or env.global_rank != 0:
             return  # only rank 0 requeues (submitit's rule too); other ranks are ended by SLURM
-        cell = read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id))
-        limit_s = 60.0 * float(cell["cluster"]["time_limit_min"])
-        max_timeouts = int(cell["cluster"].get("max_requeue_on_timeout", DEFAULT_MAX_REQUEUE_ON_TIMEOUT))
+        typed, _ = typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
+        if typed is None:
+            return  # not a cell: run_cell records it as invalid at once, with no time limit to guard
+        limit_s = 60.0 * float(typed.cluster.time_limit_min)
+        max_timeouts = typed.cluster.max_requeue_on_timeout
         fallback_end = time.time() + limit_s  # the job started a moment before this process
         job_id = os.environ.get("SLURM_JOB_ID")
 
@@ -406,7 +327,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if left_s > SIGNAL_DELAY_S + SLURM_CHECK_INTERVAL_S + 5:
                 requeue_now("preemption", signum, frame)
                 return
-            _time_limit_signal = (signal.Signals(signum).name, time.time())
+            _time_limit_signal = TimeSignal(signal.Signals(signum).name, time.time())
             used = self.requeues.get("timeout", 0)
             if used >= max_timeouts:
                 _say(
@@ -427,7 +348,7 @@ class CellJob(submitit.helpers.Checkpointable):
             # compiler or a peer, is the time limit's doing. A SIGTERM long before the limit is a cancellation.
             global _time_limit_signal
             if _time_limit_signal is None and seconds_left(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
-                _time_limit_signal = ("SIGTERM", time.time())
+                _time_limit_signal = TimeSignal("SIGTERM", time.time())
             if callable(submitit_terminate):
                 submitit_terminate(signum, frame)
 

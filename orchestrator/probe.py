@@ -10,9 +10,8 @@ orchestrator/engines/registry.py and created by orchestrator/engines/base.py); t
            boundary), up while it fits (on a GPU only where the line through the trial's peak and the memory
            it left at rest says the next size fits; jumping ahead where the peaks of two sizes, memory being
            close to affine in the micro-batch, predict a larger one fits), down after an OOM; no rebuild and no
-           recompilation
-           per size, and none after the search (only a real OOM, which may leave an engine inconsistent, costs a
-           rebuild)
+           recompilation per size, and none after the search (only a real OOM, which may leave an engine
+           inconsistent, costs a rebuild)
     warm   ``probe.warmup_steps`` steps, not timed (compilation, allocator, optimizer states)
     time   optimizer steps, device-synchronised, until the 95% CI of the mean is under ``probe.target_ci_pct`` %
            or the budget ends: composed from micro-steps and the boundary step (``probe.step_timing: composed``,
@@ -23,16 +22,10 @@ Every rank takes the same decisions: step times, trial outcomes and failures are
 trial and phase (orchestrator/ranks.py), so no rank is left waiting in a collective another rank has left.
 
 Memory (orchestrator/metering.py): ``probe.memory_limit_gib`` is compared with the peak of each trial and of the
-warm-up. Failures (orchestrator/failures.py): an OOM that is not a trial of the search (``oom``), a communication
-error, a compile error and any other exception each become the record's status with a one-line reason and the
-traceback; nothing is retried or replaced silently.
-
-The metrics, beyond their names: ``step_time_s`` is the median of the timed samples (``step_times_s``, each the
-slowest rank's), ``step_time_method`` says how they were obtained, ``micro_step_time_s`` and ``boundary_time_s``
-are the medians of the parts of composed samples; ``startup_s`` covers the process group and, for a fixed
-micro-batch, building the engine; ``search_s`` every trial of the search and the engine's build;
-``warmup_s`` the warm-up (and compilation); ``timed_s`` the timed samples with their exchanges.
-``search_tried`` lists each trial: micro-batch, ok/oom, peak, reason.
+warm-up. Failures (orchestrator/failures.py): an OOM that is not a trial of the search, a communication error, a
+compile error and any other exception each end the probe with what happened, a one-line reason and the traceback;
+nothing is retried or replaced silently. The probe returns one ``ProbeOutcome`` (orchestrator/failures.py), whose
+status is decided there; its metrics are the record's :class:`orchestrator.record.Metrics`, documented there.
 
 Run one rank by hand on a resolved cell config: ``python -m orchestrator.probe CELL.yaml [--out record.json]``
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment when set, else a world of one).
@@ -47,18 +40,21 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
-from dataclasses import asdict
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.batch import BatchPlan, divisors, per_gpu_batch_size, plan_batch
 from orchestrator.build_cache import pin_build_environment
-from orchestrator.failures import CellFailed
+from orchestrator.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.metering import GIB, gib
 from orchestrator.models import throughput_metrics
-from orchestrator.ranks import Outcome, RankGroup, Trial
+from orchestrator.ranks import Outcome, RankGroup
+from orchestrator.record import Metrics, Trial
+from orchestrator.schema import Config, to_config
 from orchestrator.search import next_size
+from orchestrator.states import RecordStatus
 from orchestrator.timing import (
     STEP_TIMINGS,
     ComposedSample,
@@ -66,6 +62,7 @@ from orchestrator.timing import (
     StepTimer,
     StoppingRule,
     composed_micro_steps,
+    step_time_metrics,
     summarize,
 )
 
@@ -76,12 +73,21 @@ DATA_BATCHES = 2
 class _Probe(RankGroup):
     """State of one probe on one rank; ``run`` does the work, phases raise CellFailed once all ranks agree."""
 
-    def __init__(self, cell: Any, rank: int, world_size: int, local_rank: int) -> None:
+    def __init__(self, cell: Config, rank: int, world_size: int, local_rank: int) -> None:
         super().__init__(cell, rank, world_size, local_rank)
         self.batches: list[Any] = []
         self.built = False
         self.micro_step_s: float | None = None
         """A micro-step's time as the last warm-up step measured it: how long a composed sample runs."""
+        # What the record's metrics will say (see metrics()), each set once the probe knows it.
+        self.num_parameters: int | None = None
+        self.per_gpu: int | None = None
+        self.estimate: int | None = None
+        self.trials: list[Trial] | None = None
+        self.micro_batch_size: int | None = None
+        """The micro-batch timed; for does_not_fit and oom, the one that did not fit."""
+        self.grad_accum_steps: int | None = None
+        self.timed: Metrics | None = None
 
     def check_options(self) -> None:
         if self.config.probe.step_timing not in STEP_TIMINGS:
@@ -99,7 +105,7 @@ class _Probe(RankGroup):
         self.memory.rebase()
         self.engine.build(plan)
         self.built = True
-        self.metrics["num_parameters"] = self.engine.num_parameters
+        self.num_parameters = self.engine.num_parameters
         self.make_batches(plan)
 
     def use(self, plan: BatchPlan) -> None:
@@ -184,16 +190,14 @@ class _Probe(RankGroup):
         if not candidates:
             return None
         global_batch = self.config.model.global_batch_size
-        if "micro_batch_estimate" not in self.metrics:
-            self.metrics["micro_batch_estimate"] = self.engine.estimate_micro_batch_size(self.device_memory_gib())
-        estimate = self.metrics["micro_batch_estimate"]
-        tried: list[dict[str, Any]] = self.metrics.setdefault("search_tried", [])
-        size: int | None = max([c for c in candidates if c <= estimate] or [candidates[0]])
+        if self.estimate is None:
+            self.estimate = self.engine.estimate_micro_batch_size(self.device_memory_gib())
+        tried = self.trials = self.trials if self.trials is not None else []
+        size: int | None = max([c for c in candidates if c <= self.estimate] or [candidates[0]])
         while size is not None:
-            result = self.trial(BatchPlan(global_batch, self.num_gpus, size))
-            tried.append(asdict(result))
+            tried.append(self.trial(BatchPlan(global_batch, self.num_gpus, size)))
             size = next_size(candidates, tried, self.capacity_bytes())
-        fitted = [t["micro_batch_size"] for t in tried if t["outcome"] == "ok" and t["micro_batch_size"] in candidates]
+        fitted = [t.micro_batch_size for t in tried if t.outcome == "ok" and t.micro_batch_size in candidates]
         if not fitted:
             return None
         plan = BatchPlan(global_batch, self.num_gpus, max(fitted))
@@ -222,7 +226,7 @@ class _Probe(RankGroup):
 
         began = time.perf_counter()
         outcome = self.attempt(work, plan.micro_batch_size, "warm-up")
-        self.phase_s["warmup_s"] += time.perf_counter() - began
+        self.phases.warmup_s += time.perf_counter() - began
         if outcome.oom_reason is None and self.use_cuda:  # the burst effect is a GPU's (timing.COMPOSED_SAMPLE_S)
             (slowest,) = self.agree([last_s], None)
             self.micro_step_s = slowest / micro_steps if slowest > 0 else None
@@ -274,126 +278,131 @@ class _Probe(RankGroup):
         while True:
             began = time.perf_counter()
             plan = self.search(per_gpu, below)
-            self.phase_s["search_s"] += time.perf_counter() - began
+            self.phases.search_s += time.perf_counter() - began
             if plan is None:
                 return None
             outcome = self.warm_up(plan)
             if outcome.oom_reason is None:
                 return plan
             refused = Trial(plan.micro_batch_size, "oom", gib(outcome.peak_bytes), outcome.oom_reason)
-            self.metrics["search_tried"].append(asdict(refused))
+            assert self.trials is not None  # the search made them
+            self.trials.append(refused)
             if outcome.traceback is not None:
                 self.release()
             below = plan.micro_batch_size
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> Happened:
+        """Measure the cell; what happened, unless a phase raised CellFailed (then on every rank)."""
         self.guarded(self.check_options)
         self.guarded(self.setup)
         assert self.memory is not None
-        self.phase_s["startup_s"] = time.perf_counter() - self.started
+        self.phases.startup_s = time.perf_counter() - self.started
         global_batch = self.config.model.global_batch_size
         micro_setting = self.config.method.micro_batch_size
-        per_gpu = self.guarded(per_gpu_batch_size, global_batch, self.num_gpus)
-        self.metrics["per_gpu_batch_size"] = per_gpu
-        self.metrics["memory_limit_gib"] = gib(self.memory_limit_bytes)
+        self.per_gpu = per_gpu = self.guarded(per_gpu_batch_size, global_batch, self.num_gpus)
 
         if micro_setting == "auto":
             plan = self.choose_plan(per_gpu)
             if plan is None:
-                tried = self.metrics["search_tried"]
-                smallest = min(t["micro_batch_size"] for t in tried)
-                self.metrics["micro_batch_size"] = smallest
-                last = [t for t in tried if t["micro_batch_size"] == smallest][-1]
-                return self.record(
-                    "does_not_fit",
-                    f"nothing fits: even the smallest micro-batch, {smallest}, is out of memory ({last['reason']})",
+                tried = self.trials or []
+                smallest = min(t.micro_batch_size for t in tried)
+                self.micro_batch_size = smallest
+                last = [t for t in tried if t.micro_batch_size == smallest][-1]
+                return Happened(
+                    Ending.NOTHING_FITS,
+                    f"nothing fits: even the smallest micro-batch, {smallest}, is out of memory ({last.reason})",
                 )
         else:
             plan = self.guarded(plan_batch, global_batch, self.num_gpus, micro_setting)
             began = time.perf_counter()
             self.guarded(self.build, plan)
-            self.phase_s["startup_s"] += time.perf_counter() - began
-            outcome = self.warm_up(plan)
-            if outcome.oom_reason is not None:
-                self.metrics["micro_batch_size"] = plan.micro_batch_size
-                return self.record("oom", outcome.oom_reason, outcome.traceback)
-        self.metrics.update({"micro_batch_size": plan.micro_batch_size, "grad_accum_steps": plan.grad_accum_steps})
+            self.phases.startup_s += time.perf_counter() - began
+            warm = self.warm_up(plan)
+            if warm.oom_reason is not None:
+                self.micro_batch_size = plan.micro_batch_size
+                return Happened(Ending.OUT_OF_MEMORY, warm.oom_reason, warm.traceback)
+        self.micro_batch_size, self.grad_accum_steps = plan.micro_batch_size, plan.grad_accum_steps
         self.environment.update(self.engine.describe())
-        self.measure(plan)
-        return self.record("ok", None)
+        self.timed = self.measure(plan)
+        return Happened(Ending.COMPLETED)
 
-    def measure(self, plan: BatchPlan) -> None:
-        """Time ``plan``'s steps and put the figures in the record's metrics."""
+    def measure(self, plan: BatchPlan) -> Metrics:
+        """Time ``plan``'s steps: the record's figures of the timed steps."""
         assert self.memory is not None
         skipped_before = self.engine.skipped_steps
         began = time.perf_counter()
         samples, cpu_times, stop_reason, loss = self.timed_steps(plan)
-        self.phase_s["timed_s"] = time.perf_counter() - began
+        self.phases.timed_s = time.perf_counter() - began
         peak = self.memory.peak()  # since the warm-up began: the steady state's peak
-        peaks = self.agree([float(peak.allocated), float(peak.reserved or 0), float(peak.host_rss)], None)
-
-        times = [s.step_s for s in samples]
-        summary = summarize(times)
-        composed = bool(samples[0].micro_steps_s)
-        self.metrics.update(summary.as_metrics())
-        self.metrics.update(
-            {
-                "step_time_method": "composed" if composed else "whole",
-                "micro_step_time_s": summarize([s.micro_step_s for s in samples]).median_s if composed else None,
-                "boundary_time_s": summarize([s.boundary_s for s in samples]).median_s if composed else None,
-                "micro_steps_timed": sum(len(s.micro_steps_s) + 1 for s in samples)
-                if composed
-                else len(samples) * plan.grad_accum_steps,
-                "stop_reason": stop_reason,
-                "step_times_s": times,
-                "step_cpu_time_s": summarize(cpu_times).median_s,
-                "step_cpu_times_s": cpu_times,
-            }
+        allocated, reserved, host_rss = self.agree(
+            [float(peak.allocated), float(peak.reserved or 0), float(peak.host_rss)], None
         )
-        self.metrics.update(throughput_metrics(self.config, plan.global_batch_size, summary.median_s))
-        self.metrics.update(
-            {
-                "peak_memory_allocated_gib": peaks[0] / GIB,
-                "peak_memory_reserved_gib": peaks[1] / GIB if peak.reserved is not None else None,
-                "host_rss_gib": peaks[2] / GIB,
-                "final_loss": float(loss.item()) if loss is not None else None,
-                "skipped_steps_timed": self.engine.skipped_steps - skipped_before,
-            }
+        steps = step_time_metrics(samples, cpu_times, stop_reason, plan.grad_accum_steps)
+        rate = throughput_metrics(self.config, plan.global_batch_size, summarize([s.step_s for s in samples]).median_s)
+        return replace(
+            steps,
+            tokens_per_step=rate.tokens_per_step,
+            tokens_per_s=rate.tokens_per_s,
+            tokens_per_s_per_gpu=rate.tokens_per_s_per_gpu,
+            model_flops_per_step=rate.model_flops_per_step,
+            model_tflops_per_gpu=rate.model_tflops_per_gpu,
+            hardware_tflops_per_gpu=rate.hardware_tflops_per_gpu,
+            peak_tflops_per_gpu=rate.peak_tflops_per_gpu,
+            mfu=rate.mfu,
+            hfu=rate.hfu,
+            peak_memory_allocated_gib=allocated / GIB,
+            peak_memory_reserved_gib=reserved / GIB if peak.reserved is not None else None,
+            host_rss_gib=host_rss / GIB,
+            final_loss=float(loss.item()) if loss is not None else None,
+            skipped_steps_timed=self.engine.skipped_steps - skipped_before,
         )
 
-    def record(self, status: str, reason: str | None, tb: str | None = None) -> dict[str, Any]:
-        self.metrics.update(self.phase_s)
-        self.metrics["probe_wall_s"] = time.perf_counter() - self.started
-        if self.engine is not None and "engine" not in self.environment:
-            with contextlib.suppress(Exception):  # a record must be written even if the engine cannot say more
-                self.environment.update(self.engine.describe())
-        return {
-            "status": status,
-            "reason": reason,
-            "traceback": tb,
-            "metrics": self.metrics,
-            "environment": self.environment,
-        }
+    def metrics(self) -> Metrics:
+        """The record's metrics: all this probe knows so far, gathered here (the timed steps' from ``measure``)."""
+        return replace(
+            self.timed or Metrics(),
+            num_parameters=self.num_parameters,
+            per_gpu_batch_size=self.per_gpu,
+            memory_limit_gib=gib(self.memory_limit_bytes) if self.per_gpu is not None else None,
+            micro_batch_estimate=self.estimate,
+            search_tried=None if self.trials is None else list(self.trials),
+            micro_batch_size=self.micro_batch_size,
+            grad_accum_steps=self.grad_accum_steps,
+            startup_s=self.phases.startup_s,
+            search_s=self.phases.search_s,
+            warmup_s=self.phases.warmup_s,
+            timed_s=self.phases.timed_s,
+            probe_wall_s=time.perf_counter() - self.started,
+        )
 
 
-def run_probe(cell: dict, rank: int, world_size: int, local_rank: int) -> dict:
+def run_probe(
+    cell: Config,
+    rank: int,
+    world_size: int,
+    local_rank: int,
+    time_signal: Callable[[], TimeSignal | None] = lambda: None,
+) -> ProbeOutcome:
     """Measure one cell. Called on every rank after the job side set RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
     MASTER_PORT and, for gpu.accelerator == "cpu", DS_ACCELERATOR=cpu (before deepspeed is imported). Never raises
-    for a failure of the cell: returns the record's measured part on every rank."""
+    for a failure of the cell: returns the outcome on every rank, its status decided with ``time_signal()``, the
+    job's time-limit signal if one came (asked once the probe has ended)."""
     build_cache = pin_build_environment()  # before torch is imported
     probe = _Probe(cell, rank, world_size, local_rank)
     probe.environment["build_cache"] = build_cache
     try:
-        result = probe.run()
+        happened = probe.run()
     except CellFailed as exc:
-        f = exc.failure
-        result = probe.record(f.status, f.reason, f.traceback)
+        happened = exc.failure.happened()
     except Exception as exc:  # a failure no other rank could be told about (e.g. inside the process group setup)
-        f = probe.failure_from(exc)
-        result = probe.record(f.status, f.reason, f.traceback)
+        happened = probe.failure_from(exc).happened()
+    metrics = probe.metrics()
+    if probe.engine is not None and "engine" not in probe.environment:
+        with contextlib.suppress(Exception):  # a record must be written even if the engine cannot say more
+            probe.environment.update(probe.engine.describe())
     probe.release()
-    probe.close(result["status"])
-    return result
+    probe.close(happened.ending)
+    return outcome_of(happened, metrics, probe.environment, time_signal())
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -415,9 +424,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from omegaconf import OmegaConf
 
-    cell = OmegaConf.to_container(OmegaConf.load(args.cell), resolve=True)
-    assert isinstance(cell, dict)
-    if cell["gpu"]["accelerator"] == "cpu":
+    cell = to_config(OmegaConf.load(args.cell))
+    if cell.gpu.accelerator == "cpu":
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
@@ -425,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    result = run_probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"]))
+    result = run_probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"])).to_json()
     text = json.dumps(result, indent=2, sort_keys=True, default=str)
     if args.out:
         from orchestrator.paths import write_json_atomic
@@ -433,7 +441,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json_atomic(Path(args.out.format(rank=rank)), result)
     if rank == 0:
         print(text)
-    return 0 if result["status"] == "ok" else 1
+    return 0 if result["status"] == RecordStatus.OK.value else 1
 
 
 if __name__ == "__main__":

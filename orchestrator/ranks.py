@@ -15,15 +15,19 @@ import os
 import platform
 import socket
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, cast
+from typing import Any, ParamSpec, TypeVar, cast
 
 from orchestrator.engines.base import Engine, create_engine
-from orchestrator.failures import CellFailed, Failure, classify_failure, failure_from
+from orchestrator.failures import CellFailed, Ending, Failure, classify_failure, failure_from
 from orchestrator.metering import GIB, MemoryMeter
-from orchestrator.schema import to_config
+from orchestrator.schema import Config
+from orchestrator.timing import PhaseTimes
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 DIST_TIMEOUT_ENV = "GPUDAYS_DIST_TIMEOUT_S"
 DEFAULT_DIST_TIMEOUT_S = 600.0
@@ -41,31 +45,18 @@ class Outcome:
     """Largest peak over ranks (see MemoryPeak.limited); None after a real OOM."""
 
 
-@dataclass
-class Trial:
-    """One micro-batch size tried by the search."""
-
-    micro_batch_size: int
-    outcome: str
-    """``ok`` or ``oom``."""
-    peak_memory_gib: float | None
-    reason: str | None = None
-    rest_memory_gib: float | None = None
-    """Device memory still allocated after the trial step (model states); None where not measured."""
-
-
 class RankGroup:
     """This rank's device, engine and memory meter, and the exchanges with the other ranks."""
 
-    def __init__(self, cell: Mapping[str, Any], rank: int, world_size: int, local_rank: int) -> None:
-        self.config = to_config(cell)
+    def __init__(self, cell: Config, rank: int, world_size: int, local_rank: int) -> None:
+        self.config = cell
         self.rank, self.world_size, self.local_rank = rank, world_size, local_rank
         self.num_gpus = self.config.num_gpus
         self.use_cuda = self.config.gpu.accelerator == "cuda"
         self.started = time.perf_counter()
-        self.metrics: dict[str, Any] = {}
         self.environment: dict[str, Any] = {}
-        self.phase_s = {"startup_s": 0.0, "search_s": 0.0, "warmup_s": 0.0, "timed_s": 0.0}
+        """Library versions, the device and the engine's settings, in torch's and the engine's own words."""
+        self.phases = PhaseTimes()
         self.engine: Engine = None  # type: ignore[assignment]  # set by setup
         self.device: Any = None
         self.memory: MemoryMeter | None = None
@@ -89,7 +80,7 @@ class RankGroup:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         if flags[-1].item() > 0:
             first = self._first_of(failure)
-            raise CellFailed(Failure(first.status, f"rank {first.rank}: {first.reason}", first.traceback, first.rank))
+            raise CellFailed(Failure(first.ending, f"rank {first.rank}: {first.reason}", first.traceback, first.rank))
         return [float(v) for v in flags[:-1].tolist()]
 
     def _first_of(self, mine: Failure | None) -> Failure:
@@ -103,16 +94,16 @@ class RankGroup:
         dist.all_gather_object(gathered, mine)
         return cast(Failure, next(f for f in gathered if f is not None))
 
-    def guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
+    def guarded(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run one phase on this rank, then agree with the other ranks on whether every rank succeeded."""
-        result, failure = None, None
+        failure = None
         try:
-            result = fn(*args)
+            result = fn(*args, **kwargs)
         except CellFailed:
             raise
         except Exception as exc:
             failure = self.failure_from(exc)
-        self.agree([], failure)
+        self.agree([], failure)  # raises on every rank if any rank failed, so ``result`` is this rank's
         return result
 
     def _comm_device(self) -> Any:
@@ -133,7 +124,7 @@ class RankGroup:
             work()
             peak_bytes = float(self.memory.peak().limited)
         except Exception as exc:
-            if classify_failure(exc) == "oom":
+            if classify_failure(exc) is Ending.OUT_OF_MEMORY:
                 oom = self.failure_from(exc)
             else:
                 failure = self.failure_from(exc)
@@ -195,9 +186,9 @@ class RankGroup:
             {"world_size": self.world_size, "rank": self.rank, "torch_threads": torch.get_num_threads()}
         )
 
-    def close(self, status: str) -> None:
-        """Leave the process group cleanly unless a peer may be stuck in a collective."""
-        if not self.dist_ready or status == "comm_error":
+    def close(self, ending: Ending) -> None:
+        """Leave the process group cleanly unless a peer may be stuck in a collective (after a comm error)."""
+        if not self.dist_ready or ending is Ending.COMM_ERROR:
             return
         with contextlib.suppress(Exception):
             import torch.distributed as dist

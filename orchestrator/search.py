@@ -20,8 +20,9 @@ half-updated and cost a rebuild.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Sequence
+
+from orchestrator.record import Trial
 
 DEVICE_MARGIN = 0.95
 """Fraction of a real device's memory a predicted peak may take: fragmentation and allocator slack."""
@@ -34,22 +35,21 @@ def predicted_peak_bytes(points: Sequence[tuple[int, float]], micro_batch_size: 
     return p2 + slope * (micro_batch_size - s2)
 
 
-def next_size(
-    candidates: Sequence[int], tried: Sequence[Mapping[str, Any]], capacity: tuple[float, bool]
-) -> int | None:
+def next_size(candidates: Sequence[int], tried: Sequence[Trial], capacity: tuple[float, bool]) -> int | None:
     """The next micro-batch to try, or None when the largest size that fits is known (or nothing fits).
 
-    ``candidates``: the sizes allowed, ascending; ``tried``: the trials so far (``micro_batch_size``, ``outcome``
-    ``ok``/``oom``, ``peak_memory_gib``, and optionally ``rest_memory_gib``), of which those outside ``candidates`` are ignored; ``capacity``: the
-    bytes a peak may reach and whether exceeding it is harmless (an imposed limit).
+    ``candidates``: the sizes allowed, ascending; ``tried``: the trials so far (an ``ok`` trial has its peak, and
+    its rest where measured), of which those outside ``candidates`` are ignored; ``capacity``: the bytes a peak may
+    reach and whether exceeding it is harmless (an imposed limit).
     """
     allowed = set(candidates)
-    mine = [t for t in tried if t["micro_batch_size"] in allowed]
+    mine = [t for t in tried if t.micro_batch_size in allowed]
     if not mine:
         return None
-    ok = {int(t["micro_batch_size"]): float(t["peak_memory_gib"]) * 2**30 for t in mine if t["outcome"] == "ok"}
-    rest = {int(t["micro_batch_size"]): t.get("rest_memory_gib") for t in mine if t["outcome"] == "ok"}
-    refused = {int(t["micro_batch_size"]) for t in mine if t["outcome"] != "ok"}
+    fitted = [t for t in mine if t.outcome == "ok"]
+    ok = {t.micro_batch_size: (t.peak_memory_gib or 0.0) * 2**30 for t in fitted}  # a trial that fitted has its peak
+    rest = {t.micro_batch_size: t.rest_memory_gib for t in fitted}
+    refused = {t.micro_batch_size for t in mine if t.outcome != "ok"}
     seen = ok.keys() | refused
     upper = min(refused, default=None)
     if not ok:
@@ -60,14 +60,14 @@ def next_size(
     open_sizes = [c for c in candidates if c > best and (upper is None or c < upper) and c not in seen]
     if not open_sizes:
         return None
-    if mine[-1]["outcome"] != "ok":
+    if mine[-1].outcome != "ok":
         return max(open_sizes)  # walking down from a refused jump
     limit_bytes, harmless = capacity
     if len(ok) < 2:
         at_rest = rest[best]
         if harmless or at_rest is None:
             return min(open_sizes)
-        one_point = [(0, float(at_rest) * 2**30), (best, ok[best])]
+        one_point = [(0, at_rest * 2**30), (best, ok[best])]
         return min(open_sizes) if predicted_peak_bytes(one_point, min(open_sizes)) <= limit_bytes else None
     margin = 1.0 if harmless else DEVICE_MARGIN
     points = sorted(ok.items())

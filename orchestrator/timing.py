@@ -18,7 +18,8 @@ Two ways to time an optimizer step of ``grad_accum_steps`` micro-batches:
   a sample costs a few micro-steps (``composed_micro_steps``) instead of ``grad_accum_steps``. With no accumulation
   (one micro-step a step) both ways time the same thing.
 
-The statistics, the composition and the stopping rule are pure; the timers are the only parts that touch a device.
+The statistics, the composition, the stopping rule and the record's step-time figures (:func:`step_time_metrics`)
+are pure; the timers are the only parts that touch a device.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from orchestrator.record import Metrics
 
 COMPOSED_MICRO_STEPS = 4
 """Fewest micro-steps inside the cycle timed per composed sample (fewer only when the cycle is shorter)."""
@@ -45,6 +48,8 @@ def composed_micro_steps(grad_accum_steps: int, micro_step_s: float | None) -> i
     if micro_step_s is not None and micro_step_s > 0:
         inner = max(inner, math.ceil(COMPOSED_SAMPLE_S / micro_step_s))
     return min(grad_accum_steps, inner + 1)
+
+
 STEP_TIMINGS = ("composed", "whole")
 
 # Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (any statistics table).
@@ -98,18 +103,6 @@ class StepTimeSummary:
     @property
     def total_s(self) -> float:
         return self.mean_s * self.steps
-
-    def as_metrics(self) -> dict[str, Any]:
-        """The record's step-time fields; an undefined spread (one step) is None, not infinity, so JSON stays valid."""
-        ci_pct = self.ci95_pct
-        return {
-            "step_time_s": self.median_s,
-            "step_time_mean_s": self.mean_s,
-            "step_time_std_s": self.std_s,
-            "step_time_iqr_s": self.iqr_s,
-            "step_time_ci95_pct": ci_pct if math.isfinite(ci_pct) else None,
-            "steps_timed": self.steps,
-        }
 
 
 def summarize(times_s: Sequence[float]) -> StepTimeSummary:
@@ -295,3 +288,42 @@ class SplitTimer:
             marks[-1].synchronize()
             return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:], strict=False)]
         return [b - a for a, b in zip(marks, marks[1:], strict=False)]
+
+
+@dataclass
+class PhaseTimes:
+    """Where a probe's time went, in seconds (the record's metrics of the same names)."""
+
+    startup_s: float = 0.0
+    search_s: float = 0.0
+    warmup_s: float = 0.0
+    timed_s: float = 0.0
+
+
+def step_time_metrics(
+    samples: Sequence[ComposedSample], cpu_times_s: Sequence[float], stop_reason: str, grad_accum_steps: int
+) -> Metrics:
+    """The record's step-time figures of timed samples (whole cycles, or composed: ``micro_steps_s`` not empty)
+    and the host CPU time of each; an undefined spread (one step) is None, not infinity, so JSON stays valid."""
+    times = [s.step_s for s in samples]
+    summary = summarize(times)
+    composed = bool(samples[0].micro_steps_s)
+    ci_pct = summary.ci95_pct
+    return Metrics(
+        step_time_s=summary.median_s,
+        step_time_mean_s=summary.mean_s,
+        step_time_std_s=summary.std_s,
+        step_time_iqr_s=summary.iqr_s,
+        step_time_ci95_pct=ci_pct if math.isfinite(ci_pct) else None,
+        steps_timed=summary.steps,
+        step_time_method="composed" if composed else "whole",
+        micro_step_time_s=summarize([s.micro_step_s for s in samples]).median_s if composed else None,
+        boundary_time_s=summarize([s.boundary_s for s in samples]).median_s if composed else None,
+        micro_steps_timed=(
+            sum(len(s.micro_steps_s) + 1 for s in samples) if composed else len(samples) * grad_accum_steps
+        ),
+        stop_reason=stop_reason,
+        step_times_s=times,
+        step_cpu_time_s=summarize(cpu_times_s).median_s,
+        step_cpu_times_s=list(cpu_times_s),
+    )

@@ -18,6 +18,7 @@ from orchestrator.models import gpt_neox, llama, olmo2, qwen3
 if TYPE_CHECKING:
     import torch
 
+    from orchestrator.record import Metrics
     from orchestrator.schema import Config, GpuConfig, MethodConfig, ModelConfig
 
 
@@ -150,27 +151,30 @@ def peak_tflops(gpu: GpuConfig, method: MethodConfig) -> float | None:
     return gpu.peak_tflops_fp32
 
 
-def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float) -> dict[str, Any]:
-    """Tokens/s, TFLOP/s per GPU, MFU and HFU of optimizer steps of ``step_time_s`` (PaLM appendix B).
+def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float) -> Metrics:
+    """Tokens/s, TFLOP/s per GPU, MFU and HFU of optimizer steps of ``step_time_s`` (PaLM appendix B), as the
+    record's metrics of those names (the others None).
 
     ``global_batch_size`` is in sequences over all ``cfg.num_gpus`` GPUs. Model FLOPs count forward and backward
     once; hardware FLOPs add the recomputed forward of activation checkpointing. MFU and HFU are None when the
     GPU has no peak for the precision (gpu=cpu).
     """
+    from orchestrator.record import Metrics
+
     tokens_per_step = global_batch_size * cfg.model.seq_length
     model_flops = tokens_per_step * flops_per_token(cfg.model)
     hardware_flops = tokens_per_step * flops_per_token(cfg.model, recompute=cfg.method.activation_checkpointing)
     model_tflops = model_flops / step_time_s / cfg.num_gpus / 1e12
     hardware_tflops = hardware_flops / step_time_s / cfg.num_gpus / 1e12
     peak = peak_tflops(cfg.gpu, cfg.method)
-    return {
-        "tokens_per_step": tokens_per_step,
-        "tokens_per_s": tokens_per_step / step_time_s,
-        "tokens_per_s_per_gpu": tokens_per_step / step_time_s / cfg.num_gpus,
-        "model_flops_per_step": model_flops,
-        "model_tflops_per_gpu": model_tflops,
-        "hardware_tflops_per_gpu": hardware_tflops,
-        "peak_tflops_per_gpu": peak,
-        "mfu": model_tflops / peak if peak else None,
-        "hfu": hardware_tflops / peak if peak else None,
-    }
+    return Metrics(
+        tokens_per_step=tokens_per_step,
+        tokens_per_s=tokens_per_step / step_time_s,
+        tokens_per_s_per_gpu=tokens_per_step / step_time_s / cfg.num_gpus,
+        model_flops_per_step=model_flops,
+        model_tflops_per_gpu=model_tflops,
+        hardware_tflops_per_gpu=hardware_tflops,
+        peak_tflops_per_gpu=peak,
+        mfu=model_tflops / peak if peak else None,
+        hfu=hardware_tflops / peak if peak else None,
+    )

@@ -96,9 +96,8 @@ def test_bad_input_is_listed_and_the_rest_still_produced(tmp_path: Path, catalog
     synthetic.write_cell(sweep, "queued", good)
     synthetic.write_cell(sweep, "truncated", good, '{"schema_version": 1, "status": "ok", "metr')
     synthetic.write_cell(sweep, "empty", good, "")
-    garbage = synthetic.record(
-        "garbage", good, "ok", {"step_time_s": "fast", "mfu": None, "peak_memory_allocated_gib": []}
-    )
+    garbage_metrics = {"step_time_s": "fast", "mfu": None, "peak_memory_allocated_gib": []}  # as no probe writes
+    garbage = {**synthetic.record("garbage", good, "ok").to_json(), "metrics": garbage_metrics}
     synthetic.write_cell(sweep, "garbage", good, garbage)
     failed = synthetic.record("failed", good, "comm_error", reason="NCCL timeout after 600 s")
     synthetic.write_cell(sweep, "failed", good, failed)

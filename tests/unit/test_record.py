@@ -1,24 +1,28 @@
-"""The record: one writer, one reader whose every complaint is a BadRecord; cell.yaml's reader; the job side's
-judgement of a probe's result (time-limit signals, configs that cannot be built)."""
+"""The record: one writer, one reader whose every complaint is a BadRecord; typed metrics that read every record
+the probe ever wrote; cell.yaml's reader."""
 
 from __future__ import annotations
 
 import json
-import time
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from orchestrator import jobside
 from orchestrator.record import (
+    CHECKED_METRICS,
     RECORD_SCHEMA_VERSION,
     BadCellConfig,
     BadRecord,
+    Metrics,
     Record,
+    Trial,
     read_cell_config,
     read_record,
+    record_from_json,
     write_record,
 )
+from orchestrator.schema import Config
 from orchestrator.states import RecordStatus, State
 
 GOOD = {"schema_version": 1, "cell_id": "c1", "attempt": 2, "status": "ok", "metrics": {"step_time_s": 1.5}}
@@ -33,7 +37,7 @@ def test_a_record_written_is_read_back_whole(tmp_path: Path) -> None:
         traceback="Traceback ...",
         settings={"model": "pythia-70m"},
         config={"name": "x", "model": {"lr": 1e-5}},
-        metrics={"step_time_s": 0.5, "search_tried": [{"micro_batch_size": 4}]},  # type: ignore[typeddict-unknown-key]
+        metrics=Metrics(step_time_s=0.5, search_tried=[Trial(4, "oom", None, "out of memory")]),
         environment={"hostnames": ["n1"]},
         started_at="2026-11-22T00:00:00+00:00",
     )
@@ -96,62 +100,87 @@ def test_cell_config_reads_floats_as_json_writes_them_and_names_the_file_when_ba
         read_cell_config(tmp_path / "none.yaml")
 
 
-# ---- the job side's judgement ---------------------------------------------------------------------------------
+# ---- the metrics: typed, and every record on disk still reads -------------------------------------------------
 
-NINJA = {
-    "status": "compile_error",
-    "reason": "RuntimeError: Error building extension 'cpu_adam': ninja: build stopped: subcommand failed "
-    "(died with <Signals.SIGUSR2: 12>)",
-    "traceback": "Traceback (most recent call last):\n  ...\nRuntimeError: Error building extension 'cpu_adam'",
-}
-
-HEADS = """Traceback (most recent call last):
-  File "/x/huggingface_hub/dataclasses.py", line 251, in validate
-    validator(self)
-ValueError: The hidden size is not divisible by the number of attention heads! Make sure to update them!
-
-The above exception was the direct cause of the following exception:
-
-Traceback (most recent call last):
-  File "/x/orchestrator/probe.py", line 300, in setup
-    config = GPTNeoXConfig(**kwargs)
-             ^^^^^^^^^^^^^^^^^^^^^^^
-  File "/x/huggingface_hub/dataclasses.py", line 253, in validate
-    raise StrictDataclassClassValidationError(validator=validator.__name__, cause=e) from e
-huggingface_hub.errors.StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':
-    ValueError: The hidden size is not divisible by the number of attention heads! Make sure to update them!
-"""
+GPU_RECORDS = sorted((Path(__file__).resolve().parents[1] / "data" / "gpu-records").glob("*/*.json"))
+"""Real records of two probe versions: the composed timing's (every metric of today) and an older one's."""
 
 
-def test_a_failure_after_the_time_limit_signal_is_a_timeout_whatever_failed() -> None:
-    status, reason = jobside.judge(NINJA, ("SIGUSR2", time.time()))
-    assert status is RecordStatus.TIMEOUT
-    assert reason is not None and "SLURM's time limit: SIGUSR2" in reason and "compile_error" in reason
-    status, _ = jobside.judge({"status": "comm_error", "reason": "peer gone"}, ("SIGTERM", time.time()))
-    assert status is RecordStatus.TIMEOUT
-    # A failure of its own after the warning (the probe rejects its settings) is not the time limit's doing.
-    own = {"status": "failed", "reason": "ValueError: probe.max_steps=0", "traceback": "ValueError: max_steps"}
-    assert jobside.judge(own, ("SIGUSR2", time.time())) == (RecordStatus.FAILED, "ValueError: probe.max_steps=0")
-    # An answer stands, signal or not; without a signal a compile error is one.
-    assert jobside.judge({"status": "ok"}, ("SIGUSR2", time.time()))[0] is RecordStatus.OK
-    assert jobside.judge({"status": "oom", "reason": "x"}, ("SIGUSR2", time.time()))[0] is RecordStatus.OOM
-    assert jobside.judge(NINJA, None)[0] is RecordStatus.COMPILE_ERROR
-
-
-def test_a_config_that_cannot_be_built_is_invalid_with_its_whole_reason() -> None:
-    result = {
-        "status": "failed",
-        "reason": "StrictDataclassClassValidationError: Class validation error for validator 'validate_architecture':",
-        "traceback": HEADS,
+@pytest.mark.parametrize("path", GPU_RECORDS, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_records_of_earlier_probes_read_with_typed_metrics_and_config(path: Path) -> None:
+    data = json.loads(path.read_text())
+    record = read_record(path)
+    assert isinstance(record, Record) and record.status is RecordStatus.OK
+    m = record.metrics
+    assert m.step_time_s == data["metrics"]["step_time_s"] and isinstance(m.steps_timed, int)
+    assert m.step_times_s == data["metrics"]["step_times_s"]
+    if "search_tried" in data["metrics"]:
+        assert m.search_tried and all(isinstance(t, Trial) for t in m.search_tried)
+        assert [t.micro_batch_size for t in m.search_tried] == [
+            t["micro_batch_size"] for t in data["metrics"]["search_tried"]
+        ]
+    typed = record.typed_config()
+    assert isinstance(typed, Config) and typed.model.name == data["config"]["model"]["name"]
+    # Every key written comes back under its own name; only today's probe writes them all.
+    written = m.to_json()
+    assert {k: v for k, v in written.items() if k in data["metrics"] and k != "search_tried"} == {
+        k: v for k, v in data["metrics"].items() if k != "search_tried"
     }
-    status, reason = jobside.judge(result, None)
-    assert status is RecordStatus.INVALID
-    assert reason == (
-        "the cell's config cannot be built: StrictDataclassClassValidationError: Class validation error for "
-        "validator 'validate_architecture': ValueError: The hidden size is not divisible by the number of "
-        "attention heads! Make sure to update them!"
+    if path.parent.name.endswith("composed"):
+        assert written == data["metrics"], "today's record is written back key for key"
+        searched = {"micro_batch_estimate", "search_tried"} if "_auto" in path.name else set()
+        assert set(written) | {"micro_batch_estimate", "search_tried"} == {f.name for f in fields(Metrics)}
+        assert searched <= set(written), "a record of today holds every metric (a searched one, the search's too)"
+
+
+def test_the_json_keys_are_what_the_probe_reached() -> None:
+    early = Metrics(startup_s=0.5, search_s=0.0, warmup_s=0.0, timed_s=0.0, probe_wall_s=0.6)
+    assert set(early.to_json()) == {"startup_s", "search_s", "warmup_s", "timed_s", "probe_wall_s"}
+    limited = Metrics(per_gpu_batch_size=8)
+    assert limited.to_json() == {"per_gpu_batch_size": 8, "memory_limit_gib": None}, "no limit, said as null"
+    timed = Metrics(steps_timed=3, step_time_s=1.0).to_json()
+    assert timed["mfu"] is None and timed["micro_step_time_s"] is None, "the timed figures go together"
+    assert "num_parameters" not in timed and "search_tried" not in timed, "what was not measured is left out"
+    assert Metrics().to_json() == {} and Metrics.from_json({}) == Metrics()
+
+
+def test_old_or_odd_metrics_read_without_a_complaint_or_an_exception() -> None:
+    odd = {
+        "step_time_s": 2,  # an int where a float is expected is a number all the same
+        "steps_timed": 4.0,  # a whole float counts
+        "micro_steps_timed": 4.5,  # not whole: no count
+        "stop_reason": 5,  # not a word
+        "step_times_s": [1.0, "x"],  # not all numbers
+        "final_loss": float("nan"),  # a diverged loss stays what it was
+        "search_tried": [{"micro_batch_size": 2, "outcome": "ok", "peak_memory_gib": 1.0}, 7, {"outcome": "ok"}],
+        "renamed_long_ago": 1.0,  # a key this version does not know
+        "skipped_steps_timed": 10**400,  # beyond any float
+    }
+    m = Metrics.from_json(odd)
+    assert (m.step_time_s, m.steps_timed, m.micro_steps_timed, m.stop_reason, m.step_times_s) == (
+        2,
+        4,
+        None,
+        None,
+        None,
     )
-    other = {"status": "failed", "reason": "KeyError: 'x'", "traceback": "Traceback (most recent call last):\n  "
-             'File "a.py", line 1, in f\nKeyError: \'x\'\n'}  # fmt: skip
-    assert jobside.judge(other, None) == (RecordStatus.FAILED, "KeyError: 'x'")
-    assert jobside.judge({"status": "weird"}, None)[0] is RecordStatus.FAILED
+    assert m.final_loss is not None and m.final_loss != m.final_loss
+    assert m.search_tried == [Trial(2, "ok", 1.0)], "entries that are no trial are left out; rest_memory_gib: None"
+    assert m.skipped_steps_timed is None and m.get("renamed_long_ago") is None and m.get("step_time_s") == 2
+    record = record_from_json({**GOOD, "metrics": odd, "config": {"model": {"name": "x"}, "gone": 1}})
+    assert isinstance(record, Record) and record.metrics == m
+    assert record.typed_config() is None, "a config that is no cell of this version"
+
+
+def test_the_checked_metrics_are_those_checked_before_and_a_huge_number_is_no_crash(tmp_path: Path) -> None:
+    assert set(CHECKED_METRICS) == {
+        "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct", "steps_timed",
+        "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "tokens_per_s",
+        "tokens_per_s_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+        "peak_memory_allocated_gib", "peak_memory_reserved_gib", "host_rss_gib", "num_parameters", "probe_wall_s",
+        "startup_s", "search_s", "warmup_s", "timed_s",
+    }  # fmt: skip
+    path = tmp_path / "record.json"
+    path.write_text(json.dumps(GOOD).replace("1.5", "1" + "0" * 400))
+    got = read_record(path, "c1")
+    assert isinstance(got, BadRecord) and "metric 'step_time_s'" in got.reason

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 
+from orchestrator.record import Trial
 from orchestrator.search import next_size, predicted_peak_bytes
 
 GIB = 2**30
 SIZES = [1, 2, 4, 8, 16, 32, 64]
 
 
-def trial(size: int, peak_gib: float | None, ok: bool = True) -> dict[str, Any]:
-    return {"micro_batch_size": size, "outcome": "ok" if ok else "oom", "peak_memory_gib": peak_gib}
+def trial(size: int, peak_gib: float | None, ok: bool = True, rest_gib: float | None = None) -> Trial:
+    return Trial(size, "ok" if ok else "oom", peak_gib, None, rest_gib)
 
 
 def line(size: int) -> float:
@@ -61,8 +60,8 @@ def test_trials_outside_the_candidates_are_ignored() -> None:
     assert next_size([1, 2], tried, (80.0 * GIB, False)) is None
 
 
-def rested(size: int, peak_gib: float, rest_gib: float) -> dict[str, Any]:
-    return {**trial(size, peak_gib), "rest_memory_gib": rest_gib}
+def rested(size: int, peak_gib: float, rest_gib: float) -> Trial:
+    return trial(size, peak_gib, rest_gib=rest_gib)
 
 
 def test_one_size_on_a_real_device_steps_up_only_where_the_line_from_rest_says_it_fits() -> None:

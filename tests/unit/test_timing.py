@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from orchestrator.timing import ComposedSample, SplitTimer, StoppingRule, compose_step_s, summarize, t_critical_95
+from orchestrator.timing import (
+    ComposedSample,
+    SplitTimer,
+    StoppingRule,
+    compose_step_s,
+    step_time_metrics,
+    summarize,
+    t_critical_95,
+)
 
 
 def test_t_quantiles() -> None:
@@ -25,13 +33,33 @@ def test_summary_of_known_values() -> None:
     assert s.iqr_s == pytest.approx(1.5)
     assert s.ci95_halfwidth_s == pytest.approx(3.182 * math.sqrt(5 / 3) / 2)
     assert s.ci95_pct == pytest.approx(100 * s.ci95_halfwidth_s / 2.5)
-    metrics = s.as_metrics()
-    assert metrics["step_time_s"] == 2.5 and metrics["steps_timed"] == 4
+
+
+def whole(*steps_s: float) -> list[ComposedSample]:
+    return [ComposedSample((), step_s, 1) for step_s in steps_s]
+
+
+def test_the_record_s_figures_of_whole_cycles() -> None:
+    m = step_time_metrics(whole(4.0, 1.0, 3.0, 2.0), [0.5, 0.1, 0.3, 0.2], "target_ci", grad_accum_steps=4)
+    assert (m.step_time_s, m.step_time_mean_s, m.steps_timed, m.stop_reason) == (2.5, 2.5, 4, "target_ci")
+    assert m.step_time_ci95_pct == pytest.approx(summarize([4.0, 1.0, 3.0, 2.0]).ci95_pct)
+    assert m.step_times_s == [4.0, 1.0, 3.0, 2.0] and m.step_cpu_time_s == pytest.approx(0.25)
+    assert (m.step_time_method, m.micro_step_time_s, m.boundary_time_s) == ("whole", None, None)
+    assert m.micro_steps_timed == 16, "four whole cycles of four micro-steps"
+    assert m.tokens_per_s is None, "the throughput is the model's arithmetic, not the timer's"
+
+
+def test_the_record_s_figures_of_composed_samples() -> None:
+    samples = [ComposedSample((1.2, 1.0, 1.0), 3.0, 8), ComposedSample((1.2, 1.0, 1.0), 3.0, 8)]
+    m = step_time_metrics(samples, [1.0, 1.0], "max_steps", grad_accum_steps=8)
+    assert m.step_time_method == "composed" and m.micro_steps_timed == 8
+    assert m.micro_step_time_s == pytest.approx(1.0) and m.step_time_s == pytest.approx(samples[0].step_s)
+    assert m.boundary_time_s == pytest.approx(samples[0].step_s - 8 * 1.0)
 
 
 def test_a_single_step_has_no_confidence_interval() -> None:
     s = summarize([1.0])
-    assert math.isinf(s.ci95_pct) and s.as_metrics()["step_time_ci95_pct"] is None
+    assert math.isinf(s.ci95_pct) and step_time_metrics(whole(1.0), [0.1], "max_steps", 1).step_time_ci95_pct is None
 
 
 def test_stopping_rule() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -132,7 +133,7 @@ def test_measured_rows_use_the_measured_throughput() -> None:
 def test_budget_command_reads_records_and_writes_csv(tmp_path: Path) -> None:
     sweep = tmp_path / "sweep"
     config = synthetic.cell_config("pythia-160m", "h100-80gb")
-    metrics = {**synthetic.metrics(config, step_time_s=6.0, micro_batch_size=32), "hfu": 0.3}
+    metrics = replace(synthetic.metrics(config, step_time_s=6.0, micro_batch_size=32), hfu=0.3)
     synthetic.write_cell(sweep, "c1", config, synthetic.record("c1", config, metrics_=metrics))
     out = tmp_path / "out"
     argv = ["budget", "--usd", "1e5", "--gpu", "h100-80gb", "--model", "pythia-160m", "--from", str(sweep)]

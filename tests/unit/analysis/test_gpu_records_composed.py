@@ -13,6 +13,7 @@ import pytest
 
 from analysis.predict import flat_cell, predict_frame
 from orchestrator.batch import divisors
+from orchestrator.record import Metrics
 from orchestrator.search import next_size
 
 FOLDER = Path(__file__).resolve().parents[2] / "data" / "gpu-records" / "h100-80gb-composed"
@@ -31,15 +32,16 @@ def test_the_records_are_there() -> None:
 @pytest.mark.parametrize("path", SEARCHED, ids=lambda p: p.stem)
 def test_the_search_replayed_on_the_trials_takes_the_same_sizes(path: Path) -> None:
     record = load(path)
-    metrics = record["metrics"]
-    tried = metrics["search_tried"]
-    candidates = divisors(metrics["per_gpu_batch_size"])
+    metrics = Metrics.from_json(record["metrics"])
+    tried = metrics.search_tried
+    assert tried is not None and metrics.per_gpu_batch_size is not None
+    candidates = divisors(metrics.per_gpu_batch_size)
     capacity = (record["environment"]["device_memory_gib"] * 2**30, False)
-    assert all(t["outcome"] == "ok" for t in tried), "the rest line spared every OOM"
+    assert all(t.outcome == "ok" for t in tried), "the rest line spared every OOM"
     for k in range(1, len(tried)):
-        assert next_size(candidates, tried[:k], capacity) == tried[k]["micro_batch_size"]
+        assert next_size(candidates, tried[:k], capacity) == tried[k].micro_batch_size
     assert next_size(candidates, tried, capacity) is None
-    assert metrics["micro_batch_size"] == max(t["micro_batch_size"] for t in tried)
+    assert metrics.micro_batch_size == max(t.micro_batch_size for t in tried)
 
 
 @pytest.mark.parametrize("path", RECORDS, ids=lambda p: p.stem)

@@ -149,18 +149,18 @@ def test_peak_follows_precision_and_tf32(gpu_name: str, overrides: dict[str, obj
 def test_throughput_metrics_on_an_h100() -> None:
     cfg = cell("model=pythia-1b", "gpu=h100-80gb", "num_gpus=8", "method.activation_checkpointing=true")
     m = throughput_metrics(cfg, 1024, step_time_s=10.0)
-    assert m["tokens_per_step"] == 1024 * 2048
-    assert m["tokens_per_s"] == pytest.approx(1024 * 2048 / 10.0)
-    assert m["tokens_per_s_per_gpu"] == pytest.approx(m["tokens_per_s"] / 8)
+    assert m.tokens_per_step == 1024 * 2048
+    assert m.tokens_per_s == pytest.approx(1024 * 2048 / 10.0)
+    assert m.tokens_per_s_per_gpu == pytest.approx(m.tokens_per_s / 8)
     expected_tflops = reference_flops_per_step(cfg.model, 1024) / 10.0 / 8 / 1e12
-    assert m["model_tflops_per_gpu"] == pytest.approx(expected_tflops)
-    assert m["mfu"] == pytest.approx(expected_tflops / 989.0)
-    assert m["hfu"] > m["mfu"], "recomputation is hardware work, not model work"
+    assert m.model_tflops_per_gpu == pytest.approx(expected_tflops)
+    assert m.mfu == pytest.approx(expected_tflops / 989.0)
+    assert m.hfu is not None and m.mfu is not None and m.hfu > m.mfu, "recomputation is hardware work, not model work"
 
 
 def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
     m = throughput_metrics(cell("model=pythia-tiny", "gpu=cpu"), 16, 0.1)
-    assert m["mfu"] is None and m["hfu"] is None and m["model_tflops_per_gpu"] > 0
+    assert m.mfu is None and m.hfu is None and m.model_tflops_per_gpu is not None and m.model_tflops_per_gpu > 0
 
 
 def test_a_sweep_with_a_wrong_published_count_is_refused_naming_the_key() -> None:
