@@ -64,7 +64,7 @@ WAITING_STATES = frozenset({vocab.State.NEW.value, vocab.State.UNKNOWN.value} | 
 """States of a cell that is simply not done yet: not a problem."""
 
 
-def read_skipped(paths: SweepPaths, problems: list[str]) -> list[dict[str, Any]]:
+def read_skipped(paths: SweepPaths, problems: list[str]) -> list[dict[str, str | None]]:
     """The cells a sweep refused before submission (``skipped.jsonl``), one dict per line that can be read."""
     try:
         lines = paths.skipped.read_text(encoding="utf-8").splitlines()
@@ -118,7 +118,7 @@ def flatten_cell(
     record: Record | None,
     catalog: Catalog,
     problems: list[str],
-) -> dict[str, Any]:
+) -> dict[str, object]:
     """One table row from a cell's config and (optional) record; appends what was wrong to ``problems``."""
     settings: Mapping[str, Any] = record.settings if record else {}
     model, gpu, method, probe = (_section(config, key) for key in ("model", "gpu", "method", "probe"))
@@ -134,7 +134,7 @@ def flatten_cell(
     if gpu_problem:
         problems.append(f"{where}: {gpu_problem}")
 
-    row: dict[str, Any] = {"sweep": sweep, "cell_id": cell_id, "model": model_name, "gpu": gpu_name}
+    row: dict[str, object] = {"sweep": sweep, "cell_id": cell_id, "model": model_name, "gpu": gpu_name}
     row["num_gpus"] = as_int(config.get("num_gpus", settings.get("num_gpus")))
     row["num_nodes"] = as_int(config.get("num_nodes", settings.get("num_nodes"))) or 1
     row.update(catalog.method_columns(method, settings))
@@ -225,9 +225,9 @@ def load_cells(
 def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, catalog: Catalog | None) -> LoadedCells:
     catalog = catalog if catalog is not None else Catalog.load()
     problems: list[str] = []
-    best: dict[str, tuple[tuple[int, int, str, int], dict[str, Any]]] = {}
+    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]] = {}
     seen: set[Path] = set()
-    skipped: list[dict[str, Any]] = []
+    skipped: list[dict[str, str | None]] = []
     for order, sweep_dir in enumerate(sweep_dirs):
         paths = SweepPaths(Path(sweep_dir))
         if paths.root in seen:
@@ -267,13 +267,12 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
             rank = _rank(row, record is not None, order)
             previous = best.get(cell_id)
             if previous is None or rank > previous[0]:
-                row["_problems"] = cell_problems
-                best[cell_id] = (rank, row)
+                best[cell_id] = (rank, row, cell_problems)
         if not found and not refused:
             problems.append(f"sweep {paths.root}: no cells in it (expected cells/<cell_id>/cell.yaml)")
     rows = []
-    for _, row in best.values():
-        problems.extend(row.pop("_problems"))
+    for _, row, cell_problems in best.values():
+        problems.extend(cell_problems)
         rows.append(row)
     frame = pd.DataFrame(rows)
     refused = pd.DataFrame(skipped, columns=list(SKIPPED_COLUMNS)).drop_duplicates(["cell_id"], keep="last")
