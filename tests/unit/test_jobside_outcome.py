@@ -1,0 +1,85 @@
+"""What the job side writes for each way a job ends: the probe gets the typed cell, and every outcome (the probe's,
+a sleep's, an exception no probe caught) has its status decided once, with the time-limit signal the job got."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+import yaml
+
+from orchestrator import jobside
+from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
+from orchestrator.paths import CELL_CONFIG_NAME, SweepPaths
+from orchestrator.record import Metrics, Record, read_record
+from orchestrator.schema import Config
+from orchestrator.states import RecordStatus
+
+
+@pytest.fixture
+def job(tmp_path: Path, make_cell: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Write a cell and make this process its job's only rank; returns a function that runs it and reads back."""
+    fake = SimpleNamespace(global_rank=0, num_tasks=1, local_rank=0, num_nodes=1, job_id="7", hostnames=["here"])
+    monkeypatch.setattr(jobside.submitit, "JobEnvironment", lambda: fake)
+    monkeypatch.setattr(jobside, "set_distributed_env", lambda *args: None)
+    monkeypatch.setattr(jobside, "_time_limit_signal", None)
+    for name in ("DS_ACCELERATOR", "OMP_NUM_THREADS"):  # run_cell sets them for a CPU cell; put back after
+        monkeypatch.delenv(name, raising=False)
+    paths = SweepPaths(tmp_path)
+
+    def run(*overrides: str) -> tuple[str, Record, dict[str, Any]]:
+        cell = make_cell("model=pythia-tiny", "gpu=cpu", *overrides)
+        paths.cell_dir("abc").mkdir(parents=True, exist_ok=True)
+        (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
+        status = jobside.run_cell(str(tmp_path), "abc", 1)
+        record = read_record(paths.record("abc"), "abc")
+        assert isinstance(record, Record)
+        return status, record, json.loads(paths.record("abc").read_text())
+
+    return run
+
+
+def test_a_sleep_is_ok_with_no_metrics(job: Any) -> None:
+    status, record, raw = job("probe.kind=sleep", "probe.sleep_s=0")
+    assert status == "ok" and record.status is RecordStatus.OK
+    assert record.reason == "probe.kind=sleep: nothing measured" and raw["metrics"] == {}
+    typed = record.typed_config()
+    assert isinstance(typed, Config) and typed.probe.kind == "sleep"
+
+
+def test_the_probe_gets_the_typed_cell_and_its_outcome_is_the_record(job: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+
+    def probe(cell: Any, rank: int, world_size: int, local_rank: int, time_signal: Any) -> ProbeOutcome:
+        seen.append(cell)
+        metrics = Metrics(num_parameters=123, per_gpu_batch_size=16, micro_batch_size=1, startup_s=1.0)
+        return outcome_of(Happened(Ending.NOTHING_FITS, "nothing fits"), metrics, {"torch": "x"}, time_signal())
+
+    monkeypatch.setattr("orchestrator.probe.run_probe", probe)
+    status, record, raw = job()
+    assert isinstance(seen[0], Config) and seen[0].model.name == "pythia-tiny"
+    assert status == "does_not_fit" and record.reason == "nothing fits"
+    assert raw["metrics"] == {
+        "num_parameters": 123, "per_gpu_batch_size": 16, "memory_limit_gib": None, "micro_batch_size": 1,
+        "startup_s": 1.0,
+    }  # fmt: skip
+    assert raw["environment"]["torch"] == "x" and raw["environment"]["job_id"] == "7"
+
+
+def test_an_exception_no_probe_caught_is_failed_or_after_sigterm_a_timeout(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def probe(*args: Any, **kwargs: Any) -> ProbeOutcome:
+        raise RuntimeError("the probe itself broke")
+
+    monkeypatch.setattr("orchestrator.probe.run_probe", probe)
+    status, record, _ = job()
+    assert status == "failed" and record.reason == "RuntimeError: the probe itself broke"
+    assert record.traceback is not None and "the probe itself broke" in record.traceback
+    monkeypatch.setattr(jobside, "_time_limit_signal", TimeSignal("SIGTERM", time.time()))
+    status, record, _ = job()
+    assert status == "timeout" and record.reason is not None and "SLURM's time limit: SIGTERM" in record.reason
