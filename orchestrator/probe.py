@@ -204,12 +204,6 @@ class _Probe(RankGroup):
         self.guarded(self.use, plan)  # no rebuild unless a real OOM dropped the engine
         return plan
 
-    def capacity_bytes(self) -> tuple[float, bool]:
-        """Memory a trial's peak may reach, and whether that is an imposed limit (exceeding it raises nothing)."""
-        if self.memory_limit_bytes is not None:
-            return self.memory_limit_bytes, True
-        return self.device_memory_gib() * GIB, not self.use_cuda
-
     def warm_up(self, plan: BatchPlan) -> Outcome:
         """``probe.warmup_steps`` steps (each of a timed sample's micro-steps); whether they fit."""
         self.micro_step_s = None
@@ -433,7 +427,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(_free_port()))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    result = run_probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"])).to_json()
+    ended = run_probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"]))
+    result = ended.to_json()
     text = json.dumps(result, indent=2, sort_keys=True, default=str)
     if args.out:
         from orchestrator.paths import write_json_atomic
@@ -441,7 +436,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json_atomic(Path(args.out.format(rank=rank)), result)
     if rank == 0:
         print(text)
-    return 0 if result["status"] == RecordStatus.OK.value else 1
+    return 0 if ended.status is RecordStatus.OK else 1
 
 
 if __name__ == "__main__":

@@ -141,6 +141,12 @@ class RankGroup:
             return Outcome(reason, None, peak_bytes)
         return Outcome(None, None, peak_bytes)
 
+    def capacity_bytes(self) -> tuple[float, bool]:
+        """Memory a trial's peak may reach, and whether that is an imposed limit (exceeding it raises nothing)."""
+        if self.memory_limit_bytes is not None:
+            return self.memory_limit_bytes, True
+        return self.device_memory_gib() * GIB, not self.use_cuda
+
     def device_memory_gib(self) -> float:
         """Memory a rank may use: the imposed limit, else the device's (or, on the CPU, the GPU config's)."""
         if self.memory_limit_bytes is not None:
