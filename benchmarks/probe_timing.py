@@ -59,9 +59,11 @@ def worker(cell_yaml: Path, out: Path, rounds: int) -> None:
 
     pin_build_environment()  # before torch is imported, as a job does
     from orchestrator.batch import plan_batch
+    from orchestrator.failures import Ending
     from orchestrator.probe import _Probe
+    from orchestrator.schema import to_config
 
-    cell = OmegaConf.to_container(OmegaConf.load(cell_yaml), resolve=True)
+    cell = to_config(OmegaConf.to_container(OmegaConf.load(cell_yaml), resolve=True))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     probe = _Probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"]))
     probe.guarded(probe.setup)
@@ -81,7 +83,7 @@ def worker(cell_yaml: Path, out: Path, rounds: int) -> None:
             steps = [s.step_s for s in samples]
             rows[way].append({"steps_s": steps, "wall_s": wall_s, "stop": stop})
     probe.release()
-    probe.close("ok")
+    probe.close(Ending.COMPLETED)
     if rank == 0:
         out.write_text(json.dumps({"grad_accum_steps": plan.grad_accum_steps, **rows}, indent=2))
 

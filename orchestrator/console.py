@@ -385,7 +385,7 @@ class LocalProgress:
             self.console.print(self._now_line())
 
     def done(self, state: Any) -> None:
-        step = state.record.metrics.get("step_time_s") if state.record is not None else None
+        step = state.record.metrics.step_time_s if state.record is not None else None
         step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
         reason = f": {state.reason}" if state.reason and state.state != "ok" else ""
         line = _t(f"  [{self.index}/{self.total}] {state.cell_id} ")
