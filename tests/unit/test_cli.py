@@ -17,7 +17,7 @@ import pytest
 from orchestrator import cli, console, launch, lifecycle, local
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths, append_jsonl
-from orchestrator.record import RECORD_SCHEMA_VERSION
+from orchestrator.record import RECORD_SCHEMA_VERSION, Metrics
 from orchestrator.schema import to_config
 
 
@@ -180,7 +180,7 @@ def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
             run = local.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
             progress.start(run)
             progress.poll(run)
-            progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record=SimpleNamespace(metrics={})))
+            progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record=SimpleNamespace(metrics=Metrics())))
     out = capsys.readouterr().out
     assert "[1/2] first tiny: running, 100 s  | loading the model" in out
     assert "[1/2] first ok in 100 s" in out
