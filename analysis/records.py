@@ -182,9 +182,10 @@ def _cell_config(cell_dir: str, record: Record | None, problems: list[str], wher
 
 
 def _cell_dirs(cells_dir: Path) -> list[tuple[str, str]]:
-    """(cell id, folder) of every folder under ``cells/``, sorted; plain strings, as pathlib costs add up."""
+    """(cell id, folder) of every real folder under ``cells/`` (a link is never followed into another cell), sorted;
+    plain strings, as pathlib costs add up."""
     try:
-        entries = [(e.name, e.path) for e in os.scandir(cells_dir) if e.is_dir()]
+        entries = [(e.name, e.path) for e in os.scandir(cells_dir) if e.is_dir(follow_symlinks=False)]
     except FileNotFoundError:
         return []
     return sorted(entries)
@@ -240,6 +241,7 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
         refused = read_skipped(paths, problems)
         skipped.extend(refused)
         cell_dirs = _cell_dirs(paths.cells_dir)
+        problems.extend(f"sweep {paths.root}: {line}" for line in paths.damaged_cells())
         found = 0
         for cell_id, cell_dir in cell_dirs:
             where = f"cell {cell_id} (sweep {sweep})"

@@ -17,8 +17,10 @@ Nothing else in the toolkit builds a path into a sweep folder by hand.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,23 +102,23 @@ class SweepPaths:
         ``cell.yaml``, one that cannot be read), one line each, sorted; ``status``, ``show`` and ``resume`` say
         these, so no cell drops out of a sweep silently."""
         try:
-            entries = sorted(self.cells_dir.iterdir())
+            entries = sorted(os.scandir(self.cells_dir), key=lambda e: e.name)  # type info without a stat each
         except FileNotFoundError:
             return []
         except OSError as e:
             return [f"{self.cells_dir}: cannot be read ({e.strerror or type(e).__name__})"]
         out = []
-        for p in entries:
-            if p.name.startswith("."):
+        for entry in entries:
+            if entry.name.startswith("."):
                 continue
-            where = f"cells/{p.name}"
-            if p.is_symlink():
-                out.append(f"{where} is a link (to {os.readlink(p)}), not a cell folder; it is not followed")
-            elif not p.is_dir():
+            where = f"cells/{entry.name}"
+            if entry.is_symlink():
+                out.append(f"{where} is a link (to {os.readlink(entry.path)}), not a cell folder; it is not followed")
+            elif not entry.is_dir(follow_symlinks=False):
                 out.append(f"{where} is a file, not a cell folder")
-            elif not (p / CELL_CONFIG_NAME).is_file():
+            elif not os.path.isfile(os.path.join(entry.path, CELL_CONFIG_NAME)):
                 try:
-                    held = ", ".join(sorted(q.name for q in p.iterdir())[:5]) or "nothing"
+                    held = ", ".join(sorted(os.listdir(entry.path))[:5]) or "nothing"
                 except OSError as e:
                     out.append(f"{where} cannot be read ({e.strerror or type(e).__name__})")
                     continue
@@ -125,6 +127,31 @@ class SweepPaths:
 
     def output(self, name: str) -> Path:
         return self.root / name
+
+
+MAX_READ_BYTES = 64 * 2**20
+"""The most a record or cell config is read of: a larger file is damaged, not a record."""
+
+
+def read_regular_file(path: Path, max_bytes: int = MAX_READ_BYTES) -> bytes:
+    """The bytes of the regular file at ``path``: anything else (a FIFO, a device, a socket) raises OSError without
+    being waited on, and so does a file larger than ``max_bytes``; FileNotFoundError where there is nothing."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once without a writer; reading would block
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device or socket"
+            raise OSError(errno.EINVAL, f"it is {kind}, not a regular file")
+        if st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"it holds {st.st_size} bytes, more than any record ({max_bytes})")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+            if sum(map(len, chunks)) > max_bytes:
+                raise OSError(errno.EFBIG, f"it grew past {max_bytes} bytes while being read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
 
 
 def write_json_atomic(path: Path, payload: Any, durable: bool = True) -> None:

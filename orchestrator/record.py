@@ -26,7 +26,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.paths import write_json_atomic
+from orchestrator.paths import read_regular_file, write_json_atomic
 from orchestrator.schema import Config, to_config
 from orchestrator.states import RecordStatus, State, state_of_record
 
@@ -311,7 +311,7 @@ def read_record(path: Path, cell_id: str | None = None) -> Record | BadRecord | 
     ``cell_id``: the folder's cell; a record naming another cell is bad. Never raises for the file's content.
     """
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -428,7 +428,7 @@ def read_cell_config(path: Path) -> dict[str, Any]:
     Raises BadCellConfig naming the file when it is missing, not UTF-8, not YAML, or not a mapping.
     """
     try:
-        text = path.read_bytes().decode("utf-8")
+        text = read_regular_file(path).decode("utf-8")
     except FileNotFoundError:
         raise BadCellConfig(f"{path} is missing") from None
     except OSError as e:

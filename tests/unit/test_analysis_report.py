@@ -162,7 +162,9 @@ def test_bad_input_is_listed_and_the_rest_still_produced(tmp_path: Path, catalog
         f"sweep {tmp_path / 'missing'}: folder does not exist",
     ):
         assert expected in text
-    assert "not-a-cell" not in text and "cell queued" not in text  # a pending cell is not a problem
+    assert "cell queued" not in text  # a pending cell is not a problem
+    # A folder under cells/ without cell.yaml is no cell, but it is said (status, show and resume say it too).
+    assert "cells/not-a-cell has no cell.yaml" in text and "cell not-a-cell" not in text
     assert report.skipped["label"].tolist() == ["pythia-1b on 1 x v100-32gb"]
     markdown = (sweep / "report.md").read_text()
     assert "GPU 'a100-sxm-old' is not in conf/gpu" in markdown

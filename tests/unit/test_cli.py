@@ -289,3 +289,29 @@ def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never
     assert "cells/alias is a link" in capsys.readouterr().err
     assert (cells / good / "record.json").read_bytes() == before
     assert not (cells / good / "attempts.jsonl").read_text().count("alias")
+
+
+def test_a_record_that_is_a_fifo_is_corrupt_and_never_waited_on(tmp_path: Path, tiny_config, capsys) -> None:
+    import os
+
+    from orchestrator.record import BadRecord, read_record
+
+    cid = _cell(tmp_path, tiny_config, "ok")
+    paths = SweepPaths(tmp_path)
+    paths.record(cid).unlink()
+    os.mkfifo(paths.record(cid))  # a reader that opened this to read would wait for a writer forever
+    found = read_record(paths.record(cid), cid)
+    assert isinstance(found, BadRecord) and "FIFO" in found.reason
+    assert cli.main(["status", str(tmp_path), "--summary"]) == Exit.OK
+    assert "corrupt 1" in capsys.readouterr().out
+
+
+def test_report_names_entries_that_are_not_cells_and_does_not_follow_links(tmp_path: Path, tiny_config) -> None:
+    from analysis.records import load_cells
+
+    good = _cell(tmp_path, tiny_config, "ok")
+    cells = SweepPaths(tmp_path).cells_dir
+    (cells / "alias").symlink_to(cells / good)
+    loaded = load_cells([tmp_path])
+    assert list(loaded.frame["cell_id"]) == [good], "the link's target is one cell, read once"
+    assert any("cells/alias is a link" in p for p in loaded.problems)
