@@ -131,9 +131,3 @@ def model_of_row(row: Mapping[str, Any]) -> ModelConfig | None:
     """The cell's ``ModelConfig`` from a row's ``model_*`` columns (None where its architecture is incomplete)."""
     values = {k[6:]: v for k, v in row.items() if k.startswith("model_")}
     return config_of(ModelConfig, values, str(row.get("model") or "unnamed"))
-
-
-def gpu_of_row(row: Mapping[str, Any]) -> GpuConfig | None:
-    """The cell's ``GpuConfig`` from a row's ``gpu_*`` columns and ``gpu`` name (None where incomplete)."""
-    values = {k[4:]: v for k, v in row.items() if k.startswith("gpu_")}
-    return config_of(GpuConfig, values, str(row.get("gpu") or "unnamed"))

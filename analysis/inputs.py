@@ -21,9 +21,10 @@ import pandas as pd
 
 from analysis.catalog import method_column, method_defaults, method_kinds
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
+from orchestrator.domains import problems as domain_problems
 from orchestrator.engines.memory import activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
-from orchestrator.models import FAMILIES, family_module
+from orchestrator.models import config_errors, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
 
 DEFAULT_FAMILY = ModelConfig.family
@@ -237,12 +238,10 @@ def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | No
 
 
 def _buildable(model: ModelConfig | None) -> ModelConfig | None:
-    if model is None or model.family not in FAMILIES:
+    """The model where it is inside its fields' domains and its family can build it (the checks planning runs)."""
+    if model is None or any(domain_problems(model)) or config_errors(model):
         return None
-    shape = (model.num_layers, model.hidden_size, model.num_heads, model.vocab_size, model.seq_length)
-    if min(shape) < 1:
-        return None
-    return None if FAMILIES[model.family].architecture_errors(model) else model
+    return model
 
 
 def _missing(value: Any) -> bool:

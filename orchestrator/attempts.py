@@ -78,8 +78,7 @@ def next_attempt(paths: SweepPaths, cell_id: str) -> int:
         lines = [line for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
     except FileNotFoundError:
         return 1
-    readable = [a.attempt for a in read_attempts(paths, cell_id)]
-    return max(len(lines), *readable) + 1 if readable else len(lines) + 1
+    return max([len(lines), *(a.attempt for a in read_attempts(paths, cell_id))]) + 1
 
 
 def append_attempt(paths: SweepPaths, attempt: Attempt) -> None:

@@ -11,6 +11,7 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, fields
 from typing import Any
 
@@ -18,7 +19,7 @@ from orchestrator.domains import problems as domain_problems
 from orchestrator.engines.registry import check_engine_options, identity_keys, identity_keys_if_set, method_label
 from orchestrator.models import config_errors
 from orchestrator.refusal import Refusal
-from orchestrator.schema import Config, MethodConfig, ModelConfig
+from orchestrator.schema import Config, MethodConfig, ModelConfig, to_config
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -186,6 +187,17 @@ def check_values(cell: Config) -> list[Refusal]:
         errors.extend(Refusal(key, problem) for key, problem in config_errors(cell.model).items())
     errors.extend(check_scheduler_strings(cell))
     return errors
+
+
+def typed_cell(container: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
+    """A cell read back from disk (cell.yaml, written by the sweep) as the schema's dataclasses, and every value
+    outside its domain: the checks planning ran, run again, since the file may have been edited or written by an
+    older gpudays. None where it is not a cell at all (the reason is the one problem)."""
+    try:
+        typed = to_config(container)
+    except ValueError as e:
+        return None, [str(e)]
+    return typed, [str(r) for r in check_values(typed)]
 
 
 def check_runnable(cell: Config) -> list[Refusal]:

@@ -35,7 +35,7 @@ import socket
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, cast
@@ -47,7 +47,6 @@ from orchestrator.cells import TIME_LIMIT_WARNING_S
 from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.paths import SweepPaths, write_json_atomic
 from orchestrator.record import Record, read_cell_config, write_record
-from orchestrator.schema import Config, to_config
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
 """Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
@@ -149,7 +148,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
     cell = read_cell_config(paths.cell_config(cell_id))
-    typed, refusals = typed_cell(cell)
+    typed, refusals = cells.typed_cell(cell)
     env = submitit.JobEnvironment()
     rank, world_size, local_rank = env.global_rank, env.num_tasks, env.local_rank
     local_world_size = max(1, world_size // max(1, env.num_nodes))
@@ -236,16 +235,6 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     return result.status.value
 
 
-def typed_cell(cell: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
-    """The job's cell as the schema's dataclasses, and every value outside its domain (the checks planning ran,
-    run again: a cell.yaml may have been edited, or written by an older gpudays); None where it is not a cell."""
-    try:
-        typed = to_config(cell)
-    except ValueError as e:
-        return None, [str(e)]
-    return typed, [str(r) for r in cells.check_values(typed)]
-
-
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
     """Seconds until SLURM ends this job (its EndTime, which a requeue resets); ``fallback_end`` if unknown."""
     end = slurm.end_time(job_id) if job_id else None
@@ -295,7 +284,7 @@ class CellJob(submitit.helpers.Checkpointable):
         submitit_handler = signal.getsignal(warning)
         if not callable(submitit_handler) or env.global_rank != 0:
             return  # only rank 0 requeues (submitit's rule too); other ranks are ended by SLURM
-        typed, _ = typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
+        typed, _ = cells.typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
         if typed is None:
             return  # not a cell: run_cell records it as invalid at once, with no time limit to guard
         limit_s = 60.0 * float(typed.cluster.time_limit_min)

@@ -24,7 +24,7 @@ from typing import Any
 from orchestrator import cells, console, launch, local, status
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
-from orchestrator.schema import Config, to_config
+from orchestrator.schema import Config
 from orchestrator.states import UNFIXABLE, parse_state, rerun_selectable
 
 
@@ -287,12 +287,13 @@ def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor
     domain is refused here, naming the cell and key, before anything is submitted."""
     where = paths.cell_config(s.cell_id)
     try:
-        cfg = to_config(read_cell_config(where))
-    except (BadCellConfig, ValueError) as e:
-        raise LifecycleError(f"cell {s.cell_id}: {where} is not a cell config: {e}") from e
-    refusals = cells.check_values(cfg)
+        cfg, refusals = cells.typed_cell(read_cell_config(where))
+    except BadCellConfig as e:
+        raise LifecycleError(f"cell {s.cell_id}: {e}") from e
+    if cfg is None:
+        raise LifecycleError(f"cell {s.cell_id}: {where} is not a cell config: {'; '.join(refusals)}")
     if refusals:
-        raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(map(str, refusals)))
+        raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(refusals))
     if s.state == "timeout" and (time_limit or time_factor):
         old = cfg.cluster.time_limit_min
         new = max(time_limit or int(round(old * (time_factor or 1))), 1)
