@@ -20,6 +20,7 @@ from orchestrator.engines.registry import check_engine_options, identity_keys, i
 from orchestrator.models import config_errors
 from orchestrator.refusal import Refusal
 from orchestrator.schema import Config, MethodConfig, ModelConfig, to_config
+from orchestrator.values import Row
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
 # measures) do not; two runs of the same cell on different partitions are the same cell measured twice.
@@ -71,10 +72,10 @@ _MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
 _METHOD_DEFAULTS = {f.name: f.default for f in fields(MethodConfig)}
 
 
-def identity(cell: Config) -> dict[str, Any]:
+def identity(cell: Config) -> Row:
     """The settings that define what a cell measures, in a canonical flat form."""
     model, method = asdict(cell.model), asdict(cell.method)
-    ident: dict[str, Any] = {f"model.{k}": model.get(k) for k in IDENTITY_MODEL_KEYS}
+    ident: Row = {f"model.{k}": model.get(k) for k in IDENTITY_MODEL_KEYS}
     ident.update({f"model.{k}": model[k] for k in IDENTITY_MODEL_KEYS_IF_SET if model[k] != _MODEL_DEFAULTS[k]})
     ident["gpu"] = cell.gpu.name
     ident["num_gpus"] = cell.num_gpus
@@ -90,9 +91,9 @@ def cell_id(cell: Config) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:12]
 
 
-def settings(cell: Config) -> dict[str, Any]:
+def settings(cell: Config) -> Row:
     """The flat, human-facing settings of a cell, as they appear in records and tables."""
-    out: dict[str, Any] = {
+    out: Row = {
         "model": cell.model.name,
         "gpu": cell.gpu.name,
         "num_gpus": cell.num_gpus,

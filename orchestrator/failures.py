@@ -278,7 +278,7 @@ class ProbeOutcome:
     reason: str | None = None
     traceback: str | None = None
     metrics: Metrics = field(default_factory=Metrics)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, object] = field(default_factory=dict)
     """Library versions, the device and the engine's settings, as torch and the engine describe them."""
 
     def to_json(self) -> dict[str, object]:

@@ -255,7 +255,7 @@ class CellJob(submitit.helpers.Checkpointable):
         self.requeues: dict[str, int] = {"timeout": 0, "preemption": 0}
         self._requeue_reason: str | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         state = dict(self.__dict__)
         state["_requeue_reason"] = None
         return state

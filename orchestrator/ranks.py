@@ -54,7 +54,7 @@ class RankGroup:
         self.num_gpus = self.config.num_gpus
         self.use_cuda = self.config.gpu.accelerator == "cuda"
         self.started = time.perf_counter()
-        self.environment: dict[str, Any] = {}
+        self.environment: dict[str, object] = {}
         """Library versions, the device and the engine's settings, in torch's and the engine's own words."""
         self.phases = PhaseTimes()
         self.engine: Engine = None  # type: ignore[assignment]  # set by setup
@@ -203,12 +203,12 @@ class RankGroup:
                 dist.destroy_process_group()
 
 
-def environment(device: Any) -> dict[str, Any]:
+def environment(device: Any) -> dict[str, object]:
     """Library versions and the device, for the record (the engine adds its own)."""
     import torch
     import transformers
 
-    info: dict[str, Any] = {
+    info: dict[str, object] = {
         "torch": torch.__version__,
         "transformers": transformers.__version__,
         "python": platform.python_version(),

@@ -29,6 +29,7 @@ import yaml
 from orchestrator.paths import read_regular_file, write_json_atomic
 from orchestrator.schema import Config, to_config
 from orchestrator.states import RecordStatus, State, state_of_record
+from orchestrator.values import Container, Row
 
 RECORD_SCHEMA_VERSION = 1
 """The version this code writes and the newest it reads; bump it when a field changes meaning."""
@@ -250,11 +251,11 @@ class Record:
     sweep: str | None = None
     reason: str | None = None
     traceback: str | None = None
-    settings: dict[str, Any] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)
+    settings: Row = field(default_factory=dict)
+    config: Container = field(default_factory=dict)
     """The resolved cell config the attempt ran with (as ``cell.yaml``)."""
     metrics: Metrics = field(default_factory=Metrics)
-    environment: dict[str, Any] = field(default_factory=dict)
+    environment: dict[str, object] = field(default_factory=dict)
     started_at: str | None = None
     finished_at: str | None = None
     schema_version: int = RECORD_SCHEMA_VERSION
@@ -422,7 +423,7 @@ class BadCellConfig(ValueError):
     """A ``cell.yaml`` that is missing or cannot be read as a mapping; the message names the file and why."""
 
 
-def read_cell_config(path: Path) -> dict[str, Any]:
+def read_cell_config(path: Path) -> Container:
     """The resolved config of a cell (its ``cell.yaml``, written by the sweep before submission).
 
     Raises BadCellConfig naming the file when it is missing, not UTF-8, not YAML, or not a mapping.

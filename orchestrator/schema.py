@@ -16,6 +16,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from orchestrator.domains import domain
+from orchestrator.values import Container
 
 # The named values of the fields below; each field's domain (``orchestrator.domains``) is declared beside it.
 ACCELERATORS = ("cuda", "cpu")
@@ -285,7 +286,7 @@ def to_config(composed: Any) -> Config:
     return cfg
 
 
-def to_container(cfg: Config) -> dict[str, Any]:
+def to_container(cfg: Config) -> Container:
     """The typed cell as plain data, as ``cell.yaml`` and a record's ``config`` hold it (the inverse of
     :func:`to_config`: the same keys in the same order as Hydra composes them)."""
     return asdict(cfg)

@@ -38,6 +38,7 @@ from orchestrator.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint,
 from orchestrator.engines.registry import engine_spec
 from orchestrator.refusal import Refusal
 from orchestrator.schema import Config, to_config
+from orchestrator.values import ConfigValue, Container, Row
 
 CONF_DIR = Path(__file__).resolve().parent.parent / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
@@ -56,13 +57,13 @@ class Cell:
     """One point of the grid, composed and judged."""
 
     overrides: list[str]
-    config: dict[str, Any]
+    config: Container
     """The resolved config as plain data, as written to the cell's cell.yaml."""
     typed: Config
     """The same config as the schema's dataclasses: what the code past planning reads."""
     cell_id: str
     refusals: list[Refusal] = field(default_factory=list)
-    prediction: dict[str, Any] = field(default_factory=dict)
+    prediction: Row = field(default_factory=dict)
     """Predicted fit, micro-batch, peak memory per GPU (GiB), step time (s), days, GPU-hours (analysis.predict)."""
 
     @property
@@ -80,7 +81,6 @@ class Plan:
     cells: list[Cell]
     skipped: list[Cell]
     duplicates: int = 0
-    hydra_config: dict[str, Any] = field(default_factory=dict)
 
 
 def _first_choice(override: Override) -> str:
@@ -97,11 +97,11 @@ class _Base:
 
     cfg: DictConfig
     choices: dict[str, str]
-    container: dict[str, Any]
+    container: Container
     has_interpolation: bool
 
 
-def _copy_tree(node: Any) -> Any:
+def _copy_tree(node: ConfigValue) -> ConfigValue:
     """A deep copy of plain dicts and lists (several times faster than copy.deepcopy on a config tree)."""
     if isinstance(node, dict):
         return {k: _copy_tree(v) for k, v in node.items()}
@@ -110,10 +110,12 @@ def _copy_tree(node: Any) -> Any:
     return node
 
 
-def _set_path(tree: dict[str, Any], dotted: str, value: Any) -> None:
+def _set_path(tree: Container, dotted: str, value: ConfigValue) -> None:
     *parents, leaf = dotted.split(".")
     for key in parents:
-        tree = tree[key]
+        child = tree[key]
+        assert isinstance(child, dict), f"{key} of {dotted} is a group of the composed config"
+        tree = child
     tree[leaf] = _copy_tree(value)
 
 
@@ -183,7 +185,7 @@ class Composer:
                 with open_dict(cfg):
                     del cfg["hydra"]
                 raw = OmegaConf.to_container(cfg, resolve=False)
-                container = cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+                container = cast(Container, OmegaConf.to_container(cfg, resolve=True))
                 shared = _Base(cfg, choices, container, "${" in repr(raw))
                 if self.fingerprint is not None and not shared.has_interpolation:
                     # Nothing in it is resolved at use, so other plans may share it.
@@ -233,7 +235,7 @@ class Composer:
             where += f" or conf/experiment/{choices['experiment']}.yaml"
         return f"from {where}"
 
-    def compose_cell(self, overrides: Sequence[str]) -> dict[str, Any]:
+    def compose_cell(self, overrides: Sequence[str]) -> Container:
         """The cell's resolved config as a plain dict, exactly as Hydra would compose it."""
         parsed = [self._parse_one(text) for text in overrides]
         structural = tuple(o.input_line or "" for o in parsed if not self._is_plain_value(o))
@@ -250,11 +252,12 @@ class Composer:
                     OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
                 except OmegaConfBaseException as e:
                     raise SweepError(_explain_key(cfg, o.key_or_group, e, base.choices, overrides)) from e
-            return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+            return cast(Container, OmegaConf.to_container(cfg, resolve=True))
         cell = _copy_tree(base.container)
+        assert isinstance(cell, dict)
         for o in plain:
             _set_path(cell, o.key_or_group, self._checked_value(structural, base, o, overrides))
-        return cast(dict[str, Any], cell)
+        return cell
 
 
 def _explain(e: Exception, overrides: Sequence[str]) -> str:
@@ -299,7 +302,6 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
         hydra_node = composer.hydra_node(overrides)
         sweeper_params = dict(hydra_node.sweeper.params or {})
         root = Path(sweep_dir) if sweep_dir is not None else Path(str(hydra_node.sweep.dir))
-        hydra_cfg = OmegaConf.to_container(hydra_node.sweeper, resolve=False)
         cell_overrides = expand(composer, overrides, sweeper_params)
 
         errors: list[str] = []
@@ -334,7 +336,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
     runnable = [c for c in by_id.values() if not c.refusals]
     skipped = [c for c in by_id.values() if c.refusals]
     name = runnable[0].typed.name if runnable else (skipped[0].typed.name if skipped else "gpudays")
-    return Plan(root, name, list(overrides), runnable, skipped, duplicates, {"sweeper": hydra_cfg})
+    return Plan(root, name, list(overrides), runnable, skipped, duplicates)
 
 
 def refuse_unfit(p: Plan, margin: float) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import importlib
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -72,7 +72,7 @@ class Engine(Protocol):
     def skipped_steps(self) -> int:
         """Optimizer steps skipped so far (fp16 loss-scale overflows)."""
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         """The engine's part of the record's environment: library versions, its config, whether compiled."""
 
 

@@ -22,6 +22,9 @@ from orchestrator.refusal import Refusal
 from orchestrator.schema import MethodConfig
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from orchestrator.engines.spec import Terms
     from orchestrator.schema import Config
 
 DEFAULT_ENGINE: str = MethodConfig.engine
@@ -146,7 +149,7 @@ def method_label(settings: Mapping[str, Any]) -> str:
     return spec.label(settings) if spec is not None else f"{engine} {default.label(settings)}"
 
 
-def by_engine(engines: Any, terms: Callable[[EngineSpec], Mapping[str, Any]]) -> dict[str, Any]:
+def by_engine(engines: np.ndarray, terms: Callable[[EngineSpec], Terms]) -> Terms:
     """Per-cell arrays from each cell's engine: ``terms(spec)`` evaluates one engine's terms for every cell (the
     predictor's arrays, element-wise), and each cell keeps those of the engine ``engines`` names for it; a cell
     naming no registered engine keeps the default engine's. Only engines some cell names are evaluated."""
@@ -164,9 +167,9 @@ def by_engine(engines: Any, terms: Callable[[EngineSpec], Mapping[str, Any]]) ->
     return out
 
 
-_METHOD_DEFAULTS = {f.name: f.default for f in fields(MethodConfig)}
+_METHOD_DEFAULTS: dict[str, object] = {f.name: f.default for f in fields(MethodConfig)}
 
 
-def _defaults(method: MethodConfig) -> dict[str, Any]:
+def _defaults(method: MethodConfig) -> dict[str, object]:
     # A subclass of MethodConfig (an engine defined outside the schema, as in a test) adds its own fields.
     return _METHOD_DEFAULTS if type(method) is MethodConfig else {f.name: f.default for f in fields(method)}

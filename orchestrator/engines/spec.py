@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -26,6 +26,11 @@ buffers, and of what offload keeps on the host instead (not part of the peak).""
 STEP_TIME_TERMS = ("communication_s", "offload_s")
 """The keys of an engine's step-time terms: nominal seconds of one optimizer step's communication and of its
 offload (the copies to and from the host and the optimizer step on the CPU)."""
+
+
+Terms: TypeAlias = "dict[str, np.ndarray]"
+"""An engine's memory or step-time terms: one array per key of :data:`MEMORY_HOLDERS` or :data:`STEP_TIME_TERMS`,
+one element per cell."""
 
 
 class CellArrays(Protocol):
@@ -79,10 +84,10 @@ class EngineSpec:
     label: Callable[[Mapping[str, Any]], str]
     """How a cell shards under this engine, in a few words, from its method settings (a ``MethodConfig``'s fields
     or a row of the cells table): ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``."""
-    memory_terms: Callable[[Any], dict[str, Any]]
+    memory_terms: Callable[[CellArrays], Terms]
     """``memory_terms(x)``: bytes per GPU by :data:`MEMORY_HOLDERS` for every cell of the predictor's arrays ``x``
     (a :class:`CellArrays`: this engine's settings are in its ``method``), element-wise."""
-    step_time_terms: Callable[[Any, Any, Links], dict[str, Any]]
+    step_time_terms: Callable[[CellArrays, np.ndarray, Links], Terms]
     """``step_time_terms(x, accum, links)``: :data:`STEP_TIME_TERMS` of one optimizer step of ``accum``
     micro-steps for every cell of ``x``, element-wise."""
     not_fit_advice: str

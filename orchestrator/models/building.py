@@ -36,7 +36,7 @@ class Builder:
 
     config_class: str
     causal_lm_class: str
-    config_kwargs: Callable[[ModelConfig], dict[str, Any]]
+    config_kwargs: Callable[[ModelConfig], dict[str, object]]
     refusals: Callable[[ModelConfig], dict[str, str]]
 
     def architecture_errors(self, model: ModelConfig) -> dict[str, str]:

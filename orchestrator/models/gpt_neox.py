@@ -10,7 +10,7 @@ optimizer step.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.models.building import Builder
 
@@ -125,7 +125,7 @@ def largest_weight_elements(model: ModelConfig) -> int:
     return max(model.vocab_size * h, h * intermediate_size(model), 3 * h * h)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+def config_kwargs(model: ModelConfig) -> dict[str, object]:
     """GPTNeoXConfig's arguments for the cell's model: untied embeddings, parallel residual, partial rotary."""
     return {
         "vocab_size": model.vocab_size,

@@ -11,7 +11,7 @@ s sequence length. The attention projections are h×ad (queries), 2 × h×kd (ke
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orchestrator.models.gpt_neox as gpt_neox
 from orchestrator.models.building import Builder, where
@@ -178,7 +178,7 @@ def refusals(model: ModelConfig) -> dict[str, str]:
     return problems
 
 
-def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, Any]:
+def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, object]:
     """The keyword arguments every transformers Llama-like config takes (shared with qwen3 and olmo2).
 
     ``norm_eps`` is the family's RMSNorm epsilon, used where the model file gives none.
@@ -208,7 +208,7 @@ def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, Any]:
     }
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+def config_kwargs(model: ModelConfig) -> dict[str, object]:
     """LlamaConfig's arguments for the cell's model: the common ones and an MLP without biases."""
     return common_config_kwargs(model, NORM_EPS) | {"mlp_bias": False}
 

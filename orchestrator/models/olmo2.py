@@ -8,7 +8,7 @@ heads (width a·d) and one over all key heads (k·d) before the rotary embedding
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orchestrator.models.llama as llama
 from orchestrator.models.building import Builder
@@ -57,7 +57,7 @@ largest_weight_elements = llama.largest_weight_elements
 logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+def config_kwargs(model: ModelConfig) -> dict[str, object]:
     """Olmo2Config's arguments: ``llama``'s with OLMo 2's norm epsilon. Olmo2Config has no head_dim argument of its
     own; its attention reads the attribute when it is there."""
     return llama.common_config_kwargs(model, NORM_EPS)

@@ -7,7 +7,7 @@ else (grouped-query attention, SwiGLU, pre-norm RMSNorm, tied embeddings in the 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import orchestrator.models.llama as llama
 from orchestrator.models.building import Builder
@@ -46,7 +46,7 @@ largest_weight_elements = llama.largest_weight_elements
 logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, Any]:
+def config_kwargs(model: ModelConfig) -> dict[str, object]:
     """Qwen3Config's arguments: ``llama``'s with Qwen3's norm epsilon and no sliding window (as in every published
     Qwen3 model)."""
     return llama.common_config_kwargs(model, NORM_EPS) | {"use_sliding_window": False}

@@ -5,7 +5,7 @@ Pure: nothing here imports DeepSpeed or touches a device, so the unit tests chec
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, NotRequired, TypedDict
 
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
 from orchestrator.schema import PRECISIONS, ZERO_STAGES
@@ -13,6 +13,56 @@ from orchestrator.schema import PRECISIONS, ZERO_STAGES
 if TYPE_CHECKING:
     from orchestrator.batch import BatchPlan
     from orchestrator.schema import MethodConfig
+
+
+class Offload(TypedDict):
+    device: str
+    pin_memory: bool
+
+
+class Zero(TypedDict):
+    stage: int
+    offload_optimizer: NotRequired[Offload]
+    offload_param: NotRequired[Offload]
+
+
+class AdamParams(TypedDict):
+    lr: float
+    betas: list[float]
+    eps: float
+    weight_decay: float
+    torch_adam: NotRequired[bool]
+
+
+class Optimizer(TypedDict):
+    type: str
+    params: AdamParams
+
+
+class Enabled(TypedDict):
+    enabled: bool
+
+
+class LossScaling(TypedDict):
+    enabled: bool
+    loss_scale: int
+    initial_scale_power: int
+    loss_scale_window: int
+
+
+class DeepSpeedConfig(TypedDict):
+    """The part of DeepSpeed's JSON config a cell sets (https://www.deepspeed.ai/docs/config-json/)."""
+
+    train_batch_size: int
+    train_micro_batch_size_per_gpu: int
+    gradient_accumulation_steps: int
+    gradient_clipping: float
+    optimizer: Optimizer
+    zero_optimization: Zero
+    steps_per_print: int
+    wall_clock_breakdown: bool
+    bf16: NotRequired[Enabled]
+    fp16: NotRequired[LossScaling]
 
 
 def uses_torch_adam(method: MethodConfig) -> bool:
@@ -37,20 +87,20 @@ def check_method(method: MethodConfig) -> None:
         raise ValueError("method.offload_params=true needs method.zero_stage=3")
 
 
-def build_ds_config(method: MethodConfig, plan: BatchPlan, lr: float, accelerator: str = "cuda") -> dict[str, Any]:
+def build_ds_config(method: MethodConfig, plan: BatchPlan, lr: float, accelerator: str = "cuda") -> DeepSpeedConfig:
     """The DeepSpeed config that trains with ``method``'s settings and ``plan``'s batch split.
 
     ``accelerator`` is the GPU config's (``cuda`` or ``cpu``; pinned host memory only makes sense next to a GPU).
     """
     check_method(method)
     pin_memory = accelerator == "cuda"
-    zero: dict[str, Any] = {"stage": int(method.zero_stage)}
+    zero: Zero = {"stage": int(method.zero_stage)}
     if method.offload_optimizer:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": pin_memory}
     if method.offload_params:
         zero["offload_param"] = {"device": "cpu", "pin_memory": pin_memory}
 
-    optimizer_params: dict[str, Any] = {
+    optimizer_params: AdamParams = {
         "lr": lr,
         "betas": list(ADAM_BETAS),
         "eps": ADAM_EPS,
@@ -59,7 +109,7 @@ def build_ds_config(method: MethodConfig, plan: BatchPlan, lr: float, accelerato
     if uses_torch_adam(method):
         optimizer_params["torch_adam"] = True
 
-    config: dict[str, Any] = {
+    config: DeepSpeedConfig = {
         "train_batch_size": plan.global_batch_size,
         "train_micro_batch_size_per_gpu": plan.micro_batch_size,
         "gradient_accumulation_steps": plan.grad_accum_steps,

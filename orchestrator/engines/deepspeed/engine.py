@@ -15,7 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import UnsupportedError, free_device_memory
-from orchestrator.engines.deepspeed.config import build_ds_config
+from orchestrator.engines.deepspeed.config import DeepSpeedConfig, build_ds_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 
@@ -55,7 +55,7 @@ class DeepSpeedEngine:
         self.device = device
         self.rank = rank
         self.engine: Any = None
-        self.ds_config: dict[str, Any] = {}
+        self.ds_config: DeepSpeedConfig | None = None
         self._num_parameters = 0
 
     def init_distributed(self, timeout: timedelta) -> None:
@@ -117,13 +117,10 @@ class DeepSpeedEngine:
         # Micro-batch first (DeepSpeed keeps the accumulation), then the global batch (it recomputes accumulation).
         self.engine.set_train_micro_batch_size(plan.micro_batch_size)
         self.engine.set_train_batch_size(plan.global_batch_size)
-        self.ds_config.update(
-            {
-                "train_batch_size": plan.global_batch_size,
-                "train_micro_batch_size_per_gpu": plan.micro_batch_size,
-                "gradient_accumulation_steps": plan.grad_accum_steps,
-            }
-        )
+        if self.ds_config is not None:
+            self.ds_config["train_batch_size"] = plan.global_batch_size
+            self.ds_config["train_micro_batch_size_per_gpu"] = plan.micro_batch_size
+            self.ds_config["gradient_accumulation_steps"] = plan.grad_accum_steps
 
     def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
         engine = self.engine
@@ -149,13 +146,13 @@ class DeepSpeedEngine:
     def skipped_steps(self) -> int:
         return int(getattr(self.engine, "skipped_steps", 0))
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         import deepspeed
 
         return {
             "engine": "deepspeed",
             "deepspeed": deepspeed.__version__,
-            "ds_config": dict(self.ds_config),
+            "ds_config": dict(self.ds_config or {}),
             "compiled": bool(getattr(self.engine, "is_compiled", False)),
         }
 

@@ -30,7 +30,7 @@ from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays
+    from orchestrator.engines.spec import CellArrays, Terms
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
@@ -80,7 +80,7 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
     return _out(np.where(stage >= 3, stage3, np.where(stage >= 1, buckets, stage0)))
 
 
-def memory_terms_of(x: CellArrays) -> dict[str, Any]:
+def memory_terms_of(x: CellArrays) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
     instead), for every cell of ``x`` as the predictor adds them up (analysis/inputs.py), by its ZeRO fields."""
     m = x.method

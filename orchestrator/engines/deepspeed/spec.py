@@ -11,7 +11,9 @@ from orchestrator.engines.spec import EngineSpec
 from orchestrator.refusal import Refusal
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import Links
+    import numpy as np
+
+    from orchestrator.engines.spec import CellArrays, Links, Terms
     from orchestrator.schema import Config
 
 FIELDS = ("zero_stage", "offload_optimizer", "offload_params")
@@ -55,13 +57,13 @@ def label(settings: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def memory_terms(x: Any) -> dict[str, Any]:
+def memory_terms(x: CellArrays) -> Terms:
     from orchestrator.engines.deepspeed.memory import memory_terms_of
 
     return memory_terms_of(x)
 
 
-def step_time_terms(x: Any, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.deepspeed.step_time import step_time_terms as terms
 
     return terms(x, accum, links)

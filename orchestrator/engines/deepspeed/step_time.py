@@ -12,17 +12,17 @@ forward and for the backward.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from orchestrator.engines.memory import precision_bytes
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays, Links
+    from orchestrator.engines.spec import CellArrays, Links, Terms
 
 
-def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     """Nominal seconds of communication (``communication_s``) and offload (``offload_s``) of one step of
     ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s), by its ZeRO fields."""
     n, nodes, psi = x.num_gpus, x.num_nodes, x.params

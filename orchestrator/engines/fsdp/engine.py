@@ -92,13 +92,18 @@ class FsdpEngine:
         )
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if opts.offload else OffloadPolicy()
         mesh = self._mesh()
-        kwargs: dict[str, Any] = {"mesh": mesh, "mp_policy": mp_policy, "offload_policy": offload}
         for layer in transformer_layers(module):
             if method.compile:
                 layer.compile()  # per layer, before wrapping: FSDP's hooks stay outside the compiled graphs
-            fully_shard(layer, reshard_after_forward=opts.reshard_after_forward, **kwargs)
+            fully_shard(
+                layer,
+                mesh=mesh,
+                reshard_after_forward=opts.reshard_after_forward,
+                mp_policy=mp_policy,
+                offload_policy=offload,
+            )
         # The root (embeddings, final norm, output layer) is needed again right at the start of the backward.
-        fully_shard(module, reshard_after_forward=False, **kwargs)
+        fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, offload_policy=offload)
         self.module = module
         self.optimizer = torch.optim.AdamW(
             module.parameters(),
@@ -141,7 +146,7 @@ class FsdpEngine:
     def skipped_steps(self) -> int:
         return 0  # no loss scaling (fp16 is refused with FSDP), so no step is skipped
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         import torch
 
         return {

@@ -30,7 +30,7 @@ from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays
+    from orchestrator.engines.spec import CellArrays, Terms
     from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
@@ -95,7 +95,7 @@ def memory_terms(
     precision: Any,
     reduce_precision: Any,
     offload: Any,
-) -> dict[str, Any]:
+) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
     instead), as the predictor adds them up (analysis/inputs.py)."""
     params, grads, optimizer = model_state_bytes(
@@ -107,7 +107,7 @@ def memory_terms(
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
 
 
-def memory_terms_of(x: CellArrays) -> dict[str, Any]:
+def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``fsdp_*`` fields."""
     m = x.method
     return memory_terms(

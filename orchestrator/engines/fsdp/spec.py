@@ -12,7 +12,9 @@ from orchestrator.refusal import Refusal
 from orchestrator.schema import MethodConfig
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import Links
+    import numpy as np
+
+    from orchestrator.engines.spec import CellArrays, Links, Terms
     from orchestrator.schema import Config
 
 FIELDS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
@@ -68,13 +70,13 @@ def label(settings: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def memory_terms(x: Any) -> dict[str, Any]:
+def memory_terms(x: CellArrays) -> Terms:
     from orchestrator.engines.fsdp.memory import memory_terms_of
 
     return memory_terms_of(x)
 
 
-def step_time_terms(x: Any, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.fsdp.step_time import step_time_terms as terms
 
     return terms(x, accum, links)

@@ -10,7 +10,7 @@ and steps AdamW on the CPU.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -18,10 +18,10 @@ from orchestrator.engines.fsdp.memory import reduce_bytes, shard_group_size
 from orchestrator.engines.memory import precision_bytes
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays, Links
+    from orchestrator.engines.spec import CellArrays, Links, Terms
 
 
-def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     """Nominal seconds of communication (``communication_s``) and offload (``offload_s``) of one step of
     ``accum`` micro-steps, for every cell of ``x`` (bandwidths in bytes/s), by its ``fsdp_*`` fields."""
     n, nodes, psi = x.num_gpus, x.num_nodes, x.params
