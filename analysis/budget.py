@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from analysis.estimates import purchase_cost_usd
 from analysis.parallelism import LayoutEstimate, Network, best_layout, min_gpus_to_fit
@@ -28,6 +27,7 @@ from analysis.shortest import MAX_GPUS, chinchilla_loss, critical_batch_sequence
 from analysis.step_time import DEFAULT_EFFICIENCY
 from orchestrator.models import flops_per_token, num_parameters
 from orchestrator.schema import GpuConfig, ModelConfig
+from orchestrator.values import Row
 
 TOKENS_PER_PARAMETER = 20.0
 """Hoffmann et al. 2022: compute-optimal training sees about 20 tokens per parameter."""
@@ -202,7 +202,7 @@ def _gpu_count(gpu_hours: float, max_days: float, smallest: int) -> int:
     return max(smallest, 1 << max(0, math.ceil(math.log2(max(wanted, 1.0)))))
 
 
-def _layout_columns(est: LayoutEstimate | None) -> dict[str, Any]:
+def _layout_columns(est: LayoutEstimate | None) -> Row:
     if est is None:
         return {"layout": None, "memory_gib": None, "bubble_fraction": None, "mfu": None}
     return {
@@ -219,10 +219,10 @@ def tokens_for_budget(
     measured: Measured | None = None,
     max_days: float = DEFAULT_MAX_DAYS,
     efficiency: float = DEFAULT_EFFICIENCY,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """Part (a): how many tokens the budget trains ``model`` on ``gpu``, predicted and (where known) measured."""
     n_params = num_parameters(model)
-    base: dict[str, Any] = {"model": model.name, "num_parameters": n_params, "gpu": gpu.name}
+    base: Row = {"model": model.name, "num_parameters": n_params, "gpu": gpu.name}
     grant = allowance(budget, gpu, network.gpus_per_node)
     if grant.gpu_hours is None:
         return [{**base, "source": "predicted", "reason": grant.reason}]
@@ -266,9 +266,9 @@ def tokens_for_budget(
     return rows
 
 
-def _costs(gpu: GpuConfig, gpu_hours: float, budget: Budget) -> dict[str, Any]:
+def _costs(gpu: GpuConfig, gpu_hours: float, budget: Budget) -> Row:
     rate = gpu.cloud_usd_per_gpu_hour
-    out: dict[str, Any] = {"cloud_cost_usd": gpu_hours * rate if rate else None}
+    out: Row = {"cloud_cost_usd": gpu_hours * rate if rate else None}
     if budget.kind == "purchase_usd":
         out["purchase_usd"] = budget.usd
     return out
@@ -284,14 +284,14 @@ def optimal_for_budget(
     max_gpus: int = MAX_GPUS,
     overrun_pct: float = DEFAULT_OVERRUN_PCT,
     max_days: float = DEFAULT_MAX_DAYS,
-) -> list[dict[str, Any]]:
+) -> list[Row]:
     """Part (b): the compute-optimal model for the budget on ``gpu``, and its cheapest and fastest configurations.
 
     C is sized with the best model-FLOPs utilisation found (a first pass at ``efficiency``), so the cheapest
     configuration that ends within ``max_days`` spends about the whole budget; the fastest is the quickest that spends at most ``overrun_pct``
     percent more (``budget_used_pct`` says how much each uses).
     """
-    base: dict[str, Any] = {"gpu": gpu.name, "source": "predicted"}
+    base: Row = {"gpu": gpu.name, "source": "predicted"}
     grant = allowance(budget, gpu, network.gpus_per_node)
     peak = gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16
     if grant.gpu_hours is None or not peak:

@@ -9,10 +9,10 @@ for an engine is a column without a change here.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import yaml
 
@@ -20,6 +20,7 @@ from analysis.columns import as_int, coerce, columns_of, field_kinds
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 from orchestrator.engines.registry import DEFAULT_ENGINE, engine_specs, method_type
 from orchestrator.schema import GpuConfig, ModelConfig
+from orchestrator.values import Container, Row
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
     _YamlLoader: Any = yaml.CSafeLoader
@@ -41,10 +42,10 @@ GPU_PRICE_KEYS = ("board_power_w", "purchase_price_usd", "cloud_usd_per_gpu_hour
 class Catalog:
     """The model and GPU configs of ``conf/``, by name, to fill in what an old or truncated record lacks."""
 
-    models: dict[str, dict[str, Any]] = field(default_factory=dict)
-    gpus: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models: dict[str, Container] = field(default_factory=dict)
+    gpus: dict[str, Container] = field(default_factory=dict)
 
-    _cache: dict[tuple[Any, ...], tuple[dict[str, Any], str | None]] = field(default_factory=dict, repr=False)
+    _cache: dict[tuple[object, ...], tuple[Row, str | None]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, conf_dir: Path | None = None) -> Catalog:
@@ -52,25 +53,25 @@ class Catalog:
         root = Path(conf_dir) if conf_dir is not None else CONF_DIR
         return cls(models=_read_group(root / "model"), gpus=_read_group(root / "gpu"))
 
-    def _cached(self, key: tuple[Any, ...], build: Any) -> tuple[dict[str, Any], str | None]:
+    def _cached(self, key: tuple[object, ...], build: Callable[[], tuple[Row, str | None]]) -> tuple[Row, str | None]:
         # Thousands of cells share a handful of model and GPU configs: flatten each distinct one once.
         try:
             hit = self._cache.get(key)
         except TypeError:  # an unhashable value somewhere in the config: no caching for it
-            return cast(tuple[dict[str, Any], str | None], build())
+            return build()
         if hit is None:
             hit = self._cache[key] = build()
         return hit
 
-    def method_columns(self, method: Mapping[str, Any], settings: Mapping[str, Any]) -> dict[str, Any]:
+    def method_columns(self, method: Mapping[str, Any], settings: Mapping[str, Any]) -> Row:
         """The settings columns of a cell, one per method field (:func:`method_kinds`), each converted by its kind:
         from its config's method, else from the record's settings. A record naming no engine is the default
         engine's; the fields of another engine that join an id only where set (``EngineSpec.identity_if_set``:
         FSDP's, under DeepSpeed) are empty in its row: not applicable."""
         kinds = method_kinds()
 
-        def build() -> tuple[dict[str, Any], str | None]:
-            columns: dict[str, Any] = {}
+        def build() -> tuple[Row, str | None]:
+            columns: Row = {}
             for key, kind in kinds.items():
                 value = method.get(key, settings.get(key))
                 if key == "micro_batch_size":  # a positive integer or auto
@@ -83,19 +84,19 @@ class Catalog:
                     columns.update(dict.fromkeys(spec.identity_if_set))
             return columns, None
 
-        key: tuple[Any, ...] = ("method", method_type(), *method.items())
+        key: tuple[object, ...] = ("method", method_type(), *method.items())
         if not all(k in method for k in kinds):  # settings fill the gaps, so they are part of the key
             key = (*key, "settings", *settings.items())
         return self._cached(key, build)[0]
 
-    def model_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    def model_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[Row, str | None]:
         """The ``model_*`` columns of a cell, and a problem to report, if any.
 
         A record's own copy of the config comes first: it is what was measured. What it lacks comes from
         today's ``conf/model``.
         """
 
-        def build() -> tuple[dict[str, Any], str | None]:
+        def build() -> tuple[Row, str | None]:
             known = self.models.get(name or "")
             merged = {**known, **{k: v for k, v in stored.items() if v is not None}} if known else dict(stored)
             problem = None
@@ -108,14 +109,14 @@ class Catalog:
 
         return self._cached(("model", name, *stored.items()), build)
 
-    def gpu_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[dict[str, Any], str | None]:
+    def gpu_columns(self, name: str | None, stored: Mapping[str, Any]) -> tuple[Row, str | None]:
         """The ``gpu_*`` columns of a cell, and a problem to report, if any.
 
         Hardware figures come from the record's own config first; prices and board power of a GPU that
         ``conf/gpu`` knows always come from there, so that an updated price reaches old sweeps.
         """
 
-        def build() -> tuple[dict[str, Any], str | None]:
+        def build() -> tuple[Row, str | None]:
             known = self.gpus.get(name or "")
             problem = None
             if known:
@@ -147,7 +148,7 @@ def method_kinds() -> Mapping[str, str]:
 _METHOD_KINDS: dict[type, Mapping[str, str]] = {}
 
 
-def method_defaults() -> dict[str, Any]:
+def method_defaults() -> Row:
     """Every method field's default (None where it has none), by field name."""
     return {f.name: None if f.default is MISSING else f.default for f in fields(method_type())}
 
@@ -157,8 +158,8 @@ def method_column(name: str) -> str:
     return RENAMED_METHOD_COLUMNS.get(name, name)
 
 
-def _read_group(folder: Path) -> dict[str, dict[str, Any]]:
-    out: dict[str, dict[str, Any]] = {}
+def _read_group(folder: Path) -> dict[str, Container]:
+    out: dict[str, Container] = {}
     if not folder.is_dir():
         return out
     for path in sorted(folder.glob("*.yaml")):

@@ -19,6 +19,7 @@ from dataclasses import MISSING, fields
 from typing import Any, TypeVar
 
 from orchestrator.schema import GpuConfig, ModelConfig
+from orchestrator.values import Row
 
 T = TypeVar("T", ModelConfig, GpuConfig)
 
@@ -99,7 +100,7 @@ def as_name(value: Any) -> str | None:
     return str(value)
 
 
-def columns_of(cls: type, prefix: str, values: Mapping[str, Any]) -> dict[str, Any]:
+def columns_of(cls: type, prefix: str, values: Mapping[str, Any]) -> Row:
     """One config section (a mapping of ``cls``'s fields) as ``<prefix>_<field>`` columns, each value coerced."""
     kinds = field_kinds(cls)
     return {f"{prefix}_{name}": coerce(kind, values.get(name)) for name, kind in kinds.items()}

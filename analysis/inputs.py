@@ -26,11 +26,12 @@ from orchestrator.engines.memory import activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
+from orchestrator.values import Row
 
 DEFAULT_FAMILY = ModelConfig.family
 
 
-def flat_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
+def flat_cell(cell: Mapping[str, Any]) -> Row:
     """A nested cell config (as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table."""
     if not isinstance(cell, Mapping) or hasattr(cell, "_get_node"):
         from omegaconf import OmegaConf  # only needed for configs straight from Hydra
@@ -44,7 +45,7 @@ def flat_cell(cell: Mapping[str, Any]) -> dict[str, Any]:
         return value if isinstance(value, Mapping) else {}
 
     model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
-    row: dict[str, Any] = columns_of(ModelConfig, "model", model)
+    row: Row = columns_of(ModelConfig, "model", model)
     row.update(columns_of(GpuConfig, "gpu", gpu))
     row.update({method_column(k): method.get(k) for k in method_defaults()})
     row.update(

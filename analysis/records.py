@@ -33,6 +33,7 @@ from analysis.columns import as_int, as_name, as_number
 from orchestrator import states as vocab
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
 from orchestrator.record import METRIC_KINDS, BadCellConfig, BadRecord, Metrics, Record, read_cell_config, read_record
+from orchestrator.values import Row
 
 __all__ = ["MEASURED_DOES_NOT_FIT", "MEASURED_FITS", "RESULT_STATUSES", "Catalog", "LoadedCells", "load_cells"]
 
@@ -281,7 +282,7 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
     return LoadedCells(frame=frame, problems=problems, skipped=refused.reset_index(drop=True))
 
 
-def rows_of(frame: pd.DataFrame, columns: Iterable[str]) -> list[dict[str, Any]]:
+def rows_of(frame: pd.DataFrame, columns: Iterable[str]) -> list[Row]:
     """The rows of ``frame`` as plain dicts of the given columns (those it has); missing values stay NaN or NA.
 
     Much faster than ``DataFrame.to_dict("records")`` on wide frames, which boxes every value of every column.

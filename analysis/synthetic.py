@@ -7,17 +7,19 @@ writer, with figures chosen by the caller. Nothing here runs a probe.
 from __future__ import annotations
 
 import json
-from dataclasses import fields
+from collections.abc import Mapping
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from analysis.records import Catalog
 from orchestrator.paths import SweepPaths
 from orchestrator.record import Metrics, Record, write_record
-from orchestrator.schema import MethodConfig
+from orchestrator.schema import MethodConfig, to_config
 from orchestrator.states import RecordStatus
+from orchestrator.values import Container
 
-METHOD = {f.name: f.default for f in fields(MethodConfig)}
+METHOD: Container = asdict(MethodConfig())
 """orchestrator.schema.MethodConfig's defaults (as conf/method/default.yaml), the base of every synthetic cell."""
 
 
@@ -29,7 +31,7 @@ def cell_config(
     catalog: Catalog | None = None,
     name: str = "synthetic",
     **method: Any,
-) -> dict[str, Any]:
+) -> Container:
     """A resolved cell config (as in ``cell.yaml``) from conf/'s model and GPU and the given method settings."""
     catalog = catalog if catalog is not None else Catalog.load()
     unknown = set(method) - set(METHOD)
@@ -48,7 +50,7 @@ def cell_config(
 
 
 def metrics(
-    config: dict[str, Any],
+    config: Container,
     step_time_s: float,
     micro_batch_size: int,
     peak_memory_gib: float | None = None,
@@ -56,9 +58,10 @@ def metrics(
     steps_timed: int = 12,
 ) -> Metrics:
     """The probe's metrics for a measured cell, derived from a step time as the probe derives them."""
-    model, num_gpus = config["model"], int(config["num_gpus"])
-    per_gpu_batch = model["global_batch_size"] // num_gpus
-    tokens_per_step = model["global_batch_size"] * model["seq_length"]
+    cell = to_config(config)
+    model, num_gpus = cell.model, cell.num_gpus
+    per_gpu_batch = model.global_batch_size // num_gpus
+    tokens_per_step = model.global_batch_size * model.seq_length
     return Metrics(
         step_time_s=step_time_s,
         step_time_mean_s=step_time_s,
@@ -75,7 +78,7 @@ def metrics(
         peak_memory_allocated_gib=peak_memory_gib,
         peak_memory_reserved_gib=None if peak_memory_gib is None else peak_memory_gib * 1.05,
         host_rss_gib=3.0,
-        num_parameters=model.get("num_parameters"),
+        num_parameters=model.num_parameters,
         probe_wall_s=60.0,
         startup_s=10.0,
         search_s=20.0,
@@ -86,7 +89,7 @@ def metrics(
 
 def record(
     cell_id: str,
-    config: dict[str, Any],
+    config: Container,
     status: str = "ok",
     metrics_: Metrics | None = None,
     reason: str | None = None,
@@ -95,7 +98,7 @@ def record(
     finished_at: str = "2026-11-22T00:10:14+00:00",
 ) -> Record:
     """A whole record as the job side writes it (``status``: a RecordStatus value)."""
-    method = config["method"]
+    cell = to_config(config)
     return Record(
         cell_id=cell_id,
         sweep=sweep,
@@ -103,23 +106,23 @@ def record(
         status=RecordStatus(status),
         reason=reason,
         settings={
-            "model": config["model"]["name"],
-            "gpu": config["gpu"]["name"],
-            "num_gpus": config["num_gpus"],
-            "num_nodes": config["num_nodes"],
-            **method,
+            "model": cell.model.name,
+            "gpu": cell.gpu.name,
+            "num_gpus": cell.num_gpus,
+            "num_nodes": cell.num_nodes,
+            **asdict(cell.method),
         },
         config=config,
         metrics=metrics_ or Metrics(),
         environment={
-            "hostnames": [f"node{i + 1}" for i in range(int(config["num_nodes"]))],
-            "device_name": config["gpu"]["name"],
+            "hostnames": [f"node{i + 1}" for i in range(cell.num_nodes)],
+            "device_name": cell.gpu.name,
             "torch": "2.13.0",
             "deepspeed": "0.19.8",
             "slurm_job_id": "1000",
             "slurm_array_job_id": None,
             "slurm_array_task_id": None,
-            "world_size": config["num_gpus"],
+            "world_size": cell.num_gpus,
         },
         started_at="2026-11-22T00:10:00+00:00",
         finished_at=finished_at,
@@ -127,7 +130,7 @@ def record(
 
 
 def write_cell(
-    sweep_dir: Path, cell_id: str, config: dict[str, Any], record_: Record | dict[str, Any] | str | None = None
+    sweep_dir: Path, cell_id: str, config: Container, record_: Record | Mapping[str, object] | str | None = None
 ) -> Path:
     """Write ``cells/<cell_id>/cell.yaml`` and, if given, its record: a Record (through the job side's writer),
     or, to test the reader, a dict or raw text written as they are."""

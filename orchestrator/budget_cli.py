@@ -11,16 +11,20 @@ import argparse
 import sys
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 # The analysis (numpy, pandas, rich) is imported when a command runs, not when the main CLI builds its parser:
 # every other gpudays command would pay for it.
 if TYPE_CHECKING:
     import pandas as pd
+    from _typeshed import DataclassInstance
     from rich.console import Console
 
     from analysis.budget import Measured
     from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+    from orchestrator.values import Container, Row
+
+T = TypeVar("T", bound="DataclassInstance")
 
 HELP_DEFAULTS = {"efficiency": 0.54, "max_days": 90.0, "overrun_pct": 25.0, "max_gpus": 1 << 20}
 """The defaults the help text quotes; the values used come from analysis (a test keeps the two equal)."""
@@ -35,7 +39,7 @@ SHORTEST_COLUMNS = ("model", "gpu", "parallelism", "point", "global_batch_size",
                     "days", "gpu_hours", "cloud_cost_usd")  # fmt: skip
 
 
-def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
+def _typed(cls: type[T], data: Container, where: str) -> T:
     names = {f.name for f in fields(cls)}
     unknown = sorted(k for k in data if k not in names)
     if unknown:
@@ -43,12 +47,12 @@ def _typed(cls: type, data: dict[str, Any], where: str) -> Any:
     return cls(**data)
 
 
-def _group(group: str) -> dict[str, dict[str, Any]]:
+def _group(group: str) -> dict[str, Container]:
     import yaml
 
     from analysis.catalog import CONF_DIR
 
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, Container] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):
         try:
             data = yaml.safe_load(path.read_text()) or {}
@@ -69,6 +73,10 @@ def _pick(group: str, cls: type, names: list[str]) -> list[Any]:
     return [_typed(cls, known[n], f"conf/{group}/{n}.yaml") for n in names]
 
 
+def _whole(value: object) -> int:
+    return value if isinstance(value, int) else 0
+
+
 def _names(text: str | None) -> list[str]:
     return [n.strip() for n in (text or "").split(",") if n.strip()]
 
@@ -86,7 +94,7 @@ def _models(text: str | None, sizes: str | None, default_all: bool) -> list[Mode
 
     names = _names(text)
     if not names and default_all:
-        names = [n for n, d in _group("model").items() if (d.get("num_parameters") or 0) >= SMALLEST_DEFAULT_MODEL]
+        names = [n for n, d in _group("model").items() if _whole(d.get("num_parameters")) >= SMALLEST_DEFAULT_MODEL]
     models = list(_pick("model", ModelConfig, names))
     models += [sized_model(parse_size(size)) for size in _names(sizes)]
     return models
@@ -214,12 +222,12 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
     gpus, cluster = _gpus(args.gpu), _cluster(args.cluster)
     models = sorted(_models(args.model, args.size, default_all=True), key=num_parameters)
     records = from_records(args.sweeps) if args.sweeps else FromRecords()
-    model_rows: list[dict[str, Any]] = []
-    optimal_rows: list[dict[str, Any]] = []
+    model_rows: list[Row] = []
+    optimal_rows: list[Row] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
         efficiency, source = _efficiency(args, records, gpu)
-        tags = {"efficiency": efficiency, "efficiency_source": source, "network": network.source}
+        tags: Row = {"efficiency": efficiency, "efficiency_source": source, "network": network.source}
         for row in optimal_for_budget(gpu, budget, network, efficiency, overrun_pct=overrun_pct, max_days=max_days):
             optimal_rows.append({**row, **tags})
         for model in models:
@@ -249,7 +257,7 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("name at least one model: --model pythia-1b[,pythia-12b] or --size 70B")
     token_budget = parse_token_budget(args.tokens)
     conf_names = set(_names(args.model))
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
         efficiency, source = _efficiency(args, FromRecords(), gpu)
