@@ -47,6 +47,7 @@ from typing import Any
 
 from orchestrator.batch import BatchPlan, divisors, per_gpu_batch_size, plan_batch
 from orchestrator.build_cache import pin_build_environment
+from orchestrator.engines.base import batch_split
 from orchestrator.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.metering import GIB, gib
 from orchestrator.models import throughput_metrics
@@ -88,6 +89,8 @@ class _Probe(RankGroup):
         """The micro-batch timed; for does_not_fit and oom, the one that did not fit."""
         self.grad_accum_steps: int | None = None
         self.timed: Metrics | None = None
+        self.batch_split = self.num_gpus
+        """Ways a micro-step splits the global batch (orchestrator.engines.base.batch_split)."""
 
     def check_options(self) -> None:
         if self.config.probe.step_timing not in STEP_TIMINGS:
@@ -195,12 +198,12 @@ class _Probe(RankGroup):
         tried = self.trials = self.trials if self.trials is not None else []
         size: int | None = max([c for c in candidates if c <= self.estimate] or [candidates[0]])
         while size is not None:
-            tried.append(self.trial(BatchPlan(global_batch, self.num_gpus, size)))
+            tried.append(self.trial(BatchPlan(global_batch, self.batch_split, size)))
             size = next_size(candidates, tried, self.capacity_bytes())
         fitted = [t.micro_batch_size for t in tried if t.outcome == "ok" and t.micro_batch_size in candidates]
         if not fitted:
             return None
-        plan = BatchPlan(global_batch, self.num_gpus, max(fitted))
+        plan = BatchPlan(global_batch, self.batch_split, max(fitted))
         self.guarded(self.use, plan)  # no rebuild unless a real OOM dropped the engine
         return plan
 
@@ -293,7 +296,8 @@ class _Probe(RankGroup):
         self.phases.startup_s = time.perf_counter() - self.started
         global_batch = self.config.model.global_batch_size
         micro_setting = self.config.method.micro_batch_size
-        self.per_gpu = per_gpu = self.guarded(per_gpu_batch_size, global_batch, self.num_gpus)
+        self.batch_split = batch_split(self.engine, self.num_gpus)
+        self.per_gpu = per_gpu = self.guarded(per_gpu_batch_size, global_batch, self.batch_split)
 
         if micro_setting == "auto":
             plan = self.choose_plan(per_gpu)
@@ -307,7 +311,7 @@ class _Probe(RankGroup):
                     f"nothing fits: even the smallest micro-batch, {smallest}, is out of memory ({last.reason})",
                 )
         else:
-            plan = self.guarded(plan_batch, global_batch, self.num_gpus, micro_setting)
+            plan = self.guarded(plan_batch, global_batch, self.batch_split, micro_setting)
             began = time.perf_counter()
             self.guarded(self.build, plan)
             self.phases.startup_s += time.perf_counter() - began
@@ -316,8 +320,8 @@ class _Probe(RankGroup):
                 self.micro_batch_size = plan.micro_batch_size
                 return Happened(Ending.OUT_OF_MEMORY, warm.oom_reason, warm.traceback)
         self.micro_batch_size, self.grad_accum_steps = plan.micro_batch_size, plan.grad_accum_steps
-        self.environment.update(self.engine.describe())
         self.timed = self.measure(plan)
+        self.environment.update(self.engine.describe())  # after the timed steps: what the engine measured in them
         return Happened(Ending.COMPLETED)
 
     def measure(self, plan: BatchPlan) -> Metrics:

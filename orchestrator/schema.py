@@ -21,11 +21,13 @@ from orchestrator.values import Container
 # The named values of the fields below; each field's domain (``orchestrator.domains``) is declared beside it.
 ACCELERATORS = ("cuda", "cpu")
 ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cpu")
-ENGINES = ("deepspeed", "fsdp")
+ENGINES = ("deepspeed", "fsdp", "mesh3d")
 """The training engines, each a folder ``orchestrator/engines/<name>/``."""
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
 FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
+PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
+"""``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 BACKENDS = ("local", "slurm")
@@ -113,13 +115,15 @@ class GpuConfig:
 class MethodConfig:
     """The optimisation settings of one cell: how the model is trained on its GPUs.
 
-    ``engine`` picks the training engine; the ZeRO fields are DeepSpeed's, the ``fsdp_*`` fields FSDP2's, and a
-    cell that sets one engine's fields off their defaults under the other engine is refused (orchestrator.cells).
+    ``engine`` picks the training engine; the ZeRO fields are DeepSpeed's, the ``fsdp_*`` fields FSDP2's, ``tp``
+    and the ``pp*`` fields mesh3d's, and a cell that sets one engine's fields off their defaults under another
+    engine is refused (orchestrator.cells).
     """
 
     engine: str = field(default="deepspeed", metadata=domain(choices=ENGINES))
-    """Training engine: ``deepspeed`` (ZeRO) or ``fsdp`` (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``);
-    the module ``orchestrator/engines/<engine>/``."""
+    """Training engine: ``deepspeed`` (ZeRO), ``fsdp`` (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``)
+    or ``mesh3d`` (tensor × pipeline × FSDP2 data parallelism on a PyTorch device mesh); the module
+    ``orchestrator/engines/<engine>/``."""
     zero_stage: int = field(default=0, metadata=domain(choices=ZERO_STAGES))
     """DeepSpeed ZeRO stage, 0 (plain data parallel) to 3."""
     offload_optimizer: bool = False
@@ -138,6 +142,18 @@ class MethodConfig:
     fsdp_reduce_precision: str = field(default="fp32", metadata=domain(choices=FSDP_REDUCE_PRECISIONS))
     """FSDP2 only: the dtype gradients are reduced (and accumulated) in, ``fp32`` or ``bf16``; the parameters'
     compute dtype is ``precision``."""
+    tp: int = field(default=1, metadata=domain(ge=1, integer=True))
+    """mesh3d only: tensor-parallel ranks (``torch.distributed.tensor.parallel``), inside a node; must divide the
+    attention heads (and key/value heads) and the GPUs of a node."""
+    pp: int = field(default=1, metadata=domain(ge=1, integer=True))
+    """mesh3d only: pipeline stages (``torch.distributed.pipelining``); at most the layers, and ``tp × pp`` must
+    divide ``num_gpus``: the rest is data parallel, sharded with FSDP2."""
+    pp_schedule: str = field(default="1f1b", metadata=domain(choices=PP_SCHEDULES))
+    """mesh3d only: ``1f1b`` (one stage per rank) or ``interleaved_1f1b`` (two stages per rank, Narayanan et al.
+    2021), when ``pp > 1``."""
+    pp_microbatches: int = field(default=8, metadata=domain(ge=1, integer=True))
+    """mesh3d only: micro-batches one pipeline schedule runs (each of ``micro_batch_size`` sequences), when
+    ``pp > 1``; at least ``pp``."""
     activation_checkpointing: bool = False
     precision: str = field(default="bf16", metadata=domain(choices=PRECISIONS))
     """bf16, fp16 (dynamic loss scaling) or fp32."""

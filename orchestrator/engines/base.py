@@ -85,6 +85,13 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def batch_split(engine: Engine, num_gpus: int) -> int:
+    """Ways one micro-step splits the global batch: one share per GPU for a data-parallel engine; an engine whose
+    ranks share their sequences says its own (``batch_split``: mesh3d's replicas × pipeline micro-batches)."""
+    split = getattr(engine, "batch_split", num_gpus)
+    return int(split) if isinstance(split, int) and split >= 1 else num_gpus
+
+
 def engine_module_name(kind: str) -> str:
     return f"orchestrator.engines.{kind}.engine"
 

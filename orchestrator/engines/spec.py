@@ -42,6 +42,16 @@ class CellArrays(Protocol):
     largest_weight: np.ndarray
     """Elements of the model's largest weight."""
     layers: np.ndarray
+    hidden: np.ndarray
+    vocab: np.ndarray
+    seq: np.ndarray
+    """Tokens per sequence."""
+    batch: np.ndarray
+    """Sequences per optimizer step over all GPUs (the global batch)."""
+    flops_per_token: np.ndarray
+    """Hardware FLOPs per token of a training step (recomputation included where the cell checkpoints)."""
+    reference_tflops: np.ndarray
+    """The dense peak for the cell's precision; NaN where the device has none."""
     num_gpus: np.ndarray
     num_nodes: np.ndarray
     precision: np.ndarray

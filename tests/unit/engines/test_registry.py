@@ -47,6 +47,8 @@ def off_default(key: str) -> Any:
     if isinstance(default, bool):
         return not default
     domain = domain_of(MethodConfig, key)
+    if domain is not None and not domain.choices and domain.integer:
+        return int(default) + 1  # an integer field (mesh3d's sizes): the next one is in its domain
     assert domain is not None and domain.choices, f"method.{key}: no domain to pick a value from"
     return next(v for v in domain.choices if v != default)
 
@@ -164,7 +166,9 @@ def test_every_engine_gives_every_memory_and_step_time_term(spec: EngineSpec) ->
     assert set(memory) == set(MEMORY_HOLDERS) and set(step) == set(STEP_TIME_TERMS)
     for value in (*memory.values(), *step.values()):
         assert np.shape(value) == (3,) and np.all(np.isfinite(value)) and np.all(np.asarray(value) >= 0)
-    assert np.all(step["communication_s"] > 0) and np.all(step["offload_s"] > 0)  # 2 nodes, offload on
+    assert np.all(step["communication_s"] > 0)  # 2 nodes
+    # offload on, for the engines that offload (mesh3d has none: it fits by splitting the model instead)
+    assert np.all(step["offload_s"] > 0) or "offload" not in spec.not_fit_advice
 
 
 def test_the_specs_and_the_checks_import_no_numerics() -> None:
@@ -223,7 +227,7 @@ def pipe() -> Any:
 
 
 def test_a_third_engine_is_checked_against_the_others_and_they_against_it(base: Config, pipe: EngineSpec) -> None:
-    assert registry.engine_names() == ("deepspeed", "fsdp", "pipe") and registry.engine_spec("pipe") is pipe
+    assert registry.engine_names() == (*registry.ENGINES, "pipe") and registry.engine_spec("pipe") is pipe
     assert "pipe_stages" in registry.identity_keys_if_set()
     piped = with_method(base, PipeMethod, engine="pipe", pipe_stages=3, zero_stage=2, fsdp_offload=True)
     refused = {r.key: r.reason for r in cells.check_runnable(piped)}

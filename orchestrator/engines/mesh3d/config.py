@@ -1,0 +1,243 @@
+"""How a cell's method maps onto a 3-D device mesh: tensor, pipeline and data parallel sizes, the pipeline's
+stages and schedule, how the global batch splits, and what the engine refuses.
+
+Pure: nothing here imports torch, so the unit tests check every rule and the refusals run before submission.
+
+The mesh is ``(pp, dp, tp)`` with tensor parallelism innermost, so a tensor-parallel group is ``tp`` consecutive
+ranks (one node, one NVLink domain) and pipeline stages are the outermost split (across nodes where there are
+several): rank ``r`` is stage ``r // (dp·tp)``, data-parallel replica ``(r // tp) % dp``, tensor rank ``r % tp``.
+
+The batch, as Megatron-LM splits it (Narayanan et al. 2021, §2.2): ``micro_batch_size`` is the sequences of one
+pipeline micro-batch; a pipeline schedule runs ``pp_microbatches`` of them (one when ``pp = 1``); the ``dp``
+replicas each run their own. One micro-step of the probe is one schedule, so the global batch splits
+``dp × pp_microbatches`` ways per micro-step (:attr:`Mesh3dLayout.batch_split`, where a data-parallel engine
+splits it ``num_gpus`` ways) and accumulation runs whole schedules, each ending in its own gradient reduction, as
+``torch.distributed.pipelining`` does.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from orchestrator.refusal import Refusal
+from orchestrator.schema import PP_SCHEDULES
+
+if TYPE_CHECKING:
+    from orchestrator.schema import Config, MethodConfig
+
+MESH_DIM_NAMES = ("pp", "dp", "tp")
+STAGES_PER_RANK = {"1f1b": 1, "interleaved_1f1b": 2}
+"""Virtual pipeline stages each rank holds under each ``method.pp_schedule``."""
+assert set(STAGES_PER_RANK) == set(PP_SCHEDULES)
+_LLAMA_PLAN = {
+    "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
+    "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
+}  # fmt: skip
+TP_PLANS: dict[str, dict[str, str]] = {
+    "gpt_neox": {
+        # The fused QKV weight is laid out head by head ([heads, 3·head_dim] rows), so a column split of it
+        # gives each rank whole heads, as Megatron's own GPT-NeoX layout intends.
+        "attention.query_key_value": "colwise", "attention.dense": "rowwise",
+        "mlp.dense_h_to_4h": "colwise", "mlp.dense_4h_to_h": "rowwise",
+    },
+    "llama": _LLAMA_PLAN,
+    "qwen3": _LLAMA_PLAN,  # its q_norm and k_norm act on one head at a time: nothing to split
+}  # fmt: skip
+"""Per family, each decoder layer's linear layers (paths inside the layer) and how tensor parallelism splits them:
+``colwise`` (output features split, the result left local) before ``rowwise`` (input features split, the partial
+results all-reduced), Megatron's pairing (Shoeybi et al. 2019, §3)."""
+TP_UNSPLITTABLE = {
+    "olmo2": "OLMo 2 normalises the queries and keys over all heads at once (q_norm, k_norm of width "
+    "heads × head_dim), which a tensor-parallel rank holding some of the heads cannot compute; use tp=1",
+}
+"""Families whose attention tensor parallelism cannot split, and why."""
+
+
+@dataclass(frozen=True)
+class Mesh3dLayout:
+    """The mesh, the pipeline and the batch split of one cell."""
+
+    tp: int
+    pp: int
+    dp: int
+    schedule: str
+    """``method.pp_schedule``; ``none`` when there is no pipeline."""
+    microbatches: int
+    """Pipeline micro-batches per schedule (1 without a pipeline)."""
+    stages_per_rank: int
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.stages_per_rank
+
+    @property
+    def batch_split(self) -> int:
+        """Micro-batches of ``micro_batch_size`` sequences one micro-step of the whole mesh runs: every replica's
+        schedule."""
+        return self.dp * self.microbatches
+
+    @property
+    def mesh_shape(self) -> tuple[int, int, int]:
+        return (self.pp, self.dp, self.tp)
+
+    @property
+    def bubble(self) -> float:
+        """The idle share of a schedule on each rank, in theory (Narayanan et al. 2021): ``(p − 1) / (v·m + p − 1)``
+        for ``m`` micro-batches over ``p`` ranks of ``v`` stages each; 0 without a pipeline."""
+        return (self.pp - 1) / (self.stages_per_rank * self.microbatches + self.pp - 1)
+
+    def stage_layers(self, num_layers: int) -> list[range]:
+        """The decoder layers of each of the :attr:`num_stages` stages, in order (equal shares)."""
+        per = num_layers // self.num_stages
+        return [range(i * per, (i + 1) * per) for i in range(self.num_stages)]
+
+    def stages_of(self, pp_rank: int) -> list[int]:
+        """The stages pipeline rank ``pp_rank`` holds: ``pp_rank``, then ``pp_rank + pp`` (interleaved, looped)."""
+        return [pp_rank + v * self.pp for v in range(self.stages_per_rank)]
+
+    def as_record(self) -> dict[str, object]:
+        """The layout as the record's environment shows it."""
+        return {
+            "mesh_shape": list(self.mesh_shape),
+            "mesh_dim_names": list(MESH_DIM_NAMES),
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "pp_schedule": self.schedule,
+            "pp_microbatches": self.microbatches,
+            "pp_stages": self.num_stages,
+            "bubble_predicted": self.bubble,
+        }
+
+
+def layout_of(method: MethodConfig, num_gpus: int) -> Mesh3dLayout:
+    """The layout of ``method`` on ``num_gpus`` ranks; ValueError naming the key where the sizes do not multiply
+    to the GPUs (the refusals of :func:`refusals` say more, before submission)."""
+    tp, pp = int(method.tp), int(method.pp)
+    if tp < 1 or pp < 1 or num_gpus % (tp * pp):
+        raise ValueError(f"method.tp={tp} x method.pp={pp} must divide num_gpus={num_gpus}")
+    piped = pp > 1
+    return Mesh3dLayout(
+        tp=tp,
+        pp=pp,
+        dp=num_gpus // (tp * pp),
+        schedule=method.pp_schedule if piped else "none",
+        microbatches=int(method.pp_microbatches) if piped else 1,
+        stages_per_rank=STAGES_PER_RANK.get(method.pp_schedule, 1) if piped else 1,
+    )
+
+
+def refusals(cell: Config) -> list[Refusal]:
+    """Why mesh3d cannot run this cell, each naming the key: sizes that do not divide the GPUs, heads or layers,
+    tensor parallelism across nodes, a pipeline longer than the layers, a schedule torch cannot run with these
+    micro-batches, a batch that does not split, a family the engine cannot split, fp16."""
+    m, model = cell.method, cell.model
+    tp, pp = int(m.tp), int(m.pp)
+    out: list[Refusal] = []
+    if cell.num_gpus % (tp * pp):
+        return [Refusal("method.tp", f"tp={tp} x pp={pp} = {tp * pp} GPUs must divide num_gpus={cell.num_gpus}")]
+    per_node = cell.num_gpus // max(cell.num_nodes, 1)
+    if tp > 1 and per_node % tp:
+        out.append(
+            Refusal(
+                "method.tp",
+                f"tensor parallelism stays inside a node (its all-reduces run every layer); tp={tp} does not divide "
+                f"the {per_node} GPUs of a node: use a tp dividing {per_node}",
+            )
+        )
+    kv_heads = model.num_kv_heads or model.num_heads
+    if model.num_heads % tp or kv_heads % tp:
+        out.append(
+            Refusal(
+                "method.tp",
+                f"tp={tp} must divide the {model.num_heads} attention heads and {kv_heads} key/value heads of "
+                f"{model.name}",
+            )
+        )
+    if tp > 1 and model.family not in TP_PLANS:
+        why = TP_UNSPLITTABLE.get(model.family, f"mesh3d has no tensor-parallel plan for family {model.family!r}")
+        out.append(Refusal("method.tp", f"{why}; families it splits: {', '.join(TP_PLANS)}"))
+    out.extend(_pipeline_refusals(cell))
+    if m.precision == "fp16":
+        out.append(
+            Refusal(
+                "method.precision",
+                "fp16 with method.engine=mesh3d needs a sharded gradient scaler, which gpudays does not run; "
+                "use bf16 or fp32",
+            )
+        )
+    if out:
+        return out
+    layout = layout_of(m, cell.num_gpus)
+    batch = model.global_batch_size
+    if batch % layout.batch_split:
+        out.append(
+            Refusal(
+                "model.global_batch_size",
+                f"{batch} sequences do not split into {layout.dp} data-parallel replicas x "
+                f"{layout.microbatches} pipeline micro-batches; use a method.pp_microbatches or a GPU count that "
+                "divides it",
+            )
+        )
+    elif isinstance(m.micro_batch_size, int) and (batch // layout.batch_split) % m.micro_batch_size:
+        share = batch // layout.batch_split
+        out.append(
+            Refusal(
+                "method.micro_batch_size",
+                f"{m.micro_batch_size} does not divide the {share} sequences of a pipeline micro-batch per step "
+                f"({batch} / {layout.dp} replicas / {layout.microbatches} micro-batches); use auto or a divisor",
+            )
+        )
+    return out
+
+
+def _pipeline_refusals(cell: Config) -> list[Refusal]:
+    m, layers = cell.method, cell.model.num_layers
+    pp = int(m.pp)
+    if pp == 1:
+        out = []
+        if m.pp_schedule != "1f1b":
+            out.append(Refusal("method.pp_schedule", "there is no pipeline with pp=1; leave it at 1f1b"))
+        if m.pp_microbatches != 8:
+            out.append(Refusal("method.pp_microbatches", "there is no pipeline with pp=1; leave it at 8"))
+        return out
+    stages = pp * STAGES_PER_RANK[m.pp_schedule]
+    if stages > layers:
+        return [
+            Refusal(
+                "method.pp",
+                f"{stages} pipeline stages ({m.pp_schedule}) but {cell.model.name} has {layers} layers; "
+                f"use at most {layers // STAGES_PER_RANK[m.pp_schedule]}",
+            )
+        ]
+    out = []
+    if layers % stages:
+        out.append(
+            Refusal(
+                "method.pp",
+                f"the {layers} layers do not split evenly into {stages} stages ({m.pp_schedule}); use a pp whose "
+                "stage count divides the layers",
+            )
+        )
+    k = int(m.pp_microbatches)
+    if k < pp:
+        out.append(
+            Refusal("method.pp_microbatches", f"{k} micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
+        )
+    elif m.pp_schedule == "interleaved_1f1b" and k % max(1, k // pp):
+        rounds = max(1, k // pp)
+        out.append(
+            Refusal(
+                "method.pp_microbatches",
+                f"interleaved 1F1B runs micro-batches in rounds of {pp}: {k} is not a multiple of its {rounds} "
+                f"rounds; use a multiple of {pp}",
+            )
+        )
+    return out
+
+
+def layers_per_gpu(num_layers: int, layout: Mesh3dLayout) -> int:
+    """Decoder layers one rank holds (all its stages)."""
+    return math.ceil(num_layers / layout.pp)

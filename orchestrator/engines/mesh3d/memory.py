@@ -1,0 +1,106 @@
+"""Device memory of a mesh3d training step per GPU: the model states of one rank's share after tensor and pipeline
+parallelism, sharded by FSDP2 over the data-parallel replicas, and the micro-batch that fits. Pure arithmetic.
+
+Ψ parameters, E = V·h one vocabulary matrix, t tensor ranks, p pipeline ranks, d data-parallel replicas, p_b
+bytes of the compute dtype, r of the reduce dtype (fp32):
+
+- a rank's share: the decoder layers' (Ψ − 2E)/(p·t), plus the vocabulary matrices of its end of the pipeline
+  (the input embedding on the first stage, the output layer on the last, both when p = 1), which stay whole on
+  every tensor rank (the engine does not split the vocabulary): Ψ_gpu = (Ψ − 2E)/(p·t) + E·(2 if p = 1 else 1);
+- FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
+  the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu;
+- gathered parameters: with a pipeline the stage stays gathered for all its micro-batches (resharding between
+  them would gather it again for each), p_bΨ_gpu; without, as FSDP's ``full``: two layers and the largest weight;
+- activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
+  the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
+  layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.engines.memory import activation_bytes_per_sequence, micro_batch_that_fits, precision_bytes
+from orchestrator.engines.memory import scalar_or_array as _out
+from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of
+from orchestrator.models import family_module, num_parameters
+
+if TYPE_CHECKING:
+    from orchestrator.engines.spec import CellArrays
+    from orchestrator.schema import Config
+
+REDUCE_BYTES = 4.0
+"""Gradients are reduced and accumulated in fp32."""
+
+
+def rank_parameters(num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any) -> Any:
+    """Parameters one rank holds before FSDP shards them (the largest stage's share)."""
+    psi = np.asarray(num_parameters, dtype=float)
+    e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    return _out((psi - 2.0 * e) / (p * t) + e * np.where(p > 1, 1.0, 2.0))
+
+
+def memory_terms(
+    num_parameters: Any,
+    vocab_matrix: Any,
+    largest_weight: Any,
+    num_layers: Any,
+    num_gpus: Any,
+    tp: Any,
+    pp: Any,
+    precision: Any,
+) -> dict[str, Any]:
+    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
+    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p), dtype=float)
+    pb = np.asarray(precision_bytes(precision), dtype=float)
+    per_layer = share / np.maximum(np.asarray(num_layers, dtype=float) / p, 1.0)
+    gathered = np.where(p > 1, pb * share, pb * (2.0 * per_layer + np.asarray(largest_weight, dtype=float) / t))
+    return {
+        "params": _out(4.0 * share / d),
+        "grads": _out(4.0 * share / d + REDUCE_BYTES * share),
+        "optimizer": _out(8.0 * share / d),
+        "buffers": _out(gathered),
+        "offloaded": _out(np.zeros_like(share)),
+    }
+
+
+def memory_terms_of(x: CellArrays) -> dict[str, Any]:
+    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp`` and ``pp`` fields."""
+    m = x.method
+    return memory_terms(
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision
+    )
+
+
+def activation_factor(layout: Mesh3dLayout, num_layers: int) -> float:
+    """A rank's activations over one sequence's of the whole model (the layers' share; the logits, kept whole on
+    the last stage, are counted as the layers are)."""
+    stage_share = layout.stages_per_rank / layout.num_stages if layout.pp > 1 else 1.0
+    in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
+    return stage_share * in_flight / layout.tp
+
+
+def fixed_bytes(cfg: Config) -> float:
+    """Allocated bytes per GPU that do not grow with the micro-batch."""
+    model = cfg.model
+    layout = layout_of(cfg.method, cfg.num_gpus)
+    terms = memory_terms(
+        num_parameters(model), model.vocab_size * model.hidden_size,
+        family_module(model.family).largest_weight_elements(model), model.num_layers, cfg.num_gpus,
+        layout.tp, layout.pp, cfg.method.precision,
+    )  # fmt: skip
+    return float(sum(v for k, v in terms.items() if k != "offloaded"))
+
+
+def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
+    """The pipeline micro-batch the memory model says fits in ``memory_gib`` per GPU: where the search starts."""
+    layout = layout_of(cfg.method, cfg.num_gpus)
+    per_sequence = activation_bytes_per_sequence(cfg.model, cfg.method)
+    scale = activation_factor(layout, cfg.model.num_layers)
+    # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
+    return micro_batch_that_fits(cfg, memory_gib / scale, fixed_bytes(cfg) / scale) if per_sequence else 1

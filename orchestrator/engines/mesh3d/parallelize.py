@@ -1,0 +1,136 @@
+"""Splitting a family's transformers module for mesh3d: pipeline stages, tensor parallelism, FSDP2.
+
+A stage is a :class:`Stage`: some of the module's decoder layers, with the input embedding on the first stage and
+the final norm and output layer on the last; it runs the layers as the family's own ``forward`` does (rotary
+position embeddings and the causal mask computed once per stage). Every family gpudays builds has the same parts
+(``get_input_embeddings``, ``base_model.layers``, ``base_model.rotary_emb``, a final norm, ``get_output_embeddings``),
+so one class serves them all; a family without them is refused when the engine builds.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from orchestrator.engines.mesh3d.config import Mesh3dLayout
+
+
+class Stage(nn.Module):
+    """One pipeline stage of a decoder-only transformers model (all of it when there is one stage)."""
+
+    def __init__(
+        self, config: Any, embed: nn.Module | None, layers: list[nn.Module], norm: nn.Module | None,
+        head: nn.Module | None, rotary: nn.Module,
+    ) -> None:  # fmt: skip
+        super().__init__()
+        self.config = config
+        self.embed = embed
+        self.layers = nn.ModuleList(layers)
+        self.norm = norm
+        self.head = head
+        self.rotary = rotary
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from transformers.masking_utils import create_causal_mask
+
+        h = self.embed(x) if self.embed is not None else x
+        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        mask = create_causal_mask(
+            config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=None, position_ids=position_ids
+        )
+        position_embeddings = self.rotary(h, position_ids=position_ids)
+        for layer in self.layers:
+            h = layer(h, attention_mask=mask, position_ids=position_ids, position_embeddings=position_embeddings)
+        if self.head is not None:
+            assert self.norm is not None
+            h = self.head(self.norm(h))
+        return h
+
+
+def _parts(module: Any) -> tuple[Any, list[nn.Module], nn.Module, Any, nn.Module]:
+    base = getattr(module, "base_model", None)
+    layers = getattr(base, "layers", None)
+    norm = getattr(base, "norm", None) or getattr(base, "final_layer_norm", None)
+    rotary = getattr(base, "rotary_emb", None)
+    if base is None or layers is None or norm is None or rotary is None:
+        raise ValueError(
+            f"{type(module).__name__} has no base_model.layers, final norm and rotary_emb: mesh3d cannot split it "
+            "into pipeline stages"
+        )
+    return module.get_input_embeddings(), list(layers), norm, module.get_output_embeddings(), rotary
+
+
+def split_stages(module: Any, layout: Mesh3dLayout, pp_rank: int, num_layers: int) -> list[tuple[int, Stage]]:
+    """The stages pipeline rank ``pp_rank`` runs, with their indices. A model whose output layer shares the input
+    embedding's matrix gets a copy of it on the last stage, as Megatron-LM keeps one on each end of the pipeline
+    (Megatron also all-reduces the two copies' gradients; this probe leaves that one reduction out)."""
+    embed, layers, norm, head, rotary = _parts(module)
+    split = layout.stage_layers(num_layers)
+    last = layout.num_stages - 1
+    out = []
+    for index in layout.stages_of(pp_rank):
+        tail = head
+        if index == last and layout.num_stages > 1 and head.weight is embed.weight:
+            tail = nn.Linear(head.in_features, head.out_features, bias=False)
+            tail.weight = nn.Parameter(head.weight.detach().clone())
+        stage = Stage(
+            module.config,
+            embed if index == 0 else None,
+            [layers[i] for i in split[index]],
+            norm if index == last else None,
+            tail if index == last else None,
+            rotary,
+        )
+        out.append((index, stage))
+    return out
+
+
+def apply_tensor_parallel(stage: Stage, plan: dict[str, str], tp_mesh: DeviceMesh) -> None:
+    """Split every decoder layer of ``stage`` over ``tp_mesh`` by ``plan`` (``config.TP_PLANS``): column-parallel
+    layers hand their local shard on, row-parallel ones all-reduce, so the residual stream stays whole on each rank."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    for layer in stage.layers:
+        parallelize_module(layer, tp_mesh, {path: styles[kind]() for path, kind in plan.items()})
+
+
+def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: bool) -> None:
+    """FSDP2 over the data-parallel replicas: each layer, then the stage. With a pipeline nothing is resharded
+    between micro-batches (each would gather the stage again), as torchtitan does."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in stage.layers:
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=not pipelined)
+    fully_shard(stage, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
+
+
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: Any | None) -> torch.Tensor:
+    """Clip the gradients of every rank's share to a global norm of ``max_norm``: the norm of each group of
+    DTensor gradients on one mesh (tensor and data shards reduced by DTensor), summed over the pipeline stages."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    groups: dict[tuple[int, str], list[torch.Tensor]] = {}
+    for g in grads:
+        key = (id(g.device_mesh), str(g.placements)) if isinstance(g, DTensor) else (0, "")
+        groups.setdefault(key, []).append(g)
+    total_sq = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
+    for group in groups.values():
+        norm = torch.nn.utils.get_total_norm(group, 2.0)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq = total_sq + norm.float() ** 2
+    if pp_group is not None:
+        dist.all_reduce(total_sq, group=pp_group)
+    total = total_sq.sqrt()
+    coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+    for g in grads:
+        g.mul_(coef.to(g.dtype) if not isinstance(g, DTensor) else coef.item())
+    return total

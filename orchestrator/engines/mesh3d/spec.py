@@ -1,0 +1,64 @@
+"""mesh3d as the registry sees it: the ``tp`` and ``pp*`` fields it owns, their refusals, its label, and where its
+memory and step-time terms are (:mod:`orchestrator.engines.spec` says what each part is)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.engines.mesh3d.config import refusals
+from orchestrator.engines.spec import EngineSpec
+
+if TYPE_CHECKING:
+    from orchestrator.engines.spec import Links
+
+FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches")
+
+
+def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
+    return (
+        f"{value!r} is {owner.setting}; with method.engine=mesh3d leave it at {default!r}: mesh3d shards the "
+        "data-parallel replicas with FSDP2 (full) and splits the model with method.tp and method.pp"
+    )
+
+
+def _int(value: Any, default: int) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def label(settings: Mapping[str, Any]) -> str:
+    """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``."""
+    tp, pp = _int(settings.get("tp"), 1), _int(settings.get("pp"), 1)
+    parts = [f"tp{tp}", f"pp{pp}"]
+    if pp > 1:
+        parts.append(f"{settings.get('pp_schedule') or '1f1b'}-m{_int(settings.get('pp_microbatches'), 8)}")
+    return " ".join(parts)
+
+
+def memory_terms(x: Any) -> dict[str, Any]:
+    from orchestrator.engines.mesh3d.memory import memory_terms_of
+
+    return memory_terms_of(x)
+
+
+def step_time_terms(x: Any, accum: Any, links: Links) -> dict[str, Any]:
+    from orchestrator.engines.mesh3d.step_time import step_time_terms as terms
+
+    return terms(x, accum, links)
+
+
+SPEC = EngineSpec(
+    name="mesh3d",
+    setting="a mesh3d setting",
+    fields=FIELDS,
+    check=refusals,
+    foreign=foreign,
+    label=label,
+    memory_terms=memory_terms,
+    step_time_terms=step_time_terms,
+    not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
+    sharding_fields=("tp", "pp", "pp_schedule"),
+)

@@ -1,0 +1,63 @@
+"""mesh3d's share of a step's time as the predictor models it (``analysis/step_time.py``): nominal seconds of
+communication for one optimizer step, element-wise over the predictor's arrays, with the pipeline's idle time.
+
+Per optimizer step each replica runs B/d sequences (B the global batch), whatever the micro-batch:
+
+- tensor parallelism all-reduces a layer's ``s·h`` activations per sequence twice forward and twice backward
+  (Shoeybi et al. 2019), 2(t − 1)/t of the bytes per rank, inside a node, for the L/p layers of the rank;
+- the pipeline sends each sequence's activations forward and its gradients back across each stage boundary,
+  across nodes where the stages are on different nodes;
+- FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
+  pipeline reduces at the end of every schedule), over the d replicas;
+- the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), so
+  the compute of the step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the
+  communication, the other time the step spends not computing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from orchestrator.engines.memory import precision_bytes
+from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
+from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters
+
+if TYPE_CHECKING:
+    from orchestrator.engines.spec import CellArrays, Links
+
+
+def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
+    """The idle share of a schedule: ``(p − 1)/(v·m + p − 1)``, 0 without a pipeline."""
+    p = np.asarray(pp, dtype=float)
+    names = np.asarray(schedule, dtype=object)
+    v = np.ones(np.shape(names)) if names.ndim else 1.0
+    for name, stages in STAGES_PER_RANK.items():
+        v = np.where(names == name, float(stages), v)
+    m = np.where(p > 1, np.asarray(microbatches, dtype=float), 1.0)
+    return (p - 1.0) / (v * m + p - 1.0)
+
+
+def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
+    """Nominal seconds of communication (``communication_s``, the bubble's wait included) and offload
+    (``offload_s``: none) of one step of ``accum`` schedules, for every cell of ``x``."""
+    m = x.method
+    t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
+    n, nodes = np.asarray(x.num_gpus, dtype=float), np.asarray(x.num_nodes, dtype=float)
+    d = np.maximum(n / (t * p), 1.0)
+    pb = np.asarray(precision_bytes(x.precision), dtype=float)
+    tokens = np.asarray(x.batch, dtype=float) / d * np.asarray(x.seq, dtype=float)
+    activation = tokens * np.asarray(x.hidden, dtype=float) * pb
+    rank_layers = np.asarray(x.layers, dtype=float) / p
+    tensor_s = rank_layers * 4.0 * 2.0 * (t - 1.0) / t * activation / links.intra_node
+    pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
+    pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
+    share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p), dtype=float)
+    data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
+    data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw
+    reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
+    compute_s = np.asarray(x.batch, dtype=float) * x.seq * x.flops_per_token / n / (reference * 1e12)
+    idle = bubble(p, m["pp_microbatches"], m["pp_schedule"])
+    wait_s = compute_s * idle / (1.0 - idle)
+    return {"communication_s": tensor_s + pipeline_s + data_s + wait_s, "offload_s": np.zeros_like(tensor_s)}

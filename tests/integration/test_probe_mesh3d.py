@@ -1,0 +1,81 @@
+"""The probe with the mesh3d engine on the CPU over gloo, each rank a process as the job runs it: tensor and
+pipeline parallelism together on a 2 × 1 × 2 mesh, the interleaved schedule with a tied output layer, tensor
+parallelism beside FSDP2's data parallelism with accumulation and checkpointing. Mirrors
+tests/integration/test_probe_fsdp.py.
+
+What the CPU cannot show: tensor parallelism's all-reduces over NVLink, and stages on different nodes (the SLURM
+cluster's two nodes; not run here).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_probe import compose_cell, run_probe_ranks
+
+pytestmark = pytest.mark.mesh3d
+
+
+def mesh_cell(*overrides: str) -> dict[str, Any]:
+    return compose_cell("method.engine=mesh3d", *overrides)
+
+
+def assert_measured_on_the_mesh(results: list[dict[str, Any]], cell: dict[str, Any], split: int) -> dict[str, Any]:
+    """What every mesh3d record must say: ok on every rank with the same decisions, the batch split ``split`` ways
+    a micro-step, a finite loss near ln(vocabulary) on every rank (the last stage's, shared), the mesh."""
+    first = results[0]
+    assert first["status"] == "ok", (first["reason"], first["traceback"])
+    m = first["metrics"]
+    batch = cell["model"]["global_batch_size"]
+    assert m["per_gpu_batch_size"] == batch // split
+    assert m["micro_batch_size"] * m["grad_accum_steps"] == m["per_gpu_batch_size"]
+    assert m["tokens_per_step"] == batch * cell["model"]["seq_length"]
+    assert m["num_parameters"] == cell["model"]["num_parameters"] or cell["model"]["num_parameters"] is None
+    for other in results:
+        assert other["status"] == "ok"
+        o = other["metrics"]
+        assert (o["micro_batch_size"], o["step_times_s"]) == (m["micro_batch_size"], m["step_times_s"])
+        assert math.isfinite(o["final_loss"]) and abs(o["final_loss"] - math.log(cell["model"]["vocab_size"])) < 2
+    env = first["environment"]
+    assert env["engine"] == "mesh3d" and env["world_size"] == cell["num_gpus"]
+    return dict(env["mesh3d"])
+
+
+def test_tensor_and_pipeline_parallel_on_four_ranks(tmp_path: Path) -> None:
+    cell = mesh_cell("num_gpus=4", "method.tp=2", "method.pp=2", "method.pp_microbatches=4")
+    results = run_probe_ranks(cell, tmp_path, world_size=4)
+    mesh = assert_measured_on_the_mesh(results, cell, split=1 * 4)  # one replica, four pipeline micro-batches
+    assert mesh["mesh_shape"] == [2, 1, 2] and mesh["mesh_dim_names"] == ["pp", "dp", "tp"]
+    assert mesh["pp_schedule"] == "1f1b" and mesh["pp_stages"] == 2
+    assert mesh["bubble_predicted"] == pytest.approx(1 / 5)
+    assert 0.0 < mesh["bubble_measured"] < 1.0, "the first stage waits for the last one's backward"
+
+
+def test_interleaved_schedule_with_a_tied_output_layer(tmp_path: Path) -> None:
+    # smollm2-tiny ties its output layer to the embedding; four layers make two stages on each of two ranks.
+    cell = mesh_cell(
+        "model=smollm2-tiny", "model.num_layers=4", "model.num_parameters=null", "num_gpus=2", "method.pp=2",
+        "method.pp_schedule=interleaved_1f1b", "method.pp_microbatches=4", "method.micro_batch_size=2",
+    )  # fmt: skip
+    results = run_probe_ranks(cell, tmp_path, world_size=2)
+    mesh = assert_measured_on_the_mesh(results, cell, split=4)
+    assert (results[0]["metrics"]["micro_batch_size"], results[0]["metrics"]["grad_accum_steps"]) == (2, 2)
+    assert mesh["pp_stages"] == 4 and mesh["bubble_predicted"] == pytest.approx(1 / 9)
+    assert mesh["bubble_measured"] is not None
+
+
+def test_tensor_parallel_beside_data_parallel_accumulating_with_checkpointing(tmp_path: Path) -> None:
+    # smollm2-tiny: grouped-query attention, 2 key/value heads split over 2 tensor ranks.
+    cell = mesh_cell(
+        "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.activation_checkpointing=true",
+        "method.micro_batch_size=2",
+    )  # fmt: skip
+    results = run_probe_ranks(cell, tmp_path, world_size=4)
+    mesh = assert_measured_on_the_mesh(results, cell, split=2)  # two replicas, no pipeline
+    assert (results[0]["metrics"]["micro_batch_size"], results[0]["metrics"]["grad_accum_steps"]) == (2, 4)
+    assert mesh["mesh_shape"] == [1, 2, 2] and mesh["bubble_measured"] is None and mesh["bubble_predicted"] == 0
+    m = results[0]["metrics"]
+    assert m["hardware_tflops_per_gpu"] > m["model_tflops_per_gpu"], "checkpointing reruns the layers"

@@ -1,0 +1,155 @@
+"""mesh3d as a method: its refusals before submission (each naming the key and why), the layout a cell maps to,
+its label and cell ids, and its memory and step-time terms (pure; the real engine runs in
+tests/integration/test_probe_mesh3d.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from orchestrator import cells
+from orchestrator.engines.mesh3d.config import layout_of
+from orchestrator.engines.mesh3d.memory import memory_terms, rank_parameters
+from orchestrator.engines.mesh3d.step_time import bubble
+from orchestrator.engines.registry import method_label
+from orchestrator.schema import MethodConfig, to_config
+
+
+def method(**overrides: object) -> MethodConfig:
+    return dataclasses.replace(MethodConfig(engine="mesh3d"), **overrides)  # type: ignore[arg-type]
+
+
+MESH = "method.engine=mesh3d"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "fragment"),
+    [
+        # heads not divisible: pythia-tiny has 4 heads
+        ([MESH, "num_gpus=8", "method.tp=8", "model.global_batch_size=16"], "method.tp", "4 attention heads"),
+        # grouped-query attention: smollm2-tiny's 2 key/value heads
+        (
+            [MESH, "model=smollm2-tiny", "num_gpus=6", "method.tp=3", "model.global_batch_size=18"],
+            "method.tp",
+            "2 key/value heads",
+        ),
+        # the sizes must divide the GPUs
+        ([MESH, "num_gpus=4", "method.tp=3"], "method.tp", "must divide num_gpus=4"),
+        # tensor parallelism across nodes
+        (
+            [MESH, "cluster=slurm", "gpu=h100-80gb", "num_gpus=8", "num_nodes=4", "method.tp=4"],
+            "method.tp",
+            "inside a node",
+        ),
+        # a pipeline longer than the layers (pythia-tiny has 2)
+        ([MESH, "num_gpus=4", "method.pp=4"], "method.pp", "has 2 layers"),
+        ([MESH, "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"], "method.pp", "has 2 layers"),
+        (
+            [MESH, "model=pythia-70m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
+            "method.pp",
+            "do not split evenly into 4 stages",
+        ),
+        ([MESH, "num_gpus=2", "method.pp=2", "method.pp_microbatches=1"], "method.pp_microbatches", "at least 2"),
+        (
+            [
+                MESH,
+                "model=pythia-1b",
+                "num_gpus=4",
+                "method.pp=4",
+                "method.pp_schedule=interleaved_1f1b",
+                "method.pp_microbatches=9",
+            ],
+            "method.pp_microbatches",
+            "multiple of 4",
+        ),
+        ([MESH, "num_gpus=2", "method.pp_schedule=interleaved_1f1b"], "method.pp_schedule", "no pipeline"),
+        ([MESH, "num_gpus=2", "method.pp_microbatches=4"], "method.pp_microbatches", "no pipeline"),
+        # a family the engine cannot split
+        ([MESH, "model=olmo2-1b", "gpu=h100-80gb", "num_gpus=2", "method.tp=2"], "method.tp", "OLMo 2"),
+        # the batch must split into replicas x micro-batches
+        ([MESH, "num_gpus=4", "method.pp=2", "method.pp_microbatches=16"], "model.global_batch_size", "do not split"),
+        ([MESH, "gpu=a100-80gb", "method.precision=fp16"], "method.precision", "bf16 or fp32"),
+        # another engine's fields, and mesh3d's under another engine
+        ([MESH, "num_gpus=2", "method.zero_stage=2"], "method.zero_stage", "method.tp"),
+        (["num_gpus=2", "method.tp=2"], "method.tp", "method.engine=mesh3d"),
+        (["method.engine=fsdp", "num_gpus=2", "method.pp=2"], "method.pp", "method.engine=fsdp"),
+    ],
+)
+def test_layouts_mesh3d_cannot_run_are_refused_naming_the_key(make_cell, overrides, key, fragment) -> None:
+    refusals = cells.check_runnable(to_config(make_cell(*overrides)))
+    assert key in [r.key for r in refusals], refusals
+    assert any(fragment in r.reason for r in refusals if r.key == key), refusals
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        [MESH, "num_gpus=4", "method.tp=2", "method.pp=2"],
+        [MESH, "num_gpus=4", "method.tp=1", "method.pp=2"],
+        [MESH, "num_gpus=4"],
+        [MESH, "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.pp=2"],
+        [MESH, "model=pythia-160m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
+        [
+            MESH,
+            "model=pythia-1b",
+            "cluster=slurm",
+            "gpu=h100-80gb",
+            "num_gpus=16",
+            "num_nodes=2",
+            "method.tp=8",
+            "method.pp=2",
+        ],
+    ],
+)
+def test_what_mesh3d_can_run_is_accepted(make_cell, overrides) -> None:
+    config = to_config(make_cell(*overrides))
+    assert cells.check_values(config) == [] and cells.check_runnable(config) == []
+
+
+def test_a_layout_is_a_mesh_stages_and_a_batch_split() -> None:
+    lay = layout_of(method(tp=2, pp=4, pp_schedule="interleaved_1f1b", pp_microbatches=8), 64)
+    assert lay.mesh_shape == (4, 8, 2) and lay.num_stages == 8 and lay.batch_split == 8 * 8
+    assert lay.stages_of(1) == [1, 5]
+    assert [list(r) for r in lay.stage_layers(16)][:2] == [[0, 1], [2, 3]]
+    assert lay.bubble == pytest.approx(3 / (2 * 8 + 3))
+    flat = layout_of(method(tp=2, pp_microbatches=8), 8)  # no pipeline: its micro-batch settings do nothing
+    assert flat.microbatches == 1 and flat.batch_split == 4 and flat.bubble == 0.0 and flat.schedule == "none"
+    with pytest.raises(ValueError, match="must divide num_gpus"):
+        layout_of(method(tp=3), 8)
+
+
+def test_the_label_and_ids_say_the_layout_and_leave_other_engines_ids_alone(make_cell) -> None:
+    assert method_label({"engine": "mesh3d", "tp": 2, "pp": 2, "pp_schedule": "1f1b", "pp_microbatches": 8}) == (
+        "tp2 pp2 1f1b-m8"
+    )
+    assert method_label({"engine": "mesh3d", "tp": 4, "pp": 1}) == "tp4 pp1"
+    deepspeed = to_config(make_cell("model=pythia-160m", "gpu=h100-80gb", "num_gpus=8"))
+    assert cells.cell_id(deepspeed) == "3702d9be51bd"  # as in test_cells_identity: never moves
+    a = to_config(make_cell("model=pythia-160m", "gpu=h100-80gb", "num_gpus=8", MESH, "method.tp=2"))
+    b = to_config(make_cell("model=pythia-160m", "gpu=h100-80gb", "num_gpus=8", MESH, "method.pp=2"))
+    assert len({cells.cell_id(deepspeed), cells.cell_id(a), cells.cell_id(b)}) == 3
+    assert cells.identity(a)["method.tp"] == 2 and "method.pp" not in cells.identity(a)
+
+
+def test_memory_terms_split_the_layers_over_tensor_and_pipeline_ranks_and_shard_over_replicas() -> None:
+    psi, e = 1.0e9, 1.0e8
+    # one GPU: everything; tp=2: the layers halve, the vocabulary matrices stay whole; pp=2 holds one of them
+    assert rank_parameters(psi, e, 1, 1) == pytest.approx(psi)
+    assert rank_parameters(psi, e, 2, 1) == pytest.approx((psi - 2 * e) / 2 + 2 * e)
+    assert rank_parameters(psi, e, 1, 2) == pytest.approx((psi - 2 * e) / 2 + e)
+    one = memory_terms(psi, e, e, 16, 1, 1, 1, "bf16")
+    four_dp = memory_terms(psi, e, e, 16, 4, 1, 1, "bf16")
+    assert four_dp["optimizer"] == pytest.approx(one["optimizer"] / 4) and one["optimizer"] == pytest.approx(8 * psi)
+    piped = memory_terms(np.array([psi]), e, e, 16, 4, 1, 2, "bf16")
+    assert piped["buffers"][0] == pytest.approx(2.0 * rank_parameters(psi, e, 1, 2))  # the stage stays gathered
+
+
+def test_the_bubble_shrinks_with_micro_batches_and_interleaving() -> None:
+    assert bubble(1, 8, "1f1b") == 0.0
+    assert bubble(4, 8, "1f1b") == pytest.approx(3 / 11)
+    assert bubble(4, 8, "interleaved_1f1b") == pytest.approx(3 / 19)
+    assert list(bubble(np.array([2.0, 2.0]), np.array([4.0, 16.0]), np.array(["1f1b", "1f1b"], dtype=object))) == (
+        pytest.approx([1 / 5, 1 / 17])
+    )
