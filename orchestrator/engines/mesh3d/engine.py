@@ -257,7 +257,7 @@ class Mesh3dEngine:
     def skipped_steps(self) -> int:
         return 0  # no loss scaling (fp16 is refused), so no step is skipped
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> dict[str, object]:
         import torch
 
         return {

@@ -28,7 +28,7 @@ from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays
+    from orchestrator.engines.spec import CellArrays, Terms
     from orchestrator.schema import Config
 
 REDUCE_BYTES = 4.0
@@ -52,7 +52,7 @@ def memory_terms(
     tp: Any,
     pp: Any,
     precision: Any,
-) -> dict[str, Any]:
+) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
@@ -69,7 +69,7 @@ def memory_terms(
     }
 
 
-def memory_terms_of(x: CellArrays) -> dict[str, Any]:
+def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp`` and ``pp`` fields."""
     m = x.method
     return memory_terms(

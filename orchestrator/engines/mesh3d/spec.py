@@ -10,7 +10,9 @@ from orchestrator.engines.mesh3d.config import refusals
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import Links
+    import numpy as np
+
+    from orchestrator.engines.spec import CellArrays, Links, Terms
 
 FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches")
 
@@ -38,13 +40,13 @@ def label(settings: Mapping[str, Any]) -> str:
     return " ".join(parts)
 
 
-def memory_terms(x: Any) -> dict[str, Any]:
+def memory_terms(x: CellArrays) -> Terms:
     from orchestrator.engines.mesh3d.memory import memory_terms_of
 
     return memory_terms_of(x)
 
 
-def step_time_terms(x: Any, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.mesh3d.step_time import step_time_terms as terms
 
     return terms(x, accum, links)

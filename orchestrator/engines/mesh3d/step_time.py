@@ -25,7 +25,7 @@ from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
 from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters
 
 if TYPE_CHECKING:
-    from orchestrator.engines.spec import CellArrays, Links
+    from orchestrator.engines.spec import CellArrays, Links, Terms
 
 
 def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
@@ -39,7 +39,7 @@ def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
     return (p - 1.0) / (v * m + p - 1.0)
 
 
-def step_time_terms(x: CellArrays, accum: Any, links: Links) -> dict[str, Any]:
+def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     """Nominal seconds of communication (``communication_s``, the bubble's wait included) and offload
     (``offload_s``: none) of one step of ``accum`` schedules, for every cell of ``x``."""
     m = x.method
