@@ -2,8 +2,10 @@
 
 The step time is modelled as ``Σ coefficient × term`` over :data:`analysis.TERMS`: compute at the
 reference rate (the coefficient is 1 / efficiency), nominal communication, nominal offload, and micro-steps (the
-coefficient is a fixed cost per micro-step). The fit is least squares on relative error over subsets of the terms,
-keeping every coefficient positive; a term no record exercises keeps its nominal coefficient.
+coefficient is a fixed cost per micro-step). The coefficients are the posterior mean of Bayesian linear regression
+on relative error (:mod:`analysis.uncertainty`, which also says how sure they are): priors at the uncalibrated
+coefficients, so a term no record exercises keeps its nominal coefficient. On a device without a published peak
+(the CPU) the prior is vague, centred on least squares over subsets of the terms with positive coefficients.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import pandas as pd
 from analysis.inputs import inputs_from_columns, memory_terms
 from analysis.records import MEASURED_FITS
 from analysis.step_time import TERMS, step_terms
+from analysis.uncertainty import Spread, fit_posterior, prior_centre, prior_spread
 from orchestrator.engines.memory import GIB, allocator_overhead
 
 
@@ -36,8 +39,16 @@ class GpuCalibration:
     process holds whatever the model (allocator pools, communication buffers, on the CPU the framework itself)."""
     num_records: int = 0
     fitted_terms: tuple[str, ...] = ()
+    """The terms the records exercise (compute and micro-steps always; communication and offload where some
+    record had any)."""
     step_time_error_pct: float | None = None
     """Median absolute error of the fitted step time on the records it was fitted to."""
+    spread: Spread | None = None
+    """How sure the fit is (:mod:`analysis.uncertainty`); None: the prior's, as if uncalibrated."""
+
+    def spread_for(self, gpu: str) -> Spread:
+        """The fitted spread, or the prior's where none was fitted (a calibration written by hand)."""
+        return self.spread if self.spread is not None else prior_spread(gpu)
 
     @property
     def coefficients(self) -> np.ndarray:
@@ -117,30 +128,58 @@ def calibrate(records: pd.DataFrame) -> Calibration:
     times = step.loc[measured.index].to_numpy(dtype=float)
     for name in sorted(set(x.gpu[x.known])):
         rows = (x.gpu == name) & x.known
-        fitted = _fit_coefficients(terms[rows], times[rows])
-        if fitted is None:
+        least_squares = _coefficients_for(terms[rows], times[rows])
+        if least_squares is None and name == "cpu":
             continue
-        coef, cols = fitted
-        full = [0.0, 1.0, 1.0, 0.0]  # nominal coefficients for terms the records say nothing about
-        for j in range(1, len(TERMS)):
-            if np.any(terms[rows][:, j] > 0):
-                full[j] = 0.0
-        for value, j in zip(coef, cols, strict=True):
-            full[j] = float(value)
         memory_scale, memory_offset = _fit_memory(predicted_peak[rows], measured_peak[rows])
+        full, spread = fit_posterior(
+            str(name),
+            terms[rows],
+            times[rows],
+            prior_centre(str(name), least_squares),
+            _memory_loo_errors(predicted_peak[rows], measured_peak[rows]),
+        )
         gcal = GpuCalibration(
             efficiency=1.0 / full[0],
-            communication_scale=full[1],
-            offload_scale=full[2],
-            overhead_s_per_micro_step=full[3],
+            communication_scale=float(full[1]),
+            offload_scale=float(full[2]),
+            overhead_s_per_micro_step=float(full[3]),
             memory_scale=memory_scale,
             memory_offset_gib=memory_offset,
             num_records=int(rows.sum()),
-            fitted_terms=tuple(TERMS[j] for j in cols),
+            fitted_terms=tuple(t for j, t in enumerate(TERMS) if np.any(terms[rows][:, j] > 0)),
+            spread=spread,
         )
         errors = np.abs(terms[rows] @ gcal.coefficients / times[rows] - 1.0)
         gcal.step_time_error_pct = 100.0 * float(np.median(errors))
         out.by_gpu[str(name)] = gcal
+    return out
+
+
+def _coefficients_for(terms: np.ndarray, times: np.ndarray) -> np.ndarray | None:
+    """All four coefficients fitted to records (:func:`_fit_coefficients`): a term no record exercises keeps its
+    nominal coefficient, one exercised but left out of the best subset is zero. None where nothing fits."""
+    fitted = _fit_coefficients(terms, times)
+    if fitted is None:
+        return None
+    coef, cols = fitted
+    full = np.array([0.0, 1.0, 1.0, 0.0])  # nominal coefficients for terms the records say nothing about
+    for j in range(1, len(TERMS)):
+        if np.any(terms[:, j] > 0):
+            full[j] = 0.0
+    full[list(cols)] = coef
+    return full
+
+
+def _memory_loo_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarray:
+    """log(measured / predicted) of each record's peak, the memory fit made without it (NaN where unmeasured)."""
+    out = np.full(len(predicted), np.nan)
+    for i in range(len(predicted)):
+        if not (np.isfinite(measured[i]) and measured[i] > 0 and predicted[i] > 0):
+            continue
+        keep = np.arange(len(predicted)) != i
+        scale, offset = _fit_memory(predicted[keep], measured[keep])
+        out[i] = np.log(measured[i] / (scale * predicted[i] + offset))
     return out
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_HOUR = 3_600.0
@@ -131,19 +132,11 @@ def gpu_hours(num_gpus: Any, train_steps: Any, step_time_s: Any) -> Any:
     )
 
 
-# Two-sided 95% Student t quantiles for 1..30 degrees of freedom; beyond that the normal 1.96 is close enough.
-_T975 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-
-
 def t_quantile_975(dof: int) -> float:
-    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (table; 1.96 beyond 30)."""
+    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (scipy.stats); NaN below one."""
     if dof < 1:
         return math.nan
-    return _T975[dof - 1] if dof <= len(_T975) else 1.96
+    return float(stats.t.ppf(0.975, dof))
 
 
 def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = None, steps_timed: Any = None) -> Any:

@@ -5,7 +5,8 @@ Memory per GPU is the memory model of the cell's engine (``orchestrator/engines/
 model's figures from its family module; the micro-batch of an ``auto`` cell is the largest divisor of the per-GPU
 batch that is predicted to fit, the rule the probe's search follows. Step time is :mod:`analysis.step_time`'s
 model, with the uncalibrated coefficients there or those :func:`analysis.calibration.calibrate` fits per GPU type
-to records.
+to records. Every step time and peak memory comes with a 90% interval (``*_low``, ``*_high``), from the spread
+of :mod:`analysis.uncertainty`: the calibration's where the GPU type has one, the prior's (wide) where it has none.
 
 Every formula works element-wise on numpy arrays, so the report predicts thousands of cells at once
 (:func:`predict_frame`); :func:`predict_cell` is the same code on one cell.
@@ -24,30 +25,60 @@ from analysis import estimates as est
 from analysis.calibration import Calibration, GpuCalibration, calibrate
 from analysis.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
 from analysis.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
+from analysis.uncertainty import Spread, bounds, prior_spread
 from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set, sharding_keys
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",
-    "calibrate", "flat_cell", "plan", "predict_cell", "predict_frame",
+    "calibrate", "flat_cell", "plan", "predict_cell", "predict_frame", "prediction_detail",
 ]  # fmt: skip
 
 
-def _coefficients(x: Inputs, calibration: Calibration | None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+@dataclass
+class _Coefficients:
     """Per cell: step-time coefficients (NaN where no step time can be predicted), memory scale and offset (GiB),
-    and whether the cell's GPU type is calibrated."""
-    coef = np.full((len(x.gpu), len(TERMS)), np.nan)
-    scale = np.ones(len(x.gpu))
-    offset = np.zeros(len(x.gpu))
-    calibrated = np.zeros(len(x.gpu), dtype=bool)
-    coef[~np.isnan(x.reference_tflops)] = DEFAULT_COEFFICIENTS
+    the number of records its GPU type is calibrated on (0: uncalibrated), and its GPU type's spread."""
+
+    coef: np.ndarray
+    scale: np.ndarray
+    offset: np.ndarray
+    records: np.ndarray
+    covariance: np.ndarray
+    step_sd: np.ndarray
+    memory_sd: np.ndarray
+    dof: np.ndarray
+
+
+def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
+    size = len(x.gpu)
+    out = _Coefficients(
+        coef=np.full((size, len(TERMS)), np.nan),
+        scale=np.ones(size),
+        offset=np.zeros(size),
+        records=np.zeros(size, dtype=int),
+        covariance=np.zeros((size, len(TERMS), len(TERMS))),
+        step_sd=np.zeros(size),
+        memory_sd=np.zeros(size),
+        dof=np.ones(size),
+    )
+    out.coef[~np.isnan(x.reference_tflops)] = DEFAULT_COEFFICIENTS
+    spreads: dict[str, Spread] = {}
     for name, gcal in calibration.by_gpu.items() if calibration else ():
         rows = x.gpu == name
-        coef[rows] = gcal.coefficients
-        scale[rows] = gcal.memory_scale
-        offset[rows] = gcal.memory_offset_gib
-        calibrated[rows] = True
-    return coef, scale, offset, calibrated
+        out.coef[rows] = gcal.coefficients
+        out.scale[rows] = gcal.memory_scale
+        out.offset[rows] = gcal.memory_offset_gib
+        out.records[rows] = max(gcal.num_records, 1)
+        spreads[name] = gcal.spread_for(name)
+    for name in set(x.gpu.tolist()):
+        spread = spreads.get(name) or prior_spread(str(name))
+        rows = x.gpu == name
+        out.covariance[rows] = spread.covariance
+        out.step_sd[rows] = spread.step_time_sd
+        out.memory_sd[rows] = spread.memory_sd
+        out.dof[rows] = spread.dof
+    return out
 
 
 def _predict(
@@ -59,7 +90,8 @@ def _predict(
 ) -> dict[str, np.ndarray]:
     """Predictions for every cell of ``x``; ``micro`` and ``accum`` (NaN where not given) force those values."""
     size = len(x.gpu)
-    coef, mem_scale, mem_offset, calibrated = _coefficients(x, calibration)
+    c = _coefficients(x, calibration)
+    coef, mem_scale, mem_offset = c.coef, c.scale, c.offset
     terms_bytes = memory_terms(x)
     overhead = allocator_overhead(x.accelerator)
     # Reserved bytes: what is allocated times the allocator's overhead, then any calibrated scale and offset.
@@ -86,6 +118,11 @@ def _predict(
     terms = step_terms(x, steps)
     parts = terms * coef
     step_time = parts.sum(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        weighted = np.nan_to_num(terms / step_time[:, None])
+        step_sd = np.sqrt(np.einsum("ij,ijk,ik->i", weighted, c.covariance, weighted).clip(min=0.0) + c.step_sd**2)
+    step_low, step_high = bounds(step_time, step_sd, c.dof)
+    memory_low, memory_high = bounds(peak, c.memory_sd, c.dof)
 
     unknown = ~x.known
     out = {
@@ -100,6 +137,11 @@ def _predict(
         "micro_batch_size": chosen,
         "grad_accum_steps": steps,
         "step_time_s": step_time,
+        "step_time_low_s": step_low,
+        "step_time_high_s": step_high,
+        "step_time_sd": np.where(np.isnan(step_time), np.nan, step_sd),
+        "peak_memory_low_gib": memory_low,
+        "peak_memory_high_gib": memory_high,
         "compute_s": parts[:, 0],
         "communication_s": parts[:, 1],
         "offload_s": parts[:, 2],
@@ -107,13 +149,28 @@ def _predict(
     for key, value in out.items():
         out[key] = np.where(unknown, np.nan, value)
     out["fits"] = fits
-    out["calibrated"] = calibrated
+    out["calibrated"] = c.records > 0
+    out["records"] = c.records
+    out["terms"] = terms
     out["known"] = x.known
     return out
 
 
+def prediction_detail(cells: pd.DataFrame, calibration: Calibration | None = None) -> dict[str, np.ndarray]:
+    """The predictor's arrays for every row of a cells table: each figure of :class:`Prediction` by name, the
+    step-time ``terms`` (one row per cell, columns :data:`analysis.step_time.TERMS`) and each cell's ``gpu``."""
+    x = inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
+    out = _predict(x, calibration, DEFAULT_MARGIN)
+    out["gpu"] = x.gpu
+    return out
+
+
 PREDICTION_COLUMNS = ("predicted_fits", "predicted_micro_batch_size", "predicted_grad_accum_steps",
-                      "predicted_peak_memory_gib", "predicted_step_time_s")  # fmt: skip
+                      "predicted_peak_memory_gib", "predicted_peak_memory_gib_low", "predicted_peak_memory_gib_high",
+                      "predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high",
+                      "predicted_from_records")  # fmt: skip
+"""The predictions of every cell: ``*_low`` and ``*_high`` bound its 90% interval; ``predicted_from_records`` is
+how many measured records its GPU type's calibration rests on (0: uncalibrated, and the interval is the prior's)."""
 
 
 def predict_frame(
@@ -139,7 +196,12 @@ def predict_frame(
             "predicted_micro_batch_size": pred["micro_batch_size"],
             "predicted_grad_accum_steps": pred["grad_accum_steps"],
             "predicted_peak_memory_gib": pred["peak_memory_gib"],
+            "predicted_peak_memory_gib_low": pred["peak_memory_low_gib"],
+            "predicted_peak_memory_gib_high": pred["peak_memory_high_gib"],
             "predicted_step_time_s": pred["step_time_s"],
+            "predicted_step_time_s_low": pred["step_time_low_s"],
+            "predicted_step_time_s_high": pred["step_time_high_s"],
+            "predicted_from_records": pred["records"],
         },
         index=cells.index,
     )
@@ -148,8 +210,10 @@ def predict_frame(
 PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine",
                 *(k for k in (*identity_keys_if_set(), *identity_keys()) if k in sharding_keys()),
                 "activation_checkpointing", "precision", "micro_batch_size_setting", *PREDICTION_COLUMNS,
-                "predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud",
-                "predicted_cost_usd_amortised", "predicted_energy_kwh")  # fmt: skip
+                "predicted_time_to_train_days", "predicted_time_to_train_days_low",
+                "predicted_time_to_train_days_high", "predicted_gpu_hours", "predicted_gpu_hours_low",
+                "predicted_gpu_hours_high", "predicted_cost_usd_cloud", "predicted_cost_usd_cloud_low",
+                "predicted_cost_usd_cloud_high", "predicted_cost_usd_amortised", "predicted_energy_kwh")  # fmt: skip
 """Columns of :func:`plan`: the cell, its engine and how it shards and offloads (each engine's
 ``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions."""
 
@@ -184,6 +248,10 @@ def plan(
     purchase = est.purchase_cost_usd(gpus, nodes, gpu_figure("purchase_price_usd"))
     out["predicted_cost_usd_amortised"] = est.amortised_cost_usd(purchase, days)
     out["predicted_energy_kwh"] = est.energy_kwh(hours, gpu_figure("board_power_w"))
+    # Days, GPU-hours and dollars are proportional to the step time: its interval carries over as it is.
+    for column in ("predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud"):
+        for end in ("low", "high"):
+            out[f"{column}_{end}"] = out[column] * out[f"predicted_step_time_s_{end}"] / step_s
     return out.reindex(columns=list(PLAN_COLUMNS))
 
 
@@ -209,6 +277,12 @@ class Prediction:
     micro_batch_size: int | None
     grad_accum_steps: int | None
     step_time_s: float | None
+    step_time_low_s: float | None
+    step_time_high_s: float | None
+    """The 90% interval of the step time (:mod:`analysis.uncertainty`)."""
+    peak_memory_low_gib: float | None
+    peak_memory_high_gib: float | None
+    """The 90% interval of the peak memory per GPU."""
     compute_s: float | None
     communication_s: float | None
     offload_s: float | None
@@ -263,6 +337,8 @@ def predict_cell(
         reason = f"does not fit even at micro-batch {micro}: needs {peak:.2f} GiB, {usable_text}"
     if value("step_time_s") is None:
         reason += "; no step time: the GPU has no peak throughput for this precision and no calibration"
+    elif not p["calibrated"]:
+        reason += "; uncalibrated: the intervals are the prior's, wide until records of this GPU type calibrate it"
     return Prediction(
         peak_memory_gib=peak,
         params_gib=value("params_gib"),
@@ -275,6 +351,10 @@ def predict_cell(
         micro_batch_size=micro,
         grad_accum_steps=int(p["grad_accum_steps"]),
         step_time_s=value("step_time_s"),
+        step_time_low_s=value("step_time_low_s"),
+        step_time_high_s=value("step_time_high_s"),
+        peak_memory_low_gib=value("peak_memory_low_gib"),
+        peak_memory_high_gib=value("peak_memory_high_gib"),
         compute_s=value("compute_s"),
         communication_s=value("communication_s"),
         offload_s=value("offload_s"),

@@ -64,7 +64,9 @@ Predicted (see ``analysis/predict.py``; calibrated on the same report's ``ok`` r
   ``measured_fits``: True for ``ok``, False for ``does_not_fit``/``oom``, empty otherwise; ``fit_agrees``.
 - ``predicted_micro_batch_size``: the micro-batch the predictions below are for (the measured one where there is
   one). ``predicted_peak_memory_gib`` (GiB per GPU), ``memory_error_pct`` = 100 × (predicted ÷ measured − 1) (%).
-- ``predicted_step_time_s`` (s), ``step_time_error_pct`` = 100 × (predicted ÷ measured − 1) (%).
+- ``predicted_step_time_s`` (s), ``step_time_error_pct`` = 100 × (predicted ÷ measured − 1) (%); ``*_low``, ``*_high``:
+  90% intervals (``analysis/uncertainty.py``); ``predicted_from_records``: records calibrating the GPU type (0: none);
+  ``answer``: measured, does_not_fit, predicted (with its interval) or unknown (``analysis/accuracy.py``).
 
 Provenance
 
@@ -90,9 +92,10 @@ import numpy as np
 import pandas as pd
 
 from analysis import engine_comparison, scaling, tables
+from analysis.accuracy import prediction_section
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
-from analysis.records import RESULT_STATUSES, Catalog, load_cells
+from analysis.records import Catalog, load_cells
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set
 
 CELLS_COLUMNS: tuple[str, ...] = (
@@ -109,7 +112,9 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "gpu_hours", "cloud_usd_per_gpu_hour", "cost_usd_cloud", "machine_price_usd", "cost_usd_amortised",
     "board_power_w", "energy_kwh",
     "predicted_fits", "measured_fits", "fit_agrees", "predicted_micro_batch_size", "predicted_peak_memory_gib",
-    "memory_error_pct", "predicted_step_time_s", "step_time_error_pct",
+    "predicted_peak_memory_gib_low", "predicted_peak_memory_gib_high", "memory_error_pct", "predicted_step_time_s",
+    "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records", "answer",
+    "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
 )  # fmt: skip
 """Columns of cells.csv, in order (documented in this module's docstring); the engines' fields from the registry."""
@@ -378,7 +383,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append(_markdown_table(knees, list(knees.columns)))
     out.append(_markdown_table(report.scaling, scaling.MARKDOWN_COLUMNS))
-    out.extend(_prediction_section(report))
+    out.extend(prediction_section(report.cells, report.calibration, _markdown_table))
     if not report.skipped.empty:
         out.append("## Refused before submission")
         out.append("")
@@ -410,41 +415,3 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     )
     out.append("")
     return "\n".join(out)
-
-
-def _prediction_section(report: Report) -> list[str]:
-    cells = report.cells
-    out = ["## Predicted against measured", ""]
-    if cells.empty:
-        return [*out, "_no cells_", ""]
-    judged = cells["fit_agrees"].dropna()
-    if len(judged):
-        share = 100.0 * float(judged.astype(bool).mean())
-        out.append(
-            f"Fit predicted correctly for {int(judged.astype(bool).sum())} of {len(judged)} cells ({share:.1f}%)."
-        )
-    else:
-        out.append("No measured fit or no-fit yet to compare the prediction with.")
-    out.append("")
-    rows = []
-    for gpu, group in cells[cells["status"].isin(RESULT_STATUSES)].groupby("gpu", sort=True):
-        step_err = pd.to_numeric(group["step_time_error_pct"], errors="coerce").abs().dropna()
-        mem_err = pd.to_numeric(group["memory_error_pct"], errors="coerce").abs().dropna()
-        cal = report.calibration.for_gpu(str(gpu))
-        rows.append(
-            {
-                "gpu": gpu,
-                "cells": len(group),
-                "median_abs_step_time_error_pct": float(step_err.median()) if len(step_err) else np.nan,
-                "median_abs_memory_error_pct": float(mem_err.median()) if len(mem_err) else np.nan,
-                "efficiency": cal.efficiency if cal else np.nan,
-                "fitted_terms": " ".join(cal.fitted_terms) if cal else "uncalibrated",
-            }
-        )
-    if rows:
-        out.append(_markdown_table(pd.DataFrame(rows), list(rows[0])))
-    out.append(
-        "Efficiency: achieved share of the dense peak (TFLOP/s where the device has no published peak, e.g. cpu)."
-    )
-    out.append("")
-    return out

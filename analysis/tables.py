@@ -12,6 +12,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import estimates as est
+from analysis.accuracy import answer_column
 from analysis.catalog import method_kinds
 from analysis.inputs import inputs_from_columns
 from analysis.predict import DEFAULT_MARGIN, Calibration, predict_frame
@@ -23,7 +24,7 @@ _ENGINE_KINDS = {key: method_kinds()[key] for spec in engine_specs() for key in 
 INT_COLUMNS = (
     "num_gpus", "num_nodes", *(k for k, kind in _ENGINE_KINDS.items() if kind == "int"), "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "steps_timed", "tokens_per_step", "num_parameters",
-    "train_steps", "predicted_micro_batch_size",
+    "train_steps", "predicted_micro_batch_size", "predicted_from_records",
 )  # fmt: skip
 BOOL_COLUMNS = (
     *(k for k, kind in _ENGINE_KINDS.items() if kind == "bool"), "activation_checkpointing", "compile", "tf32",
@@ -95,6 +96,13 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     return out
 
 
+INTERVAL_COLUMNS = (
+    "predicted_peak_memory_gib", "predicted_peak_memory_gib_low", "predicted_peak_memory_gib_high",
+    "predicted_step_time_s", "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records",
+)  # fmt: skip
+"""The predictions cells.csv carries with their 90% intervals (:mod:`analysis.uncertainty`)."""
+
+
 def add_predictions(
     frame: pd.DataFrame, calibration: Calibration | None, margin: float = DEFAULT_MARGIN
 ) -> pd.DataFrame:
@@ -115,8 +123,8 @@ def add_predictions(
     )
     out["predicted_fits"] = as_set["predicted_fits"]
     out["predicted_micro_batch_size"] = as_run["predicted_micro_batch_size"]
-    out["predicted_peak_memory_gib"] = as_run["predicted_peak_memory_gib"]
-    out["predicted_step_time_s"] = as_run["predicted_step_time_s"]
+    for column in INTERVAL_COLUMNS:
+        out[column] = as_run[column]
     # Rounded to 1e-4 %: an exact fit then reads 0, not float noise like -1.1e-14.
     # The prediction is of the reserved peak where the device has a caching allocator (CUDA); the CPU's records
     # have one figure, the resident-set growth.
@@ -131,6 +139,7 @@ def add_predictions(
         dtype="boolean",
     )
     out["fit_agrees"] = out["predicted_fits"] == out["measured_fits"]
+    out["answer"] = answer_column(out)
     return out
 
 

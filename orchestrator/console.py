@@ -48,12 +48,16 @@ CELL_COLUMNS = {
 PLAN_PREDICTION_COLUMNS = {
     "predicted_micro_batch_size": "mb",
     "predicted_peak_memory_gib": "mem_gib",
+    "predicted_peak_memory_gib_90": "mem_gib_90%",
     "predicted_step_time_s": "step_s",
+    "predicted_step_time_s_90": "step_s_90%",
     "predicted_time_to_train_days": "days",
+    "predicted_time_to_train_days_90": "days_90%",
     "predicted_gpu_hours": "gpu_h",
     "predicted_cost_usd_cloud": "usd_cloud",
     "predicted_cost_usd_amortised": "usd_amortised",
     "predicted_energy_kwh": "kwh",
+    "predicted_basis": "basis",
 }
 STATE_STYLE: dict[State, str] = {
     State.NEW: "white",

@@ -119,7 +119,7 @@ def show_plan(plan: Any, predictions: bool) -> None:
     c = console.make_console()
     c.print(console.plan_summary(plan))
     if predictions:
-        console.out("predicted (before any measurement; calibrated on this folder's records when it has some):")
+        console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
         c.print(console.plan_table(plan))
 
 

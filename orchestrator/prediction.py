@@ -6,10 +6,32 @@ planning, below the analysis package, must not import.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from orchestrator.sweep import Plan, refuse_unfit
+
+INTERVALS = {
+    "predicted_step_time_s": "predicted_step_time_s_90",
+    "predicted_time_to_train_days": "predicted_time_to_train_days_90",
+    "predicted_peak_memory_gib": "predicted_peak_memory_gib_90",
+}
+"""The predictions whose 90% interval the plan shows, and the key of its text."""
+
+
+def interval_texts(row: Mapping[str, object]) -> dict[str, str]:
+    """``low-high`` (three significant digits) of each prediction's 90% interval, and ``basis``: how many records
+    calibrated the cell's GPU type, or ``uncalibrated`` (the interval is the prior's, wide)."""
+    out: dict[str, str] = {}
+    for key, text in INTERVALS.items():
+        low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
+        if isinstance(low, float) and isinstance(high, float) and math.isfinite(low) and math.isfinite(high):
+            out[text] = f"{low:.3g}-{high:.3g}"
+    records = row.get("predicted_from_records")
+    count = int(records) if isinstance(records, (int, float)) and math.isfinite(records) else 0
+    out["predicted_basis"] = f"{count} records" if count else "uncalibrated"
+    return out
 
 
 def predict(
@@ -29,6 +51,7 @@ def predict(
     calibration = calibration_from(existing) if existing else None
     frame = predict_plan([c.config for c in p.cells], calibration, margin)
     for cell, row in zip(p.cells, frame.to_dict(orient="records"), strict=True):
+        row.update(interval_texts(row))
         cell.prediction = row
     if not run_anyway:
         refuse_unfit(p, margin)

@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from scipy import stats
+
 from orchestrator.record import Metrics
 
 COMPOSED_MICRO_STEPS = 4
@@ -52,26 +54,12 @@ def composed_micro_steps(grad_accum_steps: int, micro_step_s: float | None) -> i
 
 STEP_TIMINGS = ("composed", "whole")
 
-# Two-sided 95% quantiles of Student's t for 1..30 degrees of freedom (any statistics table).
-_T95 = (
-    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
-    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
-    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
-)  # fmt: skip
-_Z975 = 1.959964
-
 
 def t_critical_95(df: int) -> float:
-    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom.
-
-    Tabulated up to 30; beyond, the Cornish-Fisher expansion in 1/df, which is within 1e-4 of the exact value there.
-    """
+    """Two-sided 95% quantile of Student's t with ``df`` degrees of freedom (scipy.stats)."""
     if df < 1:
         raise ValueError(f"t quantile needs at least one degree of freedom, got {df}")
-    if df <= len(_T95):
-        return _T95[df - 1]
-    z = _Z975
-    return z + (z**3 + z) / (4 * df) + (5 * z**5 + 16 * z**3 + 3 * z) / (96 * df**2)
+    return float(stats.t.ppf(0.975, df))
 
 
 def _quantile(sorted_values: Sequence[float], q: float) -> float:

@@ -4,6 +4,7 @@ DeepSpeed's memory arithmetic itself is tested in tests/unit/engines/, the model
 
 from __future__ import annotations
 
+import numpy as np
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
@@ -21,6 +22,7 @@ from analysis.predict import (
 )
 from analysis.records import Catalog
 from analysis.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
+from analysis.uncertainty import prior_covariance
 from orchestrator.batch import divisors
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
@@ -183,29 +185,38 @@ def test_calibration_recovers_the_coefficients_it_was_made_with(catalog: Catalog
     measured = _measured_table(catalog, truth, memory_factor=1.1, memory_offset=0.5)
     fitted = calibrate(measured).for_gpu("a100-80gb")
     assert fitted is not None and fitted.num_records == 24
-    assert fitted.efficiency == pytest.approx(0.55, rel=1e-6)
-    assert fitted.communication_scale == pytest.approx(2.0, rel=1e-6)
-    assert fitted.overhead_s_per_micro_step == pytest.approx(0.004, rel=1e-6)
+    # The posterior mean: the prior pulls a little, the records' relative noise being taken as the model's.
+    assert fitted.efficiency == pytest.approx(0.55, rel=1e-2)
+    assert fitted.overhead_s_per_micro_step == pytest.approx(0.004, abs=3e-3)
     assert fitted.memory_scale == pytest.approx(1.1)
     assert fitted.memory_offset_gib == pytest.approx(0.5)
-    assert fitted.step_time_error_pct < 1e-6
+    assert fitted.step_time_error_pct < 1.0
+    # Communication is under 1% of these cells' time: the records barely say anything about its coefficient, and
+    # its posterior stays about as wide as the prior, while the efficiency's narrows twentyfold.
+    assert fitted.spread is not None
+    prior = np.diag(prior_covariance("a100-80gb"))
+    posterior = np.diag(fitted.spread.covariance)
+    assert posterior[1] > 0.9 * prior[1] and posterior[0] < 0.05 * prior[0]
     # Calibrated predictions reproduce the measurements they came from.
     calibration = Calibration({"a100-80gb": fitted})
     again = predict_frame(measured, calibration, micro_batch_size=measured["micro_batch_size"])
     assert again["predicted_peak_memory_gib"].to_numpy() == pytest.approx(measured["peak_memory_gib"].to_numpy())
-    assert again["predicted_step_time_s"].to_numpy() == pytest.approx(measured["step_time_s"].to_numpy())
+    assert again["predicted_step_time_s"].to_numpy() == pytest.approx(measured["step_time_s"].to_numpy(), rel=1e-2)
 
 
-def test_one_record_calibrates_the_efficiency_only(catalog: Catalog) -> None:
+def test_one_record_moves_the_prediction_towards_it_as_far_as_the_prior_allows(catalog: Catalog) -> None:
     cell = synthetic.cell_config("pythia-160m", "h100-80gb", 1, catalog=catalog)
     plan = predict_cell(cell)
     row = flat_cell(cell)
-    row.update(status="ok", step_time_s=2 * plan.step_time_s, micro_batch_size=plan.micro_batch_size)
+    row.update(status="ok", step_time_s=1.3 * plan.step_time_s, micro_batch_size=plan.micro_batch_size)
     fitted = calibrate(pd.DataFrame([row])).for_gpu("h100-80gb")
-    # Compute alone explains the doubled time: efficiency = compute at the peak / measured time.
-    assert fitted.efficiency == pytest.approx(DEFAULT_EFFICIENCY * plan.compute_s / (2 * plan.step_time_s))
+    assert fitted is not None and fitted.efficiency < DEFAULT_EFFICIENCY
     assert fitted.communication_scale == 1.0  # no record had communication: the nominal figure stays
-    assert predict_cell(cell, calibrate(pd.DataFrame([row]))).step_time_s == pytest.approx(2 * plan.step_time_s)
+    again = predict_cell(cell, calibrate(pd.DataFrame([row])))
+    assert again.step_time_s is not None and plan.step_time_s is not None
+    assert 1.1 * plan.step_time_s < again.step_time_s < 1.3 * plan.step_time_s
+    assert again.step_time_low_s is not None and again.step_time_high_s is not None
+    assert again.step_time_low_s < 1.3 * plan.step_time_s < again.step_time_high_s
 
 
 def test_calibration_ignores_failed_and_unmeasured_rows(catalog: Catalog) -> None:

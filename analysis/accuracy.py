@@ -1,0 +1,82 @@
+"""report.md's "Predicted against measured": how the predictor did on the measured cells, how wide its 90%
+intervals are, and what every cell's answer is (measured, or predicted with its interval).
+
+The predictions are calibrated on the same report's measured cells, so the errors and the share of measured cells
+inside their intervals are in-sample; ``benchmarks/intervals.py`` measures them out of sample.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+import pandas as pd
+
+from analysis.calibration import Calibration
+from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, RESULT_STATUSES
+
+ANSWERS = ("measured", "does_not_fit", "predicted", "unknown")
+"""The ``answer`` column of cells.csv: measured (``ok``); measured not to fit (``does_not_fit``, ``oom``); predicted
+with its interval (no measurement yet, or a failed one); unknown (no step time can be predicted: an uncalibrated CPU)."""
+
+
+def answer_column(cells: pd.DataFrame) -> pd.Series:
+    """Each cell's :data:`ANSWERS` entry, from its status and its predicted step time."""
+    status = cells["status"] if "status" in cells.columns else pd.Series(None, index=cells.index, dtype=object)
+    predicted = pd.to_numeric(cells.get("predicted_step_time_s"), errors="coerce")
+    out = pd.Series(np.where(predicted.notna(), "predicted", "unknown"), index=cells.index, dtype=object)
+    out[status.isin(MEASURED_DOES_NOT_FIT)] = "does_not_fit"
+    out[status.isin(MEASURED_FITS)] = "measured"
+    return out
+
+
+def prediction_section(
+    cells: pd.DataFrame, calibration: Calibration, table: Callable[[pd.DataFrame, Sequence[str]], str]
+) -> list[str]:
+    """The lines of the section; ``table`` renders a frame's columns as markdown."""
+    out = ["## Predicted against measured", ""]
+    if cells.empty:
+        return [*out, "_no cells_", ""]
+    judged = cells["fit_agrees"].dropna()
+    if len(judged):
+        share = 100.0 * float(judged.astype(bool).mean())
+        out.append(
+            f"Fit predicted correctly for {int(judged.astype(bool).sum())} of {len(judged)} cells ({share:.1f}%)."
+        )
+    else:
+        out.append("No measured fit or no-fit yet to compare the prediction with.")
+    answers = cells["answer"].value_counts() if "answer" in cells.columns else pd.Series(dtype=int)
+    out.append("Every cell's answer: " + ", ".join(f"{answers.get(a, 0)} {a.replace('_', ' ')}" for a in ANSWERS) + ".")
+    out.append("")
+    rows = []
+    for gpu, group in cells[cells["status"].isin(RESULT_STATUSES)].groupby("gpu", sort=True):
+        step_err = pd.to_numeric(group["step_time_error_pct"], errors="coerce").abs().dropna()
+        mem_err = pd.to_numeric(group["memory_error_pct"], errors="coerce").abs().dropna()
+        measured = pd.to_numeric(group["step_time_s"], errors="coerce")
+        low = pd.to_numeric(group["predicted_step_time_s_low"], errors="coerce")
+        high = pd.to_numeric(group["predicted_step_time_s_high"], errors="coerce")
+        central = pd.to_numeric(group["predicted_step_time_s"], errors="coerce")
+        known = measured.notna() & low.notna()
+        inside = ((low <= measured) & (measured <= high))[known]
+        cal = calibration.for_gpu(str(gpu))
+        rows.append(
+            {
+                "gpu": gpu,
+                "cells": len(group),
+                "median_abs_step_time_error_pct": float(step_err.median()) if len(step_err) else np.nan,
+                "median_abs_memory_error_pct": float(mem_err.median()) if len(mem_err) else np.nan,
+                "median_interval_halfwidth_pct": float((100.0 * (high / central - 1.0)).median()),
+                "inside_interval_pct": 100.0 * float(inside.mean()) if len(inside) else np.nan,
+                "efficiency": cal.efficiency if cal else np.nan,
+                "fitted_terms": " ".join(cal.fitted_terms) if cal else "uncalibrated",
+            }
+        )
+    if rows:
+        out.append(table(pd.DataFrame(rows), list(rows[0])))
+    out.append(
+        "Efficiency: achieved share of the dense peak (TFLOP/s where the device has no published peak, e.g. cpu). "
+        "Intervals: 90%, the larger half in % of the predicted step time; `inside_interval_pct`: measured cells "
+        "whose step time lies inside their interval (in-sample). Every cell's interval is in cells.csv."
+    )
+    out.append("")
+    return out

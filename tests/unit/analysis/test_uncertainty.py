@@ -1,0 +1,115 @@
+"""Every prediction's 90% interval (analysis/uncertainty.py): it holds held-out truths about as often as it says,
+narrows as records come, and is wide, and says so, where nothing was measured."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis import synthetic
+from analysis.calibration import calibrate
+from analysis.predict import flat_cell, plan, predict_cell, predict_frame
+from analysis.uncertainty import bounds, quantile
+
+RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("*/*.json"))
+
+
+@pytest.fixture(scope="module")
+def grid() -> pd.DataFrame:
+    return synthetic.grid(
+        models=("pythia-70m", "pythia-410m", "pythia-1b", "smollm2-360m", "qwen3-0.6b", "llama-3.2-1b"),
+        gpus=("a100-80gb", "l40s"),
+        layouts=((1, 1), (2, 1), (8, 1), (16, 2)),
+    )
+
+
+def held_out(truth: pd.DataFrame, n: int, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``n`` measured cells to calibrate on, and the rest to judge the predictions by."""
+    ok = truth[truth["status"] == "ok"]
+    order = np.random.default_rng(seed).permutation(len(ok))
+    return ok.iloc[order[:n]], ok.iloc[order[n:]]
+
+
+def predicted_for(train: pd.DataFrame, test: pd.DataFrame) -> pd.DataFrame:
+    return predict_frame(
+        test, calibrate(train), micro_batch_size=test["micro_batch_size"], grad_accum_steps=test["grad_accum_steps"]
+    )
+
+
+def coverage(pred: pd.DataFrame, test: pd.DataFrame, name: str, truth: str) -> float:
+    inside = (pred[f"{name}_low"] <= test[truth]) & (test[truth] <= pred[f"{name}_high"])
+    return float(inside.mean())
+
+
+def test_intervals_hold_held_out_truths_at_about_the_stated_rate(grid: pd.DataFrame) -> None:
+    rates = []
+    for seed in range(4):
+        train, test = held_out(synthetic.perturbed_truth(grid, seed=seed), 120, seed)
+        rates.append(coverage(predicted_for(train, test), test, "predicted_step_time_s", "step_time_s"))
+    # 90% intervals over four perturbed grids: neither far over- nor under-confident.
+    assert 0.85 <= float(np.mean(rates)) <= 0.97, rates
+    assert min(rates) >= 0.8, rates
+
+
+def test_the_posterior_narrows_as_records_come(grid: pd.DataFrame) -> None:
+    truth = synthetic.perturbed_truth(grid, seed=1)
+    widths = []
+    for n in (5, 20, 80, 200):
+        train, test = held_out(truth, n, seed=1)
+        pred = predicted_for(train, test)
+        widths.append(float((pred["predicted_step_time_s_high"] / pred["predicted_step_time_s_low"]).median()))
+    assert widths == sorted(widths, reverse=True), widths
+    assert widths[-1] < 0.5 * widths[0] + 0.5, widths
+
+
+def test_uncalibrated_intervals_are_wider_and_say_so(grid: pd.DataFrame) -> None:
+    truth = synthetic.perturbed_truth(grid, seed=2)
+    train, test = held_out(truth, 60, seed=2)
+    calibrated = predicted_for(train, test)
+    uncalibrated = predict_frame(test, micro_batch_size=test["micro_batch_size"])
+    assert (uncalibrated["predicted_from_records"] == 0).all() and (calibrated["predicted_from_records"] > 0).all()
+    ratio = uncalibrated["predicted_step_time_s_high"] / uncalibrated["predicted_step_time_s_low"]
+    ratio_calibrated = calibrated["predicted_step_time_s_high"] / calibrated["predicted_step_time_s_low"]
+    assert (ratio > ratio_calibrated).mean() > 0.95
+    # The uncalibrated intervals are wide, but they hold the truth.
+    assert coverage(uncalibrated, test, "predicted_step_time_s", "step_time_s") > 0.9
+    pred = predict_cell(synthetic.cell_config("pythia-160m", "a100-80gb", 2))
+    assert not pred.calibrated and "uncalibrated" in pred.reason
+    assert pred.step_time_low_s is not None and pred.step_time_high_s is not None and pred.step_time_s is not None
+    assert pred.step_time_high_s / pred.step_time_s > 1.3
+
+
+def test_days_hours_and_dollars_carry_the_step_time_s_interval() -> None:
+    row = plan([synthetic.cell_config("pythia-410m", "h100-80gb", 4)]).iloc[0]
+    share_low = row["predicted_step_time_s_low"] / row["predicted_step_time_s"]
+    share_high = row["predicted_step_time_s_high"] / row["predicted_step_time_s"]
+    for column in ("predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud"):
+        assert row[f"{column}_low"] == pytest.approx(row[column] * share_low)
+        assert row[f"{column}_high"] == pytest.approx(row[column] * share_high)
+    assert (
+        row["predicted_peak_memory_gib_low"] < row["predicted_peak_memory_gib"] < row["predicted_peak_memory_gib_high"]
+    )
+
+
+def test_the_uncalibrated_intervals_hold_every_real_h100_record() -> None:
+    records = [json.loads(path.read_text()) for path in RECORDS]
+    assert len(records) == 14
+    table = pd.DataFrame([flat_cell(r["config"]) for r in records])
+    micro = pd.Series([float(r["metrics"]["micro_batch_size"]) for r in records])
+    pred = predict_frame(table, micro_batch_size=micro)
+    for record, (_, row) in zip(records, pred.iterrows(), strict=True):
+        metrics = record["metrics"]
+        assert row["predicted_step_time_s_low"] <= metrics["step_time_s"] <= row["predicted_step_time_s_high"]
+        reserved = metrics["peak_memory_reserved_gib"]
+        assert row["predicted_peak_memory_gib_low"] <= reserved <= row["predicted_peak_memory_gib_high"]
+
+
+def test_the_interval_is_student_t_on_the_log_scale() -> None:
+    low, high = bounds(np.array([10.0]), np.array([0.1]), 1e9)
+    assert quantile(1e9) == pytest.approx(1.6449, abs=1e-4)
+    assert (low[0], high[0]) == pytest.approx((10.0 / np.exp(0.16449), 10.0 * np.exp(0.16449)), rel=1e-4)
+    assert quantile(4.0) == pytest.approx(2.1318, abs=1e-4)
