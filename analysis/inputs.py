@@ -70,11 +70,16 @@ class Inputs:
     batch: np.ndarray
     params: np.ndarray
     """Parameters, from the family's formula."""
-    flops_per_token: np.ndarray
-    """Training FLOPs per token with what activation checkpointing recomputes (hardware FLOPs)."""
+    flops_per_sample: np.ndarray
+    """Training FLOPs of one sample (a sequence, an image) with what activation checkpointing recomputes
+    (hardware FLOPs)."""
     per_sequence: np.ndarray
-    """Activation bytes one sequence adds to the peak (DeepSpeed's memory model, the family's figures)."""
+    """Activation bytes one sample (a sequence, an image) adds to the peak (the family's figures)."""
     largest_weight: np.ndarray
+    tokens_per_sample: np.ndarray
+    """Tokens one sample trains on; NaN where the family's samples are not tokens (images) or unknown."""
+    throughput_unit: np.ndarray
+    """What each cell's throughput is counted in, ``tokens`` or ``images`` (its family's); None where unknown."""
     known: np.ndarray
     gpu: np.ndarray
     accelerator: np.ndarray
@@ -169,11 +174,13 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
     def per_model(model: ModelConfig) -> tuple[float, ...]:
         fam = family_module(model.family)
+        tokens = fam.tokens_per_sample(model)
         return (
             float(fam.num_parameters(model)),
-            fam.flops_per_token(model, False),
-            fam.flops_per_token(model, True),
+            fam.flops_per_sample(model, False),
+            fam.flops_per_sample(model, True),
             float(fam.largest_weight_elements(model)),
+            float(tokens) if tokens is not None else np.nan,
         )
 
     def per_model_method(model: ModelConfig, key: tuple[Any, ...]) -> tuple[float, ...]:
@@ -183,7 +190,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         return (activation_bytes_per_sequence(model, method),)
 
     methods = [attention, checkpointing, compiled, precision]
-    params, flops, flops_recompute, largest = _by_distinct(models, [], known, per_model, 4)
+    params, flops, flops_recompute, largest, tokens_per_sample = _by_distinct(models, [], known, per_model, 5)
     (per_sequence,) = _by_distinct(models, methods, known, per_model_method, 1)
     micro_setting = num("micro_batch_size_setting")
     return Inputs(
@@ -194,9 +201,13 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         seq=seq,
         batch=batch,
         params=params,
-        flops_per_token=np.where(checkpointing, flops_recompute, flops),
+        flops_per_sample=np.where(checkpointing, flops_recompute, flops),
         per_sequence=per_sequence,
         largest_weight=largest,
+        tokens_per_sample=tokens_per_sample,
+        throughput_unit=np.array(
+            [family_module(m.family).THROUGHPUT_UNIT if m is not None else None for m in models], dtype=object
+        ),
         known=known,
         gpu=text("gpu", ""),
         accelerator=text("gpu_accelerator", "cuda"),

@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 from analysis.step_time import DEFAULT_EFFICIENCY
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
-from orchestrator.models import family_module, flops_per_token, num_parameters
+from orchestrator.models import flops_per_token, language_family, num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
 # DEFAULT_EFFICIENCY, the achieved share of the dense bf16 peak in the matrix products when nothing is measured,
@@ -157,7 +157,7 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     parallelism with sequence parallelism splits both over the ``t`` ranks.
     """
     s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
-    family = family_module(model.family)
+    family = language_family(model, "the tensor/pipeline-parallel layouts")
     layers = math.ceil(model.num_layers / layout.pipeline)
     full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b / t
     if layout.activation_checkpointing:

@@ -39,7 +39,9 @@ Measured by the probe (per GPU unless said otherwise)
   ``tokens_per_step`` (tokens per optimizer step, all GPUs), ``steps_timed``.
 - ``step_time_s`` (s per optimizer step, the point estimate), ``step_time_mean_s``, ``step_time_std_s``,
   ``step_time_iqr_s`` (s), ``step_time_ci95_pct`` (half-width of the 95% confidence interval of the mean, % of it).
-- ``tokens_per_s`` (all GPUs), ``tokens_per_s_per_gpu``; ``model_tflops_per_gpu``, ``hardware_tflops_per_gpu``
+- ``tokens_per_s`` (all GPUs), ``tokens_per_s_per_gpu`` (empty for a model whose samples are not tokens);
+  ``throughput_unit`` (``tokens`` or ``images``: the model family's own), ``throughput_per_s`` (in that unit, all
+  GPUs), ``throughput_per_s_per_gpu``; ``model_tflops_per_gpu``, ``hardware_tflops_per_gpu``
   (TFLOP/s); ``mfu``, ``hfu`` (fractions of the dense peak, 0-1).
 - ``peak_memory_gib`` (peak allocated GPU memory, GiB), ``peak_memory_reserved_gib``, ``host_rss_gib`` (GiB).
 - ``num_parameters`` (count), ``probe_wall_s`` (s the probe ran).
@@ -106,7 +108,8 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
     "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",
-    "tokens_per_s", "tokens_per_s_per_gpu", "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
+    "tokens_per_s", "tokens_per_s_per_gpu", "throughput_unit", "throughput_per_s", "throughput_per_s_per_gpu",
+    "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
     "peak_memory_gib", "peak_memory_reserved_gib", "host_rss_gib", "num_parameters", "probe_wall_s",
     "train_tokens", "train_steps", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high",
     "gpu_hours", "cloud_usd_per_gpu_hour", "cost_usd_cloud", "machine_price_usd", "cost_usd_amortised",

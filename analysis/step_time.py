@@ -38,6 +38,8 @@ INTRA_NODE_BUSBW_GBPS: dict[str, float] = {
     "rtx3090": 12.0,  # PCIe 4.0 through the host, no NVLink assumed
     "a6000": 12.0,
     "l40s": 12.0,
+    "a40": 12.0,
+    "l40": 12.0,
     "cpu": 2.0,  # gloo over shared memory between processes
 }
 DEFAULT_INTRA_NODE_BUSBW_GBPS = 12.0
@@ -58,7 +60,7 @@ DEFAULT_COEFFICIENTS = np.array([1.0 / DEFAULT_EFFICIENCY, 1.0, 1.0, DEFAULT_OVE
 
 def step_terms(x: Inputs, accum: np.ndarray) -> np.ndarray:
     """The raw terms of one optimizer step, one row per cell, columns as in :data:`TERMS`."""
-    flops = x.batch * x.seq * x.flops_per_token
+    flops = x.batch * x.flops_per_sample
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
     compute = flops / x.num_gpus / (reference * 1e12)
     intra = np.array([INTRA_NODE_BUSBW_GBPS.get(g, DEFAULT_INTRA_NODE_BUSBW_GBPS) for g in x.gpu], dtype=float)

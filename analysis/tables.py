@@ -51,11 +51,13 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     ok = out["status"].isin(MEASURED_FITS) if "status" in out.columns else pd.Series(False, index=out.index)
     # The probe's count of the built module where measured, else the family's formula (a published
     # model_num_parameters is only a check of the architecture, never a figure).
-    formula = pd.Series(inputs_from_columns({c: out[c] for c in out.columns}, len(out)).params, index=out.index)
+    x = inputs_from_columns({c: out[c] for c in out.columns}, len(out))
+    formula = pd.Series(x.params, index=out.index)
     params = _col(out, "num_parameters").fillna(formula)
     out["num_parameters"] = params
 
-    seq, batch = _col(out, "model_seq_length"), _col(out, "model_global_batch_size")
+    # Tokens only where the family's samples are tokens: an image classifier's token figures stay empty.
+    seq, batch = pd.Series(x.tokens_per_sample, index=out.index), _col(out, "model_global_batch_size")
     model_tokens_per_step = batch * seq
     tokens_per_step = _col(out, "tokens_per_step").fillna(model_tokens_per_step)
     out["tokens_per_step"] = tokens_per_step
@@ -93,6 +95,12 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     tokens_per_s = _col(out, "tokens_per_s").fillna(tokens_per_step / step)
     out["tokens_per_s"] = tokens_per_s
     out["tokens_per_s_per_gpu"] = _col(out, "tokens_per_s_per_gpu").fillna(tokens_per_s / num_gpus)
+    # Each cell's throughput in its family's own unit: tokens/s for a language model, images/s for a vision one.
+    unit = pd.Series(x.throughput_unit, index=out.index, dtype=object)
+    samples_per_s = _col(out, "samples_per_s").fillna(batch / step)
+    out["throughput_unit"] = unit
+    out["throughput_per_s"] = tokens_per_s.where(unit == "tokens", samples_per_s.where(unit == "images"))
+    out["throughput_per_s_per_gpu"] = out["throughput_per_s"] / num_gpus
     return out
 
 

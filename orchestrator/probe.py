@@ -50,7 +50,7 @@ from orchestrator.build_cache import pin_build_environment
 from orchestrator.engines.base import batch_split
 from orchestrator.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.metering import GIB, gib
-from orchestrator.models import throughput_metrics
+from orchestrator.models import family_module, throughput_metrics
 from orchestrator.ranks import Outcome, RankGroup
 from orchestrator.record import Metrics, Trial
 from orchestrator.schema import Config, to_config
@@ -69,6 +69,8 @@ from orchestrator.timing import (
 
 DATA_BATCHES = 2
 """Distinct synthetic micro-batches cycled through, so no step reuses the previous step's input tensor."""
+TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+"""The dtype of a batch's floating inputs (an image's pixels) under each ``method.precision``."""
 
 
 class _Probe(RankGroup):
@@ -125,9 +127,15 @@ class _Probe(RankGroup):
         self.batches = []
         seed = self.config.probe.seed * 1000 + self.rank + 1  # different data on each rank
         generator = torch.Generator().manual_seed(seed)
-        vocab, seq = self.config.model.vocab_size, self.config.model.seq_length
+        family = family_module(self.config.model.family)
+        dtype = getattr(torch, TRAINING_DTYPES[self.config.method.precision])
         self.batches = [
-            torch.randint(0, vocab, (plan.micro_batch_size, seq), generator=generator).to(self.device)
+            {
+                key: value.to(self.device)
+                for key, value in family.synthetic_batch(
+                    self.config.model, plan.micro_batch_size, generator, dtype
+                ).items()
+            }
             for _ in range(DATA_BATCHES)
         ]
         if self.config.method.micro_batch_size == "auto":
@@ -135,7 +143,8 @@ class _Probe(RankGroup):
             # trial makes torch.compile build one graph for all of them, instead of a static one and then a
             # dynamic one at the second size (sizes of 1 are always specialised).
             for batch in self.batches:
-                torch._dynamo.maybe_mark_dynamic(batch, 0)
+                for value in batch.values():
+                    torch._dynamo.maybe_mark_dynamic(value, 0)
 
     def release(self) -> None:
         self.batches = []
@@ -339,6 +348,8 @@ class _Probe(RankGroup):
         rate = throughput_metrics(self.config, plan.global_batch_size, summarize([s.step_s for s in samples]).median_s)
         return replace(
             steps,
+            throughput_unit=rate.throughput_unit,
+            samples_per_s=rate.samples_per_s,
             tokens_per_step=rate.tokens_per_step,
             tokens_per_s=rate.tokens_per_s,
             tokens_per_s_per_gpu=rate.tokens_per_s_per_gpu,

@@ -149,8 +149,12 @@ class Metrics:
     """Median host CPU time of a step (this process, all its threads; a composed sample's scaled to a step)."""
     step_cpu_times_s: list[float] | None = _timed()
     """Every timed sample's host CPU time, in order."""
+    throughput_unit: str | None = _metric()
+    """What the model's throughput is counted in: ``tokens`` (language models) or ``images`` (vision models)."""
+    samples_per_s: float | None = _metric()
+    """Samples (sequences, images) per second over all GPUs."""
     tokens_per_step: int | None = _timed(checked=True)
-    """Tokens of one optimizer step over all GPUs."""
+    """Tokens of one optimizer step over all GPUs; None for a model whose samples are not tokens (images)."""
     tokens_per_s: float | None = _timed(checked=True)
     tokens_per_s_per_gpu: float | None = _timed(checked=True)
     model_flops_per_step: float | None = _timed()

@@ -17,6 +17,8 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
     from orchestrator.batch import BatchPlan
@@ -57,8 +59,9 @@ class Engine(Protocol):
     def resize(self, plan: BatchPlan) -> None:
         """Train with ``plan``'s micro-batch and accumulation from now on, on the engine already built."""
 
-    def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
-        """Forward and backward on ``batch`` (token ids, also the labels); at the accumulation ``boundary`` also
+    def micro_step(self, batch: Mapping[str, torch.Tensor], boundary: bool) -> torch.Tensor:
+        """Forward and backward on ``batch`` (the forward's keyword arguments, labels included: the family's
+        ``synthetic_batch``); at the accumulation ``boundary`` also
         the gradient reduction and the optimizer step. Returns the loss."""
 
     def release(self) -> None:

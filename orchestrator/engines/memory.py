@@ -34,25 +34,10 @@ def precision_bytes(precision: Any) -> Any:
 
 
 def activation_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes of the activations one sequence adds to the peak of a training step (logits and loss included).
-
-    Without checkpointing the peak comes at the loss, with every layer's activations still held:
-    ``L × layer + logits``. With full checkpointing each layer keeps only its input, and the peak is the larger
-    of the loss and one layer being rebuilt in the backward pass (measured on the CPU: the two never coincide).
-    fp32 doubles the layers' bytes; the logits' peak is already counted in fp32 entries. The engine does not
-    change them.
-    """
-    family = family_module(model.family)
-    seq = model.seq_length
-    compiled = bool(method.compile)
-    kept = family.activation_bytes_per_token_per_layer(model, method.attention, method.activation_checkpointing)
-    scale = 2.0 if method.precision == "fp32" else 1.0
-    layers = model.num_layers * kept * seq * scale
-    logits = family.logit_bytes_per_token(model, compiled) * seq
-    if not method.activation_checkpointing:
-        return float(layers + logits)
-    rebuilt = family.activation_bytes_per_token_per_layer(model, method.attention, False) * seq * scale
-    return float(layers + max(logits, rebuilt))
+    """Bytes of the activations one sample (a sequence, an image) adds to the peak of a training step, its output
+    and loss included: the family's own count (``activation_bytes_per_sample``; for a language model
+    ``orchestrator.models.sequences.activation_bytes_per_sample``). The engine does not change them."""
+    return float(family_module(model.family).activation_bytes_per_sample(model, method))
 
 
 def allocator_overhead(accelerator: Any) -> Any:

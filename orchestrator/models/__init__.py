@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.models import gpt_neox, llama, olmo2, qwen3
+from orchestrator.models import gpt_neox, llama, olmo2, qwen3, sequences
 
 if TYPE_CHECKING:
     import torch
@@ -23,11 +23,67 @@ if TYPE_CHECKING:
 
 
 class Family(Protocol):
-    """What a model family module provides; every function is pure arithmetic except the two builders."""
+    """What a model family module provides; every function is pure arithmetic except the builders and the batch.
+
+    A family says what one of its samples is (``SAMPLE``: a ``sequence`` of tokens or an ``image``) and in which
+    unit its throughput is counted (``THROUGHPUT_UNIT``: ``tokens`` or ``images``); its FLOPs and activation bytes
+    are per sample, and ``tokens_per_sample`` is None where a token count means nothing (an image classifier), so
+    that every figure built on tokens (tokens per parameter, token budgets) is left empty for it, never wrong.
+    """
+
+    SAMPLE: str
+    THROUGHPUT_UNIT: str
 
     def num_parameters(self, model: ModelConfig) -> int:
-        """Parameters of the architecture (checked against the built module's ``numel``)."""
+        """Parameters of the architecture, every expert included (checked against the built module's ``numel``)."""
         ...
+
+    def tokens_per_sample(self, model: ModelConfig) -> int | None:
+        """Tokens one sample trains on (``seq_length``); None for a family whose sample is not tokens."""
+        ...
+
+    def flops_per_sample(self, model: ModelConfig, recompute: bool = False) -> float:
+        """Training FLOPs (forward + backward) of one sample, only the experts it is routed to; ``recompute`` adds
+        what activation checkpointing reruns."""
+        ...
+
+    def activation_bytes_per_sample(self, model: ModelConfig, method: MethodConfig) -> float:
+        """Bytes one sample adds to the peak of a training step under ``method`` (its output and loss included)."""
+        ...
+
+    def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
+        """Shapes the library's module cannot build, by the key to fix (empty when it can)."""
+        ...
+
+    def largest_weight_elements(self, model: ModelConfig) -> int:
+        """Elements of the largest single weight (what ZeRO-3 gathers at once)."""
+        ...
+
+    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+        """The library's config of the model."""
+        ...
+
+    def build_model(
+        self, model: ModelConfig, attention: str, dtype: torch.dtype, device: torch.device, init_context: Any = None
+    ) -> torch.nn.Module:
+        """The randomly initialised module."""
+        ...
+
+    def synthetic_batch(
+        self, model: ModelConfig, size: int, generator: torch.Generator, dtype: torch.dtype
+    ) -> dict[str, torch.Tensor]:
+        """``size`` random samples with their labels, as the keyword arguments of the module's forward (which
+        returns the loss); floating inputs (pixels) in ``dtype``."""
+        ...
+
+    def blocks(self, module: Any) -> list[Any]:
+        """The repeated blocks of a built module (the layers FSDP shards one by one)."""
+        ...
+
+
+class LanguageFamily(Family, Protocol):
+    """A family whose sample is a token sequence, with its figures per token: what the scaling-law planners
+    (``budget``, ``shortest``) and the tensor/pipeline layouts read."""
 
     def flops_per_token(self, model: ModelConfig, recompute: bool = False) -> float:
         """Training FLOPs (forward + backward) per token; ``recompute`` adds what activation checkpointing reruns."""
@@ -39,24 +95,6 @@ class Family(Protocol):
 
     def logit_bytes_per_token(self, model: ModelConfig, compiled: bool = False) -> float:
         """Peak bytes per token of the output logits and the loss."""
-        ...
-
-    def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
-        """Shapes the transformers module cannot build, by the key to fix (empty when it can)."""
-        ...
-
-    def largest_weight_elements(self, model: ModelConfig) -> int:
-        """Elements of the largest single weight (what ZeRO-3 gathers at once)."""
-        ...
-
-    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
-        """The transformers config of the model."""
-        ...
-
-    def build_model(
-        self, model: ModelConfig, attention: str, dtype: torch.dtype, device: torch.device, init_context: Any = None
-    ) -> torch.nn.Module:
-        """The randomly initialised transformers module."""
         ...
 
 
@@ -119,15 +157,48 @@ def num_parameters(model: ModelConfig) -> int:
     return int(family_module(model.family).num_parameters(model))
 
 
+def language_family(model: ModelConfig, purpose: str) -> LanguageFamily:
+    """The family of ``model`` when its samples are token sequences; a ValueError saying that ``purpose`` covers
+    language models only otherwise (a ViT has no tokens for a scaling law to count)."""
+    family = family_module(model.family)
+    if family.SAMPLE != sequences.SAMPLE or not hasattr(family, "flops_per_token"):
+        raise ValueError(
+            f"model {model.name!r} ({model.family}) trains on {family.SAMPLE}s, not token sequences: {purpose} "
+            f"covers language models only (families {', '.join(language_families())})"
+        )
+    return cast(LanguageFamily, family)
+
+
+def language_families() -> list[str]:
+    """The families whose samples are token sequences."""
+    return sorted(name for name, f in FAMILIES.items() if f.SAMPLE == sequences.SAMPLE)
+
+
 def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
-    """Training FLOPs (forward and backward) per token; ``recompute`` adds what activation checkpointing reruns."""
-    return float(family_module(model.family).flops_per_token(model, recompute))
+    """Training FLOPs (forward and backward) per token of a language model; ``recompute`` adds what activation
+    checkpointing reruns. A ValueError for a family whose sample is not tokens."""
+    return float(language_family(model, "FLOPs per token").flops_per_token(model, recompute))
+
+
+def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
+    """Training FLOPs (forward and backward) of one sample (a sequence, an image) of ``model``."""
+    return float(family_module(model.family).flops_per_sample(model, recompute))
+
+
+def tokens_per_sample(model: ModelConfig) -> int | None:
+    """Tokens one sample of ``model`` trains on; None where its samples are not tokens (images)."""
+    return family_module(model.family).tokens_per_sample(model)
+
+
+def throughput_unit(model: ModelConfig) -> str:
+    """What ``model``'s throughput is counted in: ``tokens`` or ``images``."""
+    return family_module(model.family).THROUGHPUT_UNIT
 
 
 def enable_activation_checkpointing(module: Any) -> None:
-    """Recompute each decoder layer in the backward pass (transformers' own checkpointing, non-reentrant).
+    """Recompute each layer (block) in the backward pass (transformers' own checkpointing, non-reentrant).
 
-    ``module`` is a transformers PreTrainedModel.
+    ``module`` is a transformers PreTrainedModel of any family here.
     """
     kwargs = {"use_reentrant": False}
     if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5
@@ -152,25 +223,29 @@ def peak_tflops(gpu: GpuConfig, method: MethodConfig) -> float | None:
 
 
 def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float) -> Metrics:
-    """Tokens/s, TFLOP/s per GPU, MFU and HFU of optimizer steps of ``step_time_s`` (PaLM appendix B), as the
-    record's metrics of those names (the others None).
+    """Samples/s, tokens/s, TFLOP/s per GPU, MFU and HFU of optimizer steps of ``step_time_s`` (PaLM appendix B),
+    as the record's metrics of those names (the others None).
 
-    ``global_batch_size`` is in sequences over all ``cfg.num_gpus`` GPUs. Model FLOPs count forward and backward
-    once; hardware FLOPs add the recomputed forward of activation checkpointing. MFU and HFU are None when the
-    GPU has no peak for the precision (gpu=cpu).
+    ``global_batch_size`` is in samples (sequences, images) over all ``cfg.num_gpus`` GPUs. Model FLOPs count
+    forward and backward once, and of a mixture of experts only the experts each token is routed to; hardware
+    FLOPs add the recomputed forward of activation checkpointing. The tokens figures are None for a family whose
+    samples are not tokens; MFU and HFU are None when the GPU has no peak for the precision (gpu=cpu).
     """
     from orchestrator.record import Metrics
 
-    tokens_per_step = global_batch_size * cfg.model.seq_length
-    model_flops = tokens_per_step * flops_per_token(cfg.model)
-    hardware_flops = tokens_per_step * flops_per_token(cfg.model, recompute=cfg.method.activation_checkpointing)
+    tokens = tokens_per_sample(cfg.model)
+    tokens_per_step = global_batch_size * tokens if tokens is not None else None
+    model_flops = global_batch_size * flops_per_sample(cfg.model)
+    hardware_flops = global_batch_size * flops_per_sample(cfg.model, recompute=cfg.method.activation_checkpointing)
     model_tflops = model_flops / step_time_s / cfg.num_gpus / 1e12
     hardware_tflops = hardware_flops / step_time_s / cfg.num_gpus / 1e12
     peak = peak_tflops(cfg.gpu, cfg.method)
     return Metrics(
+        throughput_unit=throughput_unit(cfg.model),
+        samples_per_s=global_batch_size / step_time_s,
         tokens_per_step=tokens_per_step,
-        tokens_per_s=tokens_per_step / step_time_s,
-        tokens_per_s_per_gpu=tokens_per_step / step_time_s / cfg.num_gpus,
+        tokens_per_s=tokens_per_step / step_time_s if tokens_per_step is not None else None,
+        tokens_per_s_per_gpu=tokens_per_step / step_time_s / cfg.num_gpus if tokens_per_step is not None else None,
         model_flops_per_step=model_flops,
         model_tflops_per_gpu=model_tflops,
         hardware_tflops_per_gpu=hardware_tflops,

@@ -10,10 +10,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orchestrator.models.llama as llama
+from orchestrator.models import sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    from orchestrator.schema import ModelConfig
+    from orchestrator.schema import MethodConfig, ModelConfig
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (every Qwen3 config.json has 1e-6)."""
@@ -57,3 +58,23 @@ BUILDER = Builder("Qwen3Config", "Qwen3ForCausalLM", config_kwargs, llama.refusa
 architecture_errors = BUILDER.architecture_errors
 build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model
+
+
+# One sample is a sequence of tokens (orchestrator/models/sequences.py).
+SAMPLE = sequences.SAMPLE
+THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
+tokens_per_sample = sequences.tokens_per_sample
+synthetic_batch = sequences.synthetic_batch
+blocks = sequences.decoder_layers
+
+
+def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
+    """Training FLOPs of one sequence: :func:`flops_per_token` times ``seq_length``."""
+    return sequences.flops_per_sample(flops_per_token, model, recompute)
+
+
+def activation_bytes_per_sample(model: ModelConfig, method: MethodConfig) -> float:
+    """Bytes one sequence adds to a step's peak, from this family's layer and logit bytes per token."""
+    return sequences.activation_bytes_per_sample(
+        activation_bytes_per_token_per_layer, logit_bytes_per_token, model, method
+    )

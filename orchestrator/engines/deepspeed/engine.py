@@ -20,6 +20,8 @@ from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
     from orchestrator.batch import BatchPlan
@@ -122,10 +124,10 @@ class DeepSpeedEngine:
             self.ds_config["train_micro_batch_size_per_gpu"] = plan.micro_batch_size
             self.ds_config["gradient_accumulation_steps"] = plan.grad_accum_steps
 
-    def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
+    def micro_step(self, batch: Mapping[str, torch.Tensor], boundary: bool) -> torch.Tensor:
         engine = self.engine
         engine.set_gradient_accumulation_boundary(boundary)
-        loss: torch.Tensor = engine(input_ids=batch, labels=batch).loss
+        loss: torch.Tensor = engine(**batch).loss
         engine.backward(loss)
         engine.step()  # the reduction and the optimizer step happen only at the boundary
         return loss

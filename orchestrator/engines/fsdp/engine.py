@@ -1,4 +1,5 @@
-"""PyTorch FSDP2 as the probe's engine: ``fully_shard`` on every transformer layer and then on the root module, with
+"""PyTorch FSDP2 as the probe's engine: ``fully_shard`` on every block of the model (its family's ``blocks``: the transformer layers of a
+language model, the stages of a ConvNeXt) and then on the root module, with
 the method's sharding, mixed-precision policy, CPU offload and activation checkpointing, optionally each layer
 ``torch.compile``-d; PyTorch's AdamW with DeepSpeed's hyper-parameters, gradients clipped at norm 1.
 
@@ -21,18 +22,12 @@ from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     import torch
 
     from orchestrator.batch import BatchPlan
     from orchestrator.schema import Config
-
-
-def transformer_layers(module: Any) -> list[Any]:
-    """The decoder layers of a transformers causal LM (``base_model.layers`` in every family gpudays builds)."""
-    layers = getattr(getattr(module, "base_model", None), "layers", None)
-    if layers is None:
-        raise ValueError(f"{type(module).__name__} has no base_model.layers: FSDP cannot wrap its layers")
-    return list(layers)
 
 
 class FsdpEngine:
@@ -92,7 +87,7 @@ class FsdpEngine:
         )
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if opts.offload else OffloadPolicy()
         mesh = self._mesh()
-        for layer in transformer_layers(module):
+        for layer in family_module(self.config.model.family).blocks(module):
             if method.compile:
                 layer.compile()  # per layer, before wrapping: FSDP's hooks stay outside the compiled graphs
             fully_shard(
@@ -120,12 +115,12 @@ class FsdpEngine:
     def resize(self, plan: BatchPlan) -> None:
         self.grad_accum_steps = plan.grad_accum_steps
 
-    def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
+    def micro_step(self, batch: Mapping[str, torch.Tensor], boundary: bool) -> torch.Tensor:
         import torch
 
         module = self.module
         module.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
-        loss: torch.Tensor = module(input_ids=batch, labels=batch).loss
+        loss: torch.Tensor = module(**batch).loss
         # The mean over the whole batch: each micro-batch's share of the accumulated gradient.
         (loss / self.grad_accum_steps).backward()  # type: ignore[no-untyped-call]
         if boundary:

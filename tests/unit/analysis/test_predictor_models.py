@@ -49,7 +49,7 @@ def test_every_shipped_model_is_costed_with_its_family_modules_figures(shipped: 
         family = family_module(model.family)
         assert x.known[i], model.name
         assert x.params[i] == family.num_parameters(model), model.name
-        assert x.flops_per_token[i] == family.flops_per_token(model), model.name
+        assert x.flops_per_sample[i] == family.flops_per_sample(model), model.name
         # The record path: a row of the table rebuilds the same ModelConfig.
         assert model_of_row(rows[i]) == model
 

@@ -8,19 +8,27 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.models import FAMILIES, Family
+from orchestrator.models import FAMILIES, Family, LanguageFamily, language_families
 from orchestrator.sweep import plan
 
 CONF_MODELS = sorted((Path(__file__).resolve().parents[3] / "conf" / "model").glob("*.yaml"))
 PROTOCOL = [name for name, _ in inspect.getmembers(Family, inspect.isfunction) if not name.startswith("_")]
+PER_TOKEN = [
+    name
+    for name, _ in inspect.getmembers(LanguageFamily, inspect.isfunction)
+    if not name.startswith("_") and name not in PROTOCOL
+]
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_family_provides_the_protocol_with_its_parameters(family: str) -> None:
     module = FAMILIES[family]
-    for name in PROTOCOL:
+    assert (module.SAMPLE, module.THROUGHPUT_UNIT) in {("sequence", "tokens"), ("image", "images")}, family
+    language = family in language_families()
+    assert language == (module.SAMPLE == "sequence"), family
+    for name in PROTOCOL + (PER_TOKEN if language else []):
         assert hasattr(module, name), f"{family} lacks {name}"
-        wanted = list(inspect.signature(getattr(Family, name)).parameters)[1:]
+        wanted = list(inspect.signature(getattr(LanguageFamily, name)).parameters)[1:]
         got = list(inspect.signature(getattr(module, name)).parameters)
         assert got[: len(wanted)] == wanted, f"{family}.{name}{got} does not take {wanted}"
 
