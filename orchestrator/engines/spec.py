@@ -48,8 +48,9 @@ class CellArrays(Protocol):
     """Tokens per sequence."""
     batch: np.ndarray
     """Sequences per optimizer step over all GPUs (the global batch)."""
-    flops_per_token: np.ndarray
-    """Hardware FLOPs per token of a training step (recomputation included where the cell checkpoints)."""
+    flops_per_sample: np.ndarray
+    """Hardware FLOPs per sample (a sequence, an image) of a training step (recomputation included where the cell
+    checkpoints)."""
     reference_tflops: np.ndarray
     """The dense peak for the cell's precision; NaN where the device has none."""
     num_gpus: np.ndarray

@@ -135,6 +135,16 @@ def refusals(cell: Config) -> list[Refusal]:
     micro-batches, a batch that does not split, a family the engine cannot split, fp16."""
     m, model = cell.method, cell.model
     tp, pp = int(m.tp), int(m.pp)
+    splits = (*TP_PLANS, *TP_UNSPLITTABLE)
+    if model.family not in splits:
+        return [
+            Refusal(
+                "method.engine",
+                f"mesh3d splits dense decoder-only language models (families {', '.join(splits)}), built of "
+                f"base_model.layers with a rotary embedding and a final norm; {model.name} is of family "
+                f"{model.family!r}: use method.engine=deepspeed or fsdp",
+            )
+        ]
     out: list[Refusal] = []
     if cell.num_gpus % (tp * pp):
         return [Refusal("method.tp", f"tp={tp} x pp={pp} = {tp * pp} GPUs must divide num_gpus={cell.num_gpus}")]

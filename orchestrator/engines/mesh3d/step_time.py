@@ -57,7 +57,7 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
-    compute_s = np.asarray(x.batch, dtype=float) * x.seq * x.flops_per_token / n / (reference * 1e12)
+    compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
     idle = bubble(p, m["pp_microbatches"], m["pp_schedule"])
     wait_s = compute_s * idle / (1.0 - idle)
     return {"communication_s": tensor_s + pipeline_s + data_s + wait_s, "offload_s": np.zeros_like(tensor_s)}
