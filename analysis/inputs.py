@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,6 +27,9 @@ from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
 from orchestrator.values import Row
+
+if TYPE_CHECKING:
+    from orchestrator.engines.spec import EngineSpec
 
 DEFAULT_FAMILY = ModelConfig.family
 
@@ -105,7 +108,9 @@ class Inputs:
 
     @property
     def per_gpu_batch(self) -> np.ndarray:
-        out: np.ndarray = np.maximum(np.floor(self.batch / self.num_gpus), 1.0)
+        """Sequences of one micro-batch slot per optimizer step: the global batch over the ways a micro-step splits
+        it (each cell's engine's ``layout_terms``; one way per GPU for the data-parallel engines)."""
+        out: np.ndarray = np.maximum(np.floor(self.batch / layout_terms(self)["batch_split"]), 1.0)
         return out
 
 
@@ -233,7 +238,20 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
     terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
     holders = ("params", "grads", "optimizer", "buffers")
-    return {**{k: terms[k] for k in holders}, "per_sequence": x.per_sequence, "offloaded": terms["offloaded"]}
+    per_sequence = x.per_sequence * layout_terms(x)["activation_share"]
+    return {**{k: terms[k] for k in holders}, "per_sequence": per_sequence, "offloaded": terms["offloaded"]}
+
+
+def layout_terms(x: Inputs) -> dict[str, np.ndarray]:
+    """Each cell's ``batch_split`` and ``activation_share`` (``EngineSpec.layout_terms``; ``num_gpus`` ways and
+    all of the activations for an engine that declares none)."""
+
+    def of(spec: EngineSpec) -> dict[str, np.ndarray]:
+        if spec.layout_terms is not None:
+            return spec.layout_terms(x)
+        return {"batch_split": x.num_gpus, "activation_share": np.ones(len(x.num_gpus))}
+
+    return by_engine(x.engine, of)
 
 
 def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | None]:

@@ -33,6 +33,9 @@ from dataclasses import dataclass, replace
 from analysis.step_time import DEFAULT_EFFICIENCY
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
+from orchestrator.engines.mesh3d.config import TP_PLANS
+from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_terms
+from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
 from orchestrator.models import flops_per_token, language_family, num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
@@ -98,6 +101,10 @@ class Layout:
     pipeline: int
     micro_batch_size: int = 1
     activation_checkpointing: bool = False
+    engine: str = "megatron"
+    """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
+    tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
+    model states as ``orchestrator/engines/mesh3d/memory.py`` counts them)."""
 
     @property
     def num_gpus(self) -> int:
@@ -159,19 +166,27 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
     family = language_family(model, "the tensor/pipeline-parallel layouts")
     layers = math.ceil(model.num_layers / layout.pipeline)
-    full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b / t
+    split = tensor_share(t, sequence_parallel=layout.engine == "megatron")
+    full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b * split
     if layout.activation_checkpointing:
         per_micro = layers * family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
         working = full_layer
     else:
         per_micro = layers * full_layer
         working = 0.0
-    logits = family.logit_bytes_per_token(model) * s * b / t
+    # mesh3d keeps the output layer whole on every tensor rank (no vocabulary-parallel loss).
+    logits = family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" else 1)
     if layout.pipeline == 1:
         return per_micro + working + logits
     first = min(layout.pipeline, num_micro_batches) * per_micro + working
     last = per_micro + working + logits
     return max(first, last)
+
+
+def tensor_share(tensor: int, sequence_parallel: bool) -> float:
+    """A tensor rank's share of one layer's activations: all of them split with sequence parallelism; without it
+    the norms' and the residual's stay whole (:func:`orchestrator.engines.mesh3d.memory.tensor_activation_share`)."""
+    return 1.0 / tensor if sequence_parallel else float(tensor_activation_share(tensor))
 
 
 def _ring_allreduce_s(num_bytes: float, group: int, gbytes_s: float, latency_s: float) -> float:
@@ -200,8 +215,18 @@ def estimate_layout(
     if not peak:
         raise ValueError(f"GPU {gpu.name!r} has no bf16 or fp16 peak in conf/gpu; nothing to estimate from")
     m = global_batch_size // (d * b)
-    psi_gpu = stage_parameters(model, p) / t
-    params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
+    if layout.engine == "mesh3d":
+        states = mesh3d_memory_terms(
+            num_parameters(model), model.vocab_size * model.hidden_size,
+            language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model), model.num_layers, layout.num_gpus, t, p,
+            "bf16",
+        )  # fmt: skip
+        params, grads = float(states["params"]), float(states["grads"])
+        optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
+        psi_gpu = float(rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p))
+    else:
+        psi_gpu = stage_parameters(model, p) / t
+        params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
     activations = activation_bytes_per_gpu(model, layout, m)
     memory = (params + grads + optimizer + activations) / GIB
 
@@ -222,11 +247,21 @@ def estimate_layout(
         pipeline_micro = 0.0
     in_node = layout.num_gpus <= network.gpus_per_node
     data_link = network.intra_node_gbytes_s if in_node else network.inter_node_gbytes_s_per_gpu
-    data_s = _ring_allreduce_s(2.0 * psi_gpu, d, data_link, INTRA_NODE_LATENCY_S if in_node else INTER_NODE_LATENCY_S)
+    data_latency = INTRA_NODE_LATENCY_S if in_node else INTER_NODE_LATENCY_S
+    if layout.engine == "mesh3d":
+        # FSDP2: the bf16 stage gathered once a schedule (twice a micro-batch without a pipeline, as it reshards),
+        # the fp32 gradients reduce-scattered once: each half a ring all-reduce. Gathers are prefetched behind
+        # the layers' compute; what the step's compute does not hide is exposed.
+        gathers = 1.0 if p > 1 else 2.0 * m
+        moved = (gathers * 2.0 + 4.0) * psi_gpu * (d - 1) / d  # an all-gather or reduce-scatter: (d − 1)/d
+        data_s = moved / (data_link * 1e9 * LINK_EFFICIENCY) + (data_latency if d > 1 else 0.0)
+        exposed_data_s = max(0.0, data_s - m * compute_micro)
+    else:
+        data_s = _ring_allreduce_s(2.0 * psi_gpu, d, data_link, data_latency)
+        # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
+        # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
+        exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
     slots = m + p - 1
-    # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
-    # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
-    exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
     step = slots * (compute_micro + tensor_micro + pipeline_micro) + exposed_data_s
     tokens = global_batch_size * s
     model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
@@ -253,12 +288,18 @@ def estimate_layout(
     )
 
 
-def candidate_layouts(model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int) -> list[Layout]:
-    """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads,
-    pipeline stages dividing the layers, at least one sequence per data-parallel replica."""
+def candidate_layouts(
+    model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int, engine: str = "megatron"
+) -> list[Layout]:
+    """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads
+    (and the key/value heads), pipeline stages dividing the layers, at least one sequence per data-parallel
+    replica; under ``mesh3d`` only the tensor splits its families have (``TP_PLANS``)."""
     out: list[Layout] = []
+    kv_heads = model.num_kv_heads or model.num_heads
     for t in (1, 2, 4, 8, 16):
-        if t > gpus_per_node or model.num_heads % t or num_gpus % t:
+        if t > gpus_per_node or model.num_heads % t or kv_heads % t or num_gpus % t:
+            continue
+        if t > 1 and engine == "mesh3d" and model.family not in TP_PLANS:
             continue
         for p in range(1, model.num_layers + 1):
             if model.num_layers % p or num_gpus % (t * p):
@@ -270,7 +311,7 @@ def candidate_layouts(model: ModelConfig, num_gpus: int, global_batch_size: int,
                 if (global_batch_size // d) % b:
                     continue
                 for ckpt in (False, True):
-                    out.append(Layout(d, t, p, b, ckpt))
+                    out.append(Layout(d, t, p, b, ckpt, engine))
     return out
 
 
@@ -282,13 +323,15 @@ def best_layout(
     network: Network,
     efficiency: float = DEFAULT_EFFICIENCY,
     data_parallel_only: bool = False,
+    engine: str = "megatron",
 ) -> LayoutEstimate | None:
     """The fastest layout of ``num_gpus`` that fits in memory; None when none fits or none can run the batch.
 
-    Ties go to the layout with less model parallelism. ``data_parallel_only`` keeps t = p = 1.
+    Ties go to the layout with less model parallelism. ``data_parallel_only`` keeps t = p = 1; ``engine`` is
+    :attr:`Layout.engine`.
     """
     best: LayoutEstimate | None = None
-    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node):
+    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node, engine):
         if data_parallel_only and (layout.tensor > 1 or layout.pipeline > 1):
             continue
         est = estimate_layout(model, gpu, layout, global_batch_size, network, efficiency)

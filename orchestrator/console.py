@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import sys
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,6 +216,12 @@ def plan_table(plan: Any) -> RenderableType:
         columns = ordered
     numeric = [*present, "of_gib"]
     return _table(columns, rows, numeric)
+
+
+def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = ()) -> RenderableType:
+    """Rows of plain values as a table, their keys as the headers."""
+    columns = {k: k for k in (rows[0] if rows else {})}
+    return _table(columns, [dict(r) for r in rows], numeric)
 
 
 def plan_summary(plan: Any) -> RenderableType:

@@ -21,7 +21,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cells, console, launch, local, status
+from orchestrator import cells, console, launch, local, prediction, status
 from orchestrator.paths import SweepPaths, append_jsonl
 from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
 from orchestrator.schema import Config
@@ -121,6 +121,8 @@ def show_plan(plan: Any, predictions: bool) -> None:
     if predictions:
         console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
         c.print(console.plan_table(plan))
+        if (offered := prediction.layout_offers(plan)) is not None:
+            c.print(offered)
 
 
 def preview(plan: Any, ask_scheduler: bool) -> Exit:

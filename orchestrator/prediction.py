@@ -9,8 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.sweep import Plan, refuse_unfit
+
+if TYPE_CHECKING:
+    from rich.console import RenderableType
 
 INTERVALS = {
     "predicted_step_time_s": "predicted_step_time_s_90",
@@ -55,3 +59,27 @@ def predict(
         cell.prediction = row
     if not run_anyway:
         refuse_unfit(p, margin)
+
+
+def layout_offers(p: Plan) -> RenderableType | None:
+    """The tensor × pipeline × data-parallel layouts (``method.engine=mesh3d``) a plan offers where data
+    parallelism alone does not fit or is slower (analysis/layouts.py), each with the ``gpudays sweep`` line that
+    measures it; None where there is none to offer."""
+    from rich.console import Group
+    from rich.text import Text
+
+    from analysis.layouts import offer_rows, offers
+    from orchestrator.console import rows_table
+
+    found = offers((cell.typed, cell.prediction) for cell in [*p.cells, *p.skipped] if cell.prediction)
+    if not found:
+        return None
+    numeric = ("num_gpus", "nodes", "mb", "mem_gib", "step_s", "bubble", "mfu", "gpu_h", "dp_gpu_h")
+    return Group(
+        Text(
+            "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit or is slower "
+            "(analysis/parallelism.py's layout model, uncalibrated):"
+        ),
+        rows_table(offer_rows(found), numeric=numeric),
+        *(Text(f"  {o.model} x{o.num_gpus} {o.layout}: {o.sweep}") for o in found),
+    )

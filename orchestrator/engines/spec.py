@@ -111,6 +111,11 @@ class EngineSpec:
     """Those of its fields that say how it shards and offloads: each of their values is a line of its own in the
     scaling table and they are the plan's columns; its other fields are tuned per GPU count, as the method's own
     settings are. None: all of :attr:`fields`."""
+    layout_terms: Callable[[CellArrays], Terms] | None = None
+    """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
+    ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what
+    the probe's ``orchestrator.engines.base.batch_split`` says), and ``activation_share``, a rank's activations
+    over those of one whole-model sequence. None: ``num_gpus`` ways, all of them."""
 
     @property
     def identity_if_set(self) -> tuple[str, ...]:

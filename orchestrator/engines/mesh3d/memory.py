@@ -77,12 +77,27 @@ def memory_terms_of(x: CellArrays) -> Terms:
     )
 
 
+def tensor_activation_share(tp: Any) -> Any:
+    """A tensor rank's share of one layer's activations without sequence parallelism: the norms' and the
+    residual's (10 of a layer's 34·s·b·h bytes, Korthikanti et al. 2022, eq. 1 with fused attention) stay whole on
+    each rank, attention's and the MLP's 24 split."""
+    return _out((10.0 + 24.0 / np.asarray(tp, dtype=float)) / 34.0)
+
+
+def activation_share(tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0) -> Any:
+    """A rank's activations over one whole-model sequence's, element-wise: its share of the layers (a stage's,
+    times its stages), times the micro-batches 1F1B keeps in flight on the first stage (min(p, m)), times the
+    tensor share."""
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    m = np.asarray(microbatches, dtype=float)
+    in_flight = np.where(p > 1, np.minimum(p, m), 1.0)
+    layers = np.where(p > 1, 1.0 / p, 1.0) * np.ones_like(np.asarray(stages_per_rank, dtype=float))
+    return _out(layers * in_flight * np.asarray(tensor_activation_share(t), dtype=float))
+
+
 def activation_factor(layout: Mesh3dLayout, num_layers: int) -> float:
-    """A rank's activations over one sequence's of the whole model (the layers' share; the logits, kept whole on
-    the last stage, are counted as the layers are)."""
-    stage_share = layout.stages_per_rank / layout.num_stages if layout.pp > 1 else 1.0
-    in_flight = min(layout.pp, layout.microbatches) if layout.pp > 1 else 1
-    return stage_share * in_flight / layout.tp
+    """:func:`activation_share` of one cell's layout."""
+    return float(activation_share(layout.tp, layout.pp, layout.microbatches))
 
 
 def fixed_bytes(cfg: Config) -> float:

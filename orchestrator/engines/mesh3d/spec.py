@@ -52,6 +52,19 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     return terms(x, accum, links)
 
 
+def layout_terms(x: CellArrays) -> Terms:
+    """Each cell's batch split (replicas × pipeline micro-batches) and a rank's share of the activations."""
+    import numpy as np
+
+    from orchestrator.engines.mesh3d.memory import activation_share
+
+    m = x.method
+    t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
+    k = np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
+    replicas = np.maximum(np.floor(np.asarray(x.num_gpus, dtype=float) / (t * p)), 1.0)
+    return {"batch_split": replicas * k, "activation_share": np.asarray(activation_share(t, p, k), dtype=float)}
+
+
 SPEC = EngineSpec(
     name="mesh3d",
     setting="a mesh3d setting",
@@ -63,4 +76,5 @@ SPEC = EngineSpec(
     step_time_terms=step_time_terms,
     not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
     sharding_fields=("tp", "pp", "pp_schedule"),
+    layout_terms=layout_terms,
 )

@@ -14,7 +14,9 @@ from orchestrator.models import enable_activation_checkpointing, llama
 from orchestrator.schema import MethodConfig, ModelConfig
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
-MODELS = ["smollm2-tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b"]
+MODELS = [
+    "smollm2-tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b", "llama-2-70b",
+]  # fmt: skip
 
 PUBLISHED = {
     # name: (published total, one unit of its last digit). The figures are rounded or truncated to the digits
@@ -24,6 +26,9 @@ PUBLISHED = {
     "smollm2-1.7b": (1.7e9, 0.1e9),  # SmolLM2 paper: 1.7B
     "llama-3.2-1b": (1.23e9, 0.01e9),  # Llama 3.2 model card: 1B (1.23B)
     "llama-3.2-3b": (3.21e9, 0.01e9),  # Llama 3.2 model card: 3B (3.21B)
+    # Llama 2 names it 70B; its Hugging Face checkpoint holds 137,953,296,384 bytes of fp16 weights
+    # (model.safetensors.index.json's total_size), 68,976,648,192 parameters.
+    "llama-2-70b": (68.98e9, 0.01e9),
 }
 
 
