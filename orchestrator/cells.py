@@ -42,6 +42,11 @@ IDENTITY_MODEL_KEYS_IF_SET = (
     "tie_word_embeddings",
     "rope_theta",
     "norm_eps",
+    "num_experts",
+    "num_experts_per_token",
+    "image_size",
+    "patch_size",
+    "stage_depths",
 )
 """Architecture keys that join a cell's identity only where they differ from the schema's default (the Pythia
 value), so that every Pythia cell keeps the id it had before these keys existed."""

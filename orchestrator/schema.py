@@ -41,7 +41,8 @@ NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of le
 
 @dataclass
 class ModelConfig:
-    """A decoder-only model and the training run it stands for (the run whose time we estimate).
+    """A model (a language model or an image classifier) and the training run it stands for (the run whose time
+    we estimate).
 
     The architecture fields after ``vocab_size`` default to what every Pythia (GPT-NeoX) model has, so a
     ``conf/model`` file names only what differs from that; which of them a family reads is said in its module.
@@ -51,7 +52,8 @@ class ModelConfig:
     """Short name used in tables and cell folders, e.g. ``pythia-1b``."""
     family: str = "gpt_neox"
     """The architecture family, a module under ``orchestrator/models/``: ``gpt_neox`` (Pythia), ``llama``
-    (SmolLM2, Llama 3.2), ``qwen3``, ``olmo2``."""
+    (SmolLM2, Llama 3.2), ``qwen3``, ``olmo2``, ``roberta`` (masked-language encoder), ``mamba`` (state space),
+    ``olmoe`` and ``mixtral`` (mixtures of experts), ``vit`` and ``convnext`` (image classifiers)."""
     num_layers: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
     hidden_size: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
     num_heads: int = field(default=MISSING, metadata=domain(ge=1, integer=True))
@@ -73,6 +75,23 @@ class ModelConfig:
     """Rotary base; ``None`` means the family's default (10,000 for Pythia)."""
     norm_eps: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Epsilon of the normalisation layers; ``None`` means the family's default. Changes no count, only numerics."""
+    num_experts: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Experts of each mixture-of-experts layer (the ``olmoe`` and ``mixtral`` families; each of MLP width
+    ``intermediate_size``); memory holds every one of them."""
+    num_experts_per_token: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Experts each token is routed to (top-k); a step's FLOPs count only these."""
+    image_size: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Side of the square input image in pixels (the vision families, ``vit`` and ``convnext``); their samples are
+    images, ``vocab_size`` is the number of classes and ``seq_length`` is not read."""
+    patch_size: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Side of a ViT's square patches in pixels (16 for ViT-B/16)."""
+    stage_depths: Optional[str] = field(
+        default=None,
+        metadata=domain(pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas",
+                        optional=True),
+    )
+    """A ConvNeXt's blocks per stage, comma-separated (``3,3,9,3`` for ConvNeXt-T); ``num_layers`` is their sum and
+    ``hidden_size`` the first stage's width, doubled at each later stage."""
     seq_length: int = field(default=2048, metadata=domain(ge=1, integer=True))
     global_batch_size: int = field(default=1024, metadata=domain(ge=1, integer=True))
     """Sequences per optimizer step across all GPUs."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.models import gpt_neox, llama, olmo2, qwen3, sequences
+from orchestrator.models import gpt_neox, llama, olmo2, qwen3, roberta, sequences
 
 if TYPE_CHECKING:
     import torch
@@ -103,6 +103,7 @@ FAMILIES: dict[str, Family] = {
     "llama": cast(Family, llama),
     "qwen3": cast(Family, qwen3),
     "olmo2": cast(Family, olmo2),
+    "roberta": cast(Family, roberta),
 }
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 

@@ -80,3 +80,17 @@ class Builder:
         with init_context if init_context is not None else device:
             module: torch.nn.Module = causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
         return module
+
+
+OTHER_FAMILIES_FIELDS = ("num_experts", "num_experts_per_token", "image_size", "patch_size", "stage_depths")
+"""Fields only the mixture-of-experts and the vision families read."""
+
+
+def unread_fields(model: ModelConfig, keys: tuple[str, ...] = OTHER_FAMILIES_FIELDS) -> dict[str, str]:
+    """A refusal for every one of ``keys`` that ``model`` sets although its family never reads it (a Llama with
+    ``num_experts`` would otherwise be costed as a dense model without a word)."""
+    return {
+        f"model.{key}": f"{key}={getattr(model, key)!r} is not read by this family; leave it null"
+        for key in keys
+        if getattr(model, key) is not None
+    }

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.models import sequences
-from orchestrator.models.building import Builder
+from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
     from orchestrator.schema import MethodConfig, ModelConfig
@@ -165,6 +165,7 @@ def refusals(model: ModelConfig) -> dict[str, str]:
         problems["model.tie_word_embeddings"] = "Pythia's embeddings are untied; use false"
     if not 0.0 < model.rotary_pct <= 1.0:
         problems["model.rotary_pct"] = f"rotary_pct={model.rotary_pct}; use a fraction in (0, 1]"
+    problems.update(unread_fields(model))
     return problems
 
 

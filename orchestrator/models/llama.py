@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import orchestrator.models.gpt_neox as gpt_neox
 from orchestrator.models import sequences
-from orchestrator.models.building import Builder, where
+from orchestrator.models.building import Builder, unread_fields, where
 
 if TYPE_CHECKING:
     from orchestrator.schema import MethodConfig, ModelConfig
@@ -176,6 +176,7 @@ def refusals(model: ModelConfig) -> dict[str, str]:
         problems["model.rotary_pct"] = f"rotary_pct={model.rotary_pct}; this family rotates every head dimension (1.0)"
     if model.intermediate_size is None:
         problems["model.intermediate_size"] = INTERMEDIATE_SIZE_REQUIRED
+    problems.update(unread_fields(model))
     return problems
 
 

@@ -79,6 +79,11 @@ CHANGES: dict[str, Any] = {
     "rope_theta": lambda m: (m.rope_theta or 10_000.0) * 2,
     "norm_eps": lambda m: (m.norm_eps or 1e-5) * 10,
     "seq_length": lambda m: m.seq_length * 2,
+    "num_experts": lambda m: (m.num_experts or 4) * 2,
+    "num_experts_per_token": lambda m: (m.num_experts_per_token or 1) + 1,
+    "image_size": lambda m: (m.image_size or 32) * 2,
+    "patch_size": lambda m: (m.patch_size or 4) * 2,
+    "stage_depths": lambda m: "1,1,1,1" if m.stage_depths != "1,1,1,1" else "2,2,2,2",
     "family": None,
 }
 FAMILY_MODELS = ("pythia-160m", "smollm2-135m", "llama-3.2-1b", "qwen3-0.6b", "olmo2-1b")

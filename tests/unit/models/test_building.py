@@ -36,11 +36,13 @@ BUILDABLE = {
 }
 BUILDABLE["qwen3"] = dataclasses.replace(BUILDABLE["llama"], family="qwen3", head_dim=32)
 BUILDABLE["olmo2"] = dataclasses.replace(BUILDABLE["llama"], family="olmo2")
+BUILDABLE["roberta"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="roberta", tie_word_embeddings=True)
 REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
     "gpt_neox": ({"num_kv_heads": 2, "head_dim": 8}, ["model.num_kv_heads", "model.head_dim"]),
     "llama": ({"num_kv_heads": 3, "rotary_pct": 0.5}, ["model.num_kv_heads", "model.rotary_pct"]),
     "qwen3": ({"intermediate_size": None}, ["model.intermediate_size"]),
     "olmo2": ({"num_heads": 3, "head_dim": None}, ["model.num_kv_heads", "model.num_heads"]),
+    "roberta": ({"num_heads": 3, "tie_word_embeddings": False}, ["model.num_heads", "model.tie_word_embeddings"]),
 }
 
 
