@@ -101,6 +101,11 @@ class Layout:
     pipeline: int
     micro_batch_size: int = 1
     activation_checkpointing: bool = False
+    schedule_micro_batches: int = 0
+    """Micro-batches one pipeline schedule runs (mesh3d's ``pp_microbatches``); 0: all of a replica's step in
+    one schedule, as Megatron-LM runs it. A step of more runs several schedules, each with its bubble."""
+    stages_per_rank: int = 1
+    """Virtual stages a rank holds: 2 under interleaved 1F1B, whose bubble is 1/v of 1F1B's."""
     engine: str = "megatron"
     """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
     tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
@@ -215,6 +220,10 @@ def estimate_layout(
     if not peak:
         raise ValueError(f"GPU {gpu.name!r} has no bf16 or fp16 peak in conf/gpu; nothing to estimate from")
     m = global_batch_size // (d * b)
+    k = layout.schedule_micro_batches if p > 1 and layout.schedule_micro_batches else m  # per schedule
+    if m % k:
+        raise ValueError(f"{layout.describe()}: {m} micro-batches a step do not make schedules of {k}")
+    schedules, v = m // k, layout.stages_per_rank
     if layout.engine == "mesh3d":
         states = mesh3d_memory_terms(
             num_parameters(model), model.vocab_size * model.hidden_size,
@@ -227,7 +236,7 @@ def estimate_layout(
     else:
         psi_gpu = stage_parameters(model, p) / t
         params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
-    activations = activation_bytes_per_gpu(model, layout, m)
+    activations = activation_bytes_per_gpu(model, layout, k)
     memory = (params + grads + optimizer + activations) / GIB
 
     s, h = model.seq_length, model.hidden_size
@@ -242,7 +251,8 @@ def estimate_layout(
         crosses_nodes = t * p > network.gpus_per_node
         link = network.inter_node_gbytes_s_per_gpu if crosses_nodes else network.intra_node_gbytes_s
         latency = INTER_NODE_LATENCY_S if crosses_nodes else INTRA_NODE_LATENCY_S
-        pipeline_micro = 2.0 * (2.0 * s * b * h / t / (link * 1e9 * LINK_EFFICIENCY) + latency)
+        # Each of a rank's v stages sends a micro-batch's activations on and their gradients back.
+        pipeline_micro = v * 2.0 * (2.0 * s * b * h / t / (link * 1e9 * LINK_EFFICIENCY) + latency)
     else:
         pipeline_micro = 0.0
     in_node = layout.num_gpus <= network.gpus_per_node
@@ -252,8 +262,8 @@ def estimate_layout(
         # FSDP2: the bf16 stage gathered once a schedule (twice a micro-batch without a pipeline, as it reshards),
         # the fp32 gradients reduce-scattered once: each half a ring all-reduce. Gathers are prefetched behind
         # the layers' compute; what the step's compute does not hide is exposed.
-        gathers = 1.0 if p > 1 else 2.0 * m
-        moved = (gathers * 2.0 + 4.0) * psi_gpu * (d - 1) / d  # an all-gather or reduce-scatter: (d − 1)/d
+        gathers, reductions = (float(schedules), float(schedules)) if p > 1 else (2.0 * m, 1.0)
+        moved = (gathers * 2.0 + reductions * 4.0) * psi_gpu * (d - 1) / d  # all-gather, reduce-scatter: (d − 1)/d
         data_s = moved / (data_link * 1e9 * LINK_EFFICIENCY) + (data_latency if d > 1 else 0.0)
         exposed_data_s = max(0.0, data_s - m * compute_micro)
     else:
@@ -261,7 +271,8 @@ def estimate_layout(
         # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
         # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
         exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
-    slots = m + p - 1
+    # Each schedule: k micro-batch slots and the bubble's (p − 1)/v (Narayanan et al. 2021, interleaved: §2.2.2).
+    slots = schedules * (k + (p - 1) / v)
     step = slots * (compute_micro + tensor_micro + pipeline_micro) + exposed_data_s
     tokens = global_batch_size * s
     model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
@@ -275,7 +286,7 @@ def estimate_layout(
         activations_gib=activations / GIB,
         memory_gib=memory,
         usable_memory_gib=gpu.memory_gib * (1.0 - MEMORY_MARGIN),
-        bubble_fraction=(p - 1) / slots,
+        bubble_fraction=(p - 1) / (v * k + p - 1),
         compute_s=m * compute_micro,
         tensor_comm_s=slots * tensor_micro,
         pipeline_comm_s=slots * pipeline_micro,
@@ -311,7 +322,7 @@ def candidate_layouts(
                 if (global_batch_size // d) % b:
                     continue
                 for ckpt in (False, True):
-                    out.append(Layout(d, t, p, b, ckpt, engine))
+                    out.append(Layout(d, t, p, b, ckpt, engine=engine))
     return out
 
 

@@ -1,0 +1,69 @@
+"""The layout model against measured mesh3d records (analysis/layout_check.py): calibrated on the cell without
+model parallelism, it predicts that cell back, carries each record's measured bubble beside the schedule's, and
+leaves out what it cannot check."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from analysis.layout_check import achieved_tflops, cell_layout, check, check_rows
+from orchestrator.record import Metrics, Record
+from orchestrator.schema import Config, to_config, to_container
+from orchestrator.states import RecordStatus
+from orchestrator.sweep import plan
+
+
+def cell(*overrides: str) -> Config:
+    p = plan(["model=pythia-tiny", "gpu=cpu", "num_gpus=4", *overrides], sweep_dir=None)
+    (found,) = p.cells + p.skipped
+    return to_config(found.config)
+
+
+def record(
+    cfg: Config, cell_id: str, step_s: float, memory_gib: float, tflops: float, micro: int, **env: object
+) -> Record:
+    metrics = Metrics(
+        micro_batch_size=micro, grad_accum_steps=1, step_time_s=step_s, peak_memory_allocated_gib=memory_gib,
+        hardware_tflops_per_gpu=tflops,
+    )  # fmt: skip
+    environment: dict[str, object] = {"mesh3d": dict(env)} if env else {}
+    return Record(cell_id, RecordStatus.OK, config=to_container(cfg), metrics=metrics, environment=environment)
+
+
+DP = cell("method.engine=mesh3d")
+PP = cell("method.engine=mesh3d", "method.pp=2", "method.pp_microbatches=4")
+
+
+def test_calibrated_on_the_data_parallel_cell_it_predicts_that_cell_back() -> None:
+    dp = record(DP, "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
+    pp = record(PP, "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
+    assert achieved_tflops([dp, pp]) == 0.002  # the cell without model parallelism only
+    by_id = {c.cell_id: c for c in check([dp, pp])}
+    assert by_id["dp"].predicted_memory_gib == pytest.approx(0.09)  # the offset is fitted on it
+    # its step: the hardware FLOPs of the step at the achieved rate (no communication modelled inside one replica)
+    assert by_id["dp"].predicted_step_s == pytest.approx(by_id["dp"].estimate.compute_s, rel=0.05)
+    assert by_id["dp"].predicted_bubble == 0.0 and by_id["dp"].measured_bubble is None
+    assert by_id["pp"].predicted_bubble == pytest.approx(1 / 5) and by_id["pp"].measured_bubble == 0.3
+    assert by_id["pp"].predicted_step_s > by_id["pp"].estimate.compute_s  # the bubble stretches the schedule
+    assert by_id["pp"].layout == "tp1 pp2 dp2 1f1b-m4 mb2x1"
+    rows = check_rows(list(by_id.values()))
+    assert {"step_s", "pred_step_s", "mem_gib", "pred_mem_gib", "bubble", "pred_bubble", "pred_tp_s"} <= set(rows[0])
+
+
+def test_other_engines_and_unmeasured_cells_are_not_checked() -> None:
+    fsdp = record(cell("method.engine=fsdp"), "fsdp", 0.3, 0.09, 0.002, 4)
+    failed = dataclasses.replace(record(DP, "failed", 0.3, 0.09, 0.002, 4), status=RecordStatus.FAILED)
+    assert check([fsdp, failed]) == []
+    assert check([record(PP, "pp", 0.4, 0.1, 0.0015, 2)]) == []  # the CPU has no peak and nothing calibrates it
+
+
+def test_a_cells_layout_is_its_mesh_and_schedule() -> None:
+    inter = cell(
+        "method.engine=mesh3d", "model.num_layers=4", "model.num_parameters=null", "method.pp=2",
+        "method.pp_schedule=interleaved_1f1b", "method.pp_microbatches=4",
+    )  # fmt: skip
+    lay = cell_layout(inter, 2)
+    assert (lay.data, lay.tensor, lay.pipeline, lay.micro_batch_size) == (2, 1, 2, 2)
+    assert (lay.schedule_micro_batches, lay.stages_per_rank, lay.engine) == (4, 2, "mesh3d")
