@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from analysis.parallelism import LayoutEstimate, best_layout, network_for
 from analysis.step_time import DEFAULT_EFFICIENCY
+from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES
 from orchestrator.schema import Config
 
 DATA_PARALLEL_ENGINES = ("deepspeed", "fsdp")
@@ -76,6 +77,8 @@ def offer(
     model-parallel layout fits, or where it is no cheaper than ``data_parallel_gpu_hours``."""
     gpu, model = cell.gpu, cell.model
     if gpu.accelerator != "cuda" or not (gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16):
+        return None
+    if model.family not in SPLIT_FAMILIES:  # an encoder, a vision model, a mixture of experts: mesh3d cannot run it
         return None
     network = network_for(gpu, cell.cluster)
     per_node = max(1, cell.num_gpus // max(cell.num_nodes, 1))

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.models import gpt_neox, llama, olmo2, qwen3, roberta, sequences
+from orchestrator.models import convnext, gpt_neox, llama, olmo2, qwen3, roberta, sequences, vit
 
 if TYPE_CHECKING:
     import torch
@@ -104,6 +104,8 @@ FAMILIES: dict[str, Family] = {
     "qwen3": cast(Family, qwen3),
     "olmo2": cast(Family, olmo2),
     "roberta": cast(Family, roberta),
+    "vit": cast(Family, vit),
+    "convnext": cast(Family, convnext),
 }
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 

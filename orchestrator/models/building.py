@@ -1,4 +1,5 @@
-"""Building a transformers causal LM with random weights, the same way for every family.
+"""Building a transformers model (a causal or masked LM, an image classifier) with random weights, the same way
+for every family.
 
 A family module names only what is its own: the transformers config and causal-LM classes, the keyword arguments
 its config takes, and the shapes it refuses. :class:`Builder` does the rest, once for every family: it refuses a
@@ -38,6 +39,11 @@ class Builder:
     causal_lm_class: str
     config_kwargs: Callable[[ModelConfig], dict[str, object]]
     refusals: Callable[[ModelConfig], dict[str, str]]
+    has_attention: bool = True
+    """False for a model without attention (ConvNeXt): ``method.attention`` is then not passed to the library."""
+    unsupported_checkpointing: Callable[[Any], list[Any]] | None = None
+    """For a library class that does not checkpoint its layers itself (ConvNeXt): the layers of a built module to
+    make checkpointable the way transformers' own layers are."""
 
     def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
         """Shapes the transformers module cannot build, by the key to fix (empty when it can).
@@ -54,7 +60,8 @@ class Builder:
         import transformers
 
         config = getattr(transformers, self.config_class)(**self.config_kwargs(model))
-        config._attn_implementation = attention
+        if self.has_attention:
+            config._attn_implementation = attention
         return config
 
     def build_model(
@@ -78,8 +85,30 @@ class Builder:
         config = self.build_model_config(model, attention)
         causal_lm = getattr(transformers, self.causal_lm_class)
         with init_context if init_context is not None else device:
-            module: torch.nn.Module = causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
+            if self.has_attention:
+                module: torch.nn.Module = causal_lm._from_config(config, attn_implementation=attention, dtype=dtype)
+            else:
+                module = causal_lm._from_config(config, dtype=dtype)
+        if self.unsupported_checkpointing is not None:
+            for layer in self.unsupported_checkpointing(module):
+                checkpointable(layer)
+            module.supports_gradient_checkpointing = True  # type: ignore[assignment]
         return module
+
+
+def checkpointable(layer: Any) -> None:
+    """Make ``layer`` run through ``_gradient_checkpointing_func`` once transformers' ``gradient_checkpointing_enable``
+    has set its ``gradient_checkpointing`` (what transformers' ``GradientCheckpointingLayer`` does), for a library
+    class that does not declare support itself."""
+    layer.gradient_checkpointing = False
+    forward = layer.forward
+
+    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+        if layer.gradient_checkpointing and layer.training:
+            return layer._gradient_checkpointing_func(forward, *args, **kwargs)
+        return forward(*args, **kwargs)
+
+    layer.forward = checkpointed
 
 
 OTHER_FAMILIES_FIELDS = ("num_experts", "num_experts_per_token", "image_size", "patch_size", "stage_depths")

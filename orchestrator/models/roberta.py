@@ -37,13 +37,13 @@ POSITION_OFFSET = 2
 # at five shapes: eager attention keeps 20h + 4f + 6as + 8 (the a·s attention probabilities, their dropout mask and
 # the dropped-out copy; two LayerNorms' statistics). On the CPU, SDPA with dropout runs PyTorch's math path, which
 # keeps more again (26h + 4f + 12as + 8 measured). On a GPU the fused kernels (flash, memory-efficient) apply the
-# dropout from the random generator's state and keep no a·s tensor, only their output (2h) and the fp32
-# log-sum-exp (4a): that is what ``sdpa`` here counts, an estimate from the eager count, not a measurement.
+# dropout from the random generator's state and keep no a·s tensor, only the fp32 log-sum-exp (4a): that is what
+# ``sdpa`` here counts, eager's count without the scores, as ViT's SDPA measures against its eager (``vit``); an
+# estimate for RoBERTa's dropout, not a measurement.
 LAYER_BYTES_PER_HIDDEN = 20.0
 LAYER_BYTES_PER_MLP = 4.0
 LAYER_BYTES_PER_ROW = 8.0
 EAGER_BYTES_PER_SCORE = 6.0
-FUSED_BYTES_PER_HIDDEN = 2.0
 FUSED_BYTES_PER_HEAD = 4.0
 CPU_MATH_SDPA_EXTRA = (6.0, 6.0)
 """What the CPU's math path keeps beyond eager, per hidden unit and per query-key pair (measured)."""
@@ -94,7 +94,7 @@ def flops_per_token(model: ModelConfig, recompute: bool = False) -> float:
 
 def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool) -> float:
     """Bytes one layer keeps per token for backward with 16-bit activations: eager 20h + 4f + 6as + 8, fused
-    attention (``sdpa``, ``flash_attention_2``) 22h + 4f + 4a + 8 (see the constants); with checkpointing only the
+    attention (``sdpa``, ``flash_attention_2``) 20h + 4f + 4a + 8 (see the constants); with checkpointing only the
     layer's input (2h)."""
     h = model.hidden_size
     if checkpointing:
@@ -102,7 +102,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     common = LAYER_BYTES_PER_HIDDEN * h + LAYER_BYTES_PER_MLP * intermediate_size(model) + LAYER_BYTES_PER_ROW
     if attention == "eager":
         return common + EAGER_BYTES_PER_SCORE * model.num_heads * model.seq_length
-    return common + FUSED_BYTES_PER_HIDDEN * h + FUSED_BYTES_PER_HEAD * model.num_heads
+    return common + FUSED_BYTES_PER_HEAD * model.num_heads
 
 
 def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:

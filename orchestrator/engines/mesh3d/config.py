@@ -53,6 +53,9 @@ TP_UNSPLITTABLE = {
     "heads × head_dim), which a tensor-parallel rank holding some of the heads cannot compute; use tp=1",
 }
 """Families whose attention tensor parallelism cannot split, and why."""
+SPLIT_FAMILIES: tuple[str, ...] = (*TP_PLANS, *TP_UNSPLITTABLE)
+"""The families mesh3d builds and splits at all: the dense decoders, made of ``base_model.layers`` with a rotary
+embedding and a final norm."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +138,7 @@ def refusals(cell: Config) -> list[Refusal]:
     micro-batches, a batch that does not split, a family the engine cannot split, fp16."""
     m, model = cell.method, cell.model
     tp, pp = int(m.tp), int(m.pp)
-    splits = (*TP_PLANS, *TP_UNSPLITTABLE)
+    splits = SPLIT_FAMILIES
     if model.family not in splits:
         return [
             Refusal(

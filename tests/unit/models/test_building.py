@@ -37,12 +37,19 @@ BUILDABLE = {
 BUILDABLE["qwen3"] = dataclasses.replace(BUILDABLE["llama"], family="qwen3", head_dim=32)
 BUILDABLE["olmo2"] = dataclasses.replace(BUILDABLE["llama"], family="olmo2")
 BUILDABLE["roberta"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="roberta", tie_word_embeddings=True)
+BUILDABLE["vit"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="vit", image_size=32, patch_size=8)
+BUILDABLE["convnext"] = dataclasses.replace(
+    BUILDABLE["gpt_neox"], family="convnext", num_heads=1, num_layers=4, stage_depths="1,1,1,1", image_size=32,
+    patch_size=4,
+)  # fmt: skip
 REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
     "gpt_neox": ({"num_kv_heads": 2, "head_dim": 8}, ["model.num_kv_heads", "model.head_dim"]),
     "llama": ({"num_kv_heads": 3, "rotary_pct": 0.5}, ["model.num_kv_heads", "model.rotary_pct"]),
     "qwen3": ({"intermediate_size": None}, ["model.intermediate_size"]),
     "olmo2": ({"num_heads": 3, "head_dim": None}, ["model.num_kv_heads", "model.num_heads"]),
     "roberta": ({"num_heads": 3, "tie_word_embeddings": False}, ["model.num_heads", "model.tie_word_embeddings"]),
+    "vit": ({"patch_size": 7, "num_kv_heads": 2}, ["model.patch_size", "model.num_kv_heads"]),
+    "convnext": ({"num_layers": 3, "num_heads": 2}, ["model.num_layers", "model.num_heads"]),
 }
 
 
@@ -85,7 +92,8 @@ def test_a_buildable_shape_builds_its_family_class_with_the_attention_asked_for(
     model = BUILDABLE[family]
     assert FAMILIES[family].architecture_errors(model) == {}
     config = FAMILIES[family].build_model_config(model, "eager")
-    assert type(config).__name__ == builder.config_class and config._attn_implementation == "eager"
+    assert type(config).__name__ == builder.config_class
+    assert config._attn_implementation == "eager" or not builder.has_attention
     module = FAMILIES[family].build_model(model, "sdpa", torch.bfloat16, torch.device("meta"))
     assert type(module).__name__ == builder.causal_lm_class
     assert sum(p.numel() for p in module.parameters()) == FAMILIES[family].num_parameters(model)
