@@ -17,11 +17,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from analysis.parallelism import Layout, LayoutEstimate, Network, estimate_layout, network_for
 from analysis.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
 from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
-from orchestrator.record import Record
+from orchestrator.paths import SweepPaths
+from orchestrator.record import Record, read_record
 from orchestrator.schema import Config, to_config
 from orchestrator.states import RecordStatus
 
@@ -157,3 +159,15 @@ def check_rows(checks: Sequence[LayoutCheck]) -> list[dict[str, object]]:
         }
         for c in checks
     ]
+
+
+def check_sweeps(sweep_dirs: Sequence[Path]) -> list[LayoutCheck]:
+    """:func:`check` on the records of the sweep folders (unreadable records are the report's to list)."""
+    found = []
+    for sweep in sweep_dirs:
+        paths = SweepPaths(Path(sweep))
+        for cell_id in paths.cell_ids():
+            r = read_record(paths.record(cell_id), cell_id)
+            if isinstance(r, Record):
+                found.append(r)
+    return check(found)

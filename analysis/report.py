@@ -6,6 +6,8 @@ Files written into the output folder (the first sweep folder unless given):
   once keeps its newest ``ok`` record);
 - ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
+- ``layouts.csv`` (where mesh3d cells were measured): each one's measured step time, peak memory and bubble
+  beside analysis/parallelism.py's prediction and its terms (``analysis.layout_check``);
 - ``engines.csv``: DeepSpeed's and FSDP's fastest cells side by side for each model × GPU type × GPU count, and
   the difference (:mod:`analysis.engine_comparison`);
 - ``scaling.csv``: throughput, energy and cost per token against GPU count and nodes for each model × GPU type ×
@@ -93,7 +95,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis import engine_comparison, scaling, tables
+from analysis import engine_comparison, layout_check, scaling, tables
 from analysis.accuracy import prediction_section
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
@@ -223,6 +225,9 @@ def write_report(
         _write_csv(scale, target / "scaling.csv"),
         _write_csv(engines, target / "engines.csv"),
     ]
+    layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs))
+    if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
+        files.append(_write_csv(pd.DataFrame(layouts), target / "layouts.csv"))
     plot_files: list[Path] = []
     if plots:
         try:

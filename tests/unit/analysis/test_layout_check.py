@@ -67,3 +67,21 @@ def test_a_cells_layout_is_its_mesh_and_schedule() -> None:
     lay = cell_layout(inter, 2)
     assert (lay.data, lay.tensor, lay.pipeline, lay.micro_batch_size) == (2, 1, 2, 2)
     assert (lay.schedule_micro_batches, lay.stages_per_rank, lay.engine) == (4, 2, "mesh3d")
+
+
+def test_the_report_writes_layouts_csv_where_mesh3d_cells_were_measured(tmp_path) -> None:
+    from analysis import synthetic
+    from analysis.report import write_report
+
+    sweep = tmp_path / "sweep"
+    dp = record(DP, "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
+    pp = record(PP, "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
+    for r, cfg in ((dp, DP), (pp, PP)):
+        synthetic.write_cell(sweep, r.cell_id, to_container(cfg), dataclasses.replace(r, sweep=sweep.name))
+    report = write_report([sweep], plots=False)
+    layouts = sweep / "layouts.csv"
+    assert layouts in report.files
+    import pandas as pd
+
+    table = pd.read_csv(layouts)
+    assert sorted(table["cell"]) == ["dp", "pp"] and table.set_index("cell").loc["pp", "bubble"] == 0.3
