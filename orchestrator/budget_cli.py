@@ -90,12 +90,21 @@ def _gpus(text: str | None) -> list[GpuConfig]:
 
 def _models(text: str | None, sizes: str | None, default_all: bool) -> list[ModelConfig]:
     from analysis.budget import parse_size, sized_model
+    from orchestrator.models import SCALING_LAW_FAMILIES, scaling_law_error
     from orchestrator.schema import ModelConfig
 
     names = _names(text)
     if not names and default_all:
-        names = [n for n, d in _group("model").items() if _whole(d.get("num_parameters")) >= SMALLEST_DEFAULT_MODEL]
+        names = [
+            n
+            for n, d in _group("model").items()
+            if _whole(d.get("num_parameters")) >= SMALLEST_DEFAULT_MODEL
+            and d.get("family", "gpt_neox") in SCALING_LAW_FAMILIES
+        ]
     models = list(_pick("model", ModelConfig, names))
+    refused = [error for m in models if (error := scaling_law_error(m, "budget and shortest")) is not None]
+    if refused:
+        raise ValueError("; ".join(refused))
     models += [sized_model(parse_size(size)) for size in _names(sizes)]
     return models
 

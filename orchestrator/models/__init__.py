@@ -172,6 +172,24 @@ def language_family(model: ModelConfig, purpose: str) -> LanguageFamily:
     return cast(LanguageFamily, family)
 
 
+SCALING_LAW_FAMILIES = ("gpt_neox", "llama", "qwen3", "olmo2")
+"""The families the scaling-law planners (``budget``, ``shortest``) cover: dense decoder-only language models, what
+Chinchilla's compute-optimal fit and Kaplan's critical batch were measured on, and what their tensor/pipeline
+layouts split. An encoder, a state-space model, a mixture of experts or an image classifier follows other laws."""
+
+
+def scaling_law_error(model: ModelConfig, planner: str) -> str | None:
+    """Why ``planner`` cannot plan ``model`` (its family is outside :data:`SCALING_LAW_FAMILIES`), or None."""
+    if model.family in SCALING_LAW_FAMILIES:
+        return None
+    family = family_module(model.family)
+    return (
+        f"model {model.name!r} is of family {model.family!r} ({family.SAMPLE}s in, {family.THROUGHPUT_UNIT}/s): "
+        f"{planner}'s scaling-law arithmetic covers dense decoder-only language models only (families "
+        f"{', '.join(SCALING_LAW_FAMILIES)}); measure or plan it with `gpudays sweep` / `gpudays plan`"
+    )
+
+
 def language_families() -> list[str]:
     """The families whose samples are token sequences."""
     return sorted(name for name, f in FAMILIES.items() if f.SAMPLE == sequences.SAMPLE)

@@ -63,3 +63,16 @@ def test_a_shape_the_module_cannot_build_is_refused_at_planning(overrides: list[
 
     with pytest.raises(SweepError, match=key):
         plan(["gpu=h100-80gb", *overrides], sweep_dir=None)
+
+
+def test_the_scaling_law_planners_refuse_other_families_by_name_and_leave_them_out_of_their_defaults() -> None:
+    from orchestrator.budget_cli import _models
+    from orchestrator.models import SCALING_LAW_FAMILIES
+
+    with pytest.raises(ValueError) as err:
+        _models("vit-b16,roberta-base,pythia-160m", None, default_all=False)
+    for words in ("'vit-b16' is of family 'vit'", "'roberta-base' is of family 'roberta'", "gpt_neox, llama"):
+        assert words in str(err.value)
+    assert "pythia-160m" not in str(err.value)
+    defaults = _models(None, None, default_all=True)
+    assert defaults and {m.family for m in defaults} <= set(SCALING_LAW_FAMILIES)
