@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.models import convnext, gpt_neox, llama, olmo2, qwen3, roberta, sequences, vit
+from orchestrator.models import convnext, gpt_neox, llama, mamba, olmo2, olmoe, qwen3, roberta, sequences, vit
 
 if TYPE_CHECKING:
     import torch
@@ -80,6 +80,11 @@ class Family(Protocol):
         """The repeated blocks of a built module (the layers FSDP shards one by one)."""
         ...
 
+    def implementation(self, module: Any) -> dict[str, str]:
+        """Which of the library's code paths the built module runs where the library chooses one (a mixture of
+        experts' routing kernel, Mamba's fused or reference scan): the record's ``model_implementation``."""
+        ...
+
 
 class LanguageFamily(Family, Protocol):
     """A family whose sample is a token sequence, with its figures per token: what the scaling-law planners
@@ -106,6 +111,8 @@ FAMILIES: dict[str, Family] = {
     "roberta": cast(Family, roberta),
     "vit": cast(Family, vit),
     "convnext": cast(Family, convnext),
+    "olmoe": cast(Family, olmoe),
+    "mamba": cast(Family, mamba),
 }
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 
@@ -214,6 +221,11 @@ def tokens_per_sample(model: ModelConfig) -> int | None:
 def throughput_unit(model: ModelConfig) -> str:
     """What ``model``'s throughput is counted in: ``tokens`` or ``images``."""
     return family_module(model.family).THROUGHPUT_UNIT
+
+
+def implementation(model: ModelConfig, module: Any) -> dict[str, str]:
+    """``model``'s family's :meth:`Family.implementation` of a built ``module`` (empty where nothing is chosen)."""
+    return family_module(model.family).implementation(module)
 
 
 def enable_activation_checkpointing(module: Any) -> None:

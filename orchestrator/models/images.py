@@ -53,3 +53,8 @@ def synthetic_batch(
 def required(model: ModelConfig, keys: tuple[str, ...]) -> dict[str, str]:
     """A refusal for each of ``keys`` the model file leaves null although the family needs it."""
     return {f"model.{key}": f"{key} is required for this family" for key in keys if getattr(model, key) is None}
+
+
+def implementation(module: object) -> dict[str, str]:
+    """Nothing for the library to choose beyond ``method.attention``, which the record holds already."""
+    return {}

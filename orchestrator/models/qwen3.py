@@ -64,6 +64,7 @@ build_model = BUILDER.build_model
 SAMPLE = sequences.SAMPLE
 THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
 tokens_per_sample = sequences.tokens_per_sample
+implementation = sequences.implementation
 synthetic_batch = sequences.synthetic_batch
 blocks = sequences.decoder_layers
 

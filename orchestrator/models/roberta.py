@@ -183,6 +183,7 @@ build_model = BUILDER.build_model
 SAMPLE = sequences.SAMPLE
 THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
 tokens_per_sample = sequences.tokens_per_sample
+implementation = sequences.implementation
 
 
 def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:

@@ -77,3 +77,8 @@ def decoder_layers(module: Any) -> list[Any]:
     if layers is None:
         raise ValueError(f"{type(module).__name__} has no base_model.layers: FSDP cannot wrap its layers")
     return list(layers)
+
+
+def implementation(module: object) -> dict[str, str]:
+    """Nothing for the library to choose beyond ``method.attention``, which the record holds already."""
+    return {}

@@ -176,4 +176,5 @@ build_model = BUILDER.build_model
 SAMPLE = images.SAMPLE
 THROUGHPUT_UNIT = images.THROUGHPUT_UNIT
 tokens_per_sample = images.tokens_per_sample
+implementation = images.implementation
 synthetic_batch = images.synthetic_batch

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.engines.base import UnsupportedError, free_device_memory
 from orchestrator.engines.deepspeed.config import DeepSpeedConfig, build_ds_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
-from orchestrator.models import enable_activation_checkpointing, family_module
+from orchestrator.models import enable_activation_checkpointing, family_module, implementation
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -156,6 +156,7 @@ class DeepSpeedEngine:
             "deepspeed": deepspeed.__version__,
             "ds_config": dict(self.ds_config or {}),
             "compiled": bool(getattr(self.engine, "is_compiled", False)),
+            "model_implementation": implementation(self.config.model, self.engine.module) if self.engine else {},
         }
 
 

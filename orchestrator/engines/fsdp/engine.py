@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
-from orchestrator.models import enable_activation_checkpointing, family_module
+from orchestrator.models import enable_activation_checkpointing, family_module, implementation
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -152,6 +152,7 @@ class FsdpEngine:
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),
+            "model_implementation": implementation(self.config.model, self.module) if self.module is not None else {},
         }
 
 
