@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.domains import problems as domain_problems
 from orchestrator.engines.registry import check_engine_options, identity_keys, identity_keys_if_set, method_label
 from orchestrator.models import config_errors
+from orchestrator.passthrough import problems as passthrough_problems
 from orchestrator.refusal import Refusal
 from orchestrator.schema import Config, MethodConfig, ModelConfig, to_config
 from orchestrator.values import Row
@@ -178,6 +179,7 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
             errors.append(
                 Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
             )
+    errors.extend(passthrough_problems(cluster))
     if not _TEMPLATE_NAME.match(str(cluster.template)):
         errors.append(
             Refusal("cluster.template", f"{cluster.template!r}: use a file name under sbatch_templates/ ending in .j2")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ import yaml
 from orchestrator import cells, slurm
 from orchestrator.attempts import Attempt, append_attempt, next_attempt
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
+from orchestrator.passthrough import sbatch_options
 from orchestrator.paths import SweepPaths
 from orchestrator.schema import Config, to_container
 
@@ -66,6 +68,9 @@ class Resources:
     template: str = "default.sh.j2"
     job_name: str = "gpudays"
     wckey: str | None = None
+    sbatch_extra: tuple[tuple[str, str | bool], ...] = ()
+    srun_args: tuple[str, ...] = ()
+    python: str | None = None
 
 
 def resources(cell: Config) -> Resources:
@@ -103,6 +108,9 @@ def resources(cell: Config) -> Resources:
         template=cluster.template,
         job_name="gpudays" if cell.name == "gpudays" else f"gpudays-{cell.name}",
         wckey=cluster.wckey,
+        sbatch_extra=tuple(sorted(sbatch_options(cluster).items())),
+        srun_args=tuple(str(a) for a in cluster.srun_args),
+        python=cluster.python,
     )
 
 
@@ -175,9 +183,12 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "signal_delay_s": SIGNAL_DELAY_S,
         # From SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task: without this each rank gets one CPU,
         # and CPU Adam, data loading and host-bound steps are timed on it.
-        "srun_args": [f"--cpus-per-task={res.cpus_per_task}"],
+        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", *res.srun_args],
         # submitit's default wckey ("submitit") is rejected by sites that enforce wckeys: none unless configured.
         "wckey": res.wckey,
+        # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue
+        # where the cluster's JobRequeue is 0; then the site's own options (cluster.sbatch_extra).
+        "additional_parameters": {"requeue": True, **dict(res.sbatch_extra)},
     }
     optional = {
         "gres": res.gres,
@@ -189,6 +200,26 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
     }
     params.update({k: v for k, v in optional.items() if v is not None})
     return params
+
+
+def slurm_executor(res: Resources, folder: str | Path, max_num_timeout: int = 3) -> submitit.SlurmExecutor:
+    """submitit's executor for one resource group: its parameters, and the job's Python (``cluster.python``, a
+    container wrapper, or this interpreter)."""
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_num_timeout, python=res.python)
+    executor.update_parameters(**slurm_parameters(res))
+    return executor
+
+
+@contextmanager
+def submission_environment() -> Iterator[None]:
+    """Submit without the SLURM_* variables of an allocation this process may run in (``salloc``, or a job):
+    sbatch and srun would take them for the new job's own and fail ("SLURM_MEM_PER_* are mutually exclusive") or
+    inherit the wrong size. ``SLURM_CONF`` stays: it names the cluster, not an allocation."""
+    conf = os.environ.get("SLURM_CONF")
+    with submitit.helpers.clean_env():
+        if conf is not None:
+            os.environ["SLURM_CONF"] = conf
+        yield
 
 
 def write_cell(paths: SweepPaths, cell_id: str, cell: Config) -> None:
@@ -298,11 +329,11 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
         if wrong:
             problems.append(f"{who}: " + "; ".join(wrong))
             continue
-        executor = submitit.SlurmExecutor(folder="/tmp/gpudays-test-only/%j")
-        executor.update_parameters(**slurm_parameters(res))
+        executor = slurm_executor(res, "/tmp/gpudays-test-only/%j")
         script = executor._make_submission_file_text("true", "test-only")
         try:
-            said = slurm.sbatch_test_only(script)
+            with submission_environment():
+                said = slurm.sbatch_test_only(script)
         except slurm.SlurmUnavailable as e:
             raise SubmissionRefused(str(e)) from e
         if said is not None:
@@ -358,12 +389,11 @@ def submit_slurm(
     for res, cell_ids in group_by_resources(configs).items():
         # CellJob decides how often a timed-out cell is requeued; submitit's own count (which calls every
         # warning of a job under 50 minutes a timeout) is only a backstop against a requeue loop.
-        executor = submitit.SlurmExecutor(folder=paths.submitit_folder(), max_num_timeout=REQUEUE_BACKSTOP)
-        executor.update_parameters(**slurm_parameters(res))
+        executor = slurm_executor(res, paths.submitit_folder(), max_num_timeout=REQUEUE_BACKSTOP)
         chunk_size = min(res.max_array_size, max_array_size or res.max_array_size)
         for chunk in _chunks(cell_ids, max(1, chunk_size)):
             attempts = {cid: next_attempt(paths, cid) for cid in chunk}
-            with executor.batch():
+            with submission_environment(), executor.batch():
                 jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
             for cid, job in zip(chunk, jobs, strict=True):
                 sub = Attempt(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))

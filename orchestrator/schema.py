@@ -222,6 +222,15 @@ class ClusterConfig:
     own default, ``submitit``, is rejected where wckeys are enforced)."""
     template: str = "default.sh.j2"
     """The sbatch preamble template under ``sbatch_templates/``."""
+    sbatch_extra: dict[str, str] = field(default_factory=dict)
+    """A site's own sbatch options, added to every job as ``#SBATCH --<key>=<value>`` (an empty value is a bare
+    flag: ``exclusive: ""``); ``reservation``, ``exclude``, pyxis' ``container-image``. Options gpudays sets itself
+    are refused (orchestrator/passthrough.py)."""
+    srun_args: list[str] = field(default_factory=list)
+    """Arguments added to the srun line that starts the ranks (``--cpu-bind=cores``, ``--container-image=...``)."""
+    python: Optional[str] = None
+    """The command that starts Python in the job, e.g. ``apptainer exec --nv /shared/gpudays.sif python3``; by
+    default the submitting interpreter's absolute path (right on a shared file system, wrong in a container)."""
     inter_node_gbits_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Network bandwidth from one node to the others, all its ports together, one direction, Gb/s (InfiniBand
     HDR is 200 Gb/s a port, NDR 400); ``None`` where unknown. Used only by the analytic parallelism estimates."""

@@ -13,6 +13,7 @@
 #SBATCH --output=/sweeps/demo/jobs/%j/%j_0_log.out
 #SBATCH --partition=gpu
 #SBATCH --qos=normal
+#SBATCH --requeue
 #SBATCH --signal=USR2@90
 #SBATCH --time=120
 

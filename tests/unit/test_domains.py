@@ -42,6 +42,9 @@ CHECKED_ELSEWHERE = {
     "cluster.setup": "check_scheduler_strings: one shell line an item",
     "cluster.env": "check_scheduler_strings: names [A-Za-z_][A-Za-z0-9_]*, single-line values",
     "cluster.template": "check_scheduler_strings: a file name under sbatch_templates/",
+    "cluster.sbatch_extra": "orchestrator.passthrough.problems: option names, none gpudays sets, single-line values",
+    "cluster.srun_args": "orchestrator.passthrough.problems: none of the srun options gpudays sets",
+    "cluster.python": "orchestrator.passthrough.problems: one non-empty command line",
 }
 """Fields whose rules are more than a domain, and the check that holds them."""
 

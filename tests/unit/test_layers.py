@@ -42,6 +42,7 @@ LAYERS: dict[str, int] = {
     "orchestrator": CORE,
     "orchestrator.schema": CORE,
     "orchestrator.values": CORE,
+    "orchestrator.passthrough": CORE,
     "orchestrator.domains": CORE,
     "orchestrator.cells": CORE,
     "orchestrator.refusal": CORE,

@@ -1,0 +1,54 @@
+"""A cluster's own flags on the real local SLURM cluster: a Python wrapper (as a container would be) starts every
+rank, a site's sbatch option is accepted, and a sweep submitted from inside an allocation (``salloc``) runs."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import cli
+from orchestrator.paths import SweepPaths
+
+pytestmark = [pytest.mark.slurm]
+
+
+def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
+    slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "wrapper.log"
+    wrapper = tmp_path / "python-wrapper.sh"
+    # What `apptainer exec --nv image.sif python3` stands for: a command that starts Python with the arguments given.
+    wrapper.write_text(f'#!/bin/sh\necho "rank $SLURM_PROCID of $SLURM_NTASKS" >> {log}\nexec {sys.executable} "$@"\n')
+    wrapper.chmod(0o755)
+    # What a shell inside `salloc -N3 -n7 --mem-per-cpu=100` carries; sbatch would take it for the new job's own.
+    for name, value in {
+        "SLURM_JOB_ID": "999999",
+        "SLURM_JOBID": "999999",
+        "SLURM_NNODES": "3",
+        "SLURM_NTASKS": "7",
+        "SLURM_MEM_PER_CPU": "100",
+        "SLURM_CPUS_PER_TASK": "5",
+    }.items():
+        monkeypatch.setenv(name, value)
+    sweep_dir = tmp_path / "site"
+    code = cli.main(
+        [
+            "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "probe.kind=sleep", "probe.sleep_s=1", "num_gpus=2", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=5", "cluster.mem_gb_per_gpu=1", f"cluster.python={wrapper}", "+cluster.sbatch_extra.comment=site-flag",
+            "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    (cell_id,) = paths.cell_ids()
+    record = json.loads(paths.record(cell_id).read_text())
+    assert record["status"] == "ok", record["reason"]
+    assert record["environment"]["world_size"] == 2
+    assert sorted(log.read_text().splitlines()) == ["rank 0 of 2", "rank 1 of 2"], "every rank through the wrapper"
+    scripts = list(paths.submitit_folder().parent.rglob("*_submission.sh"))
+    assert scripts and all("#SBATCH --comment=site-flag" in s.read_text() for s in scripts)

@@ -1,0 +1,94 @@
+"""A cluster's own sbatch and srun options and its Python command reach the job script, and only where they work."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from orchestrator import cells, launch
+
+
+def _script(cell) -> str:
+    res = launch.resources(cell)
+    return launch.slurm_executor(res, "/sweeps/demo/jobs/%j")._make_submission_file_text("true", "0")
+
+
+def _first_command(lines: list[str]) -> int:
+    return next(i for i, line in enumerate(lines) if line.strip() and not line.startswith("#"))
+
+
+def test_sbatch_extra_lands_among_the_directives_before_the_first_command(make_typed) -> None:
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb", "num_gpus=4")
+    cell.cluster.sbatch_extra = {
+        "reservation": "lab-week",
+        "exclusive": "",
+        "container-image": "nvcr.io#nvidia/pytorch:24.05-py3",
+    }
+    assert cell.cluster.env, "example-university exports env values, which used to end directive parsing"
+    assert cells.check_values(cell) == []
+    lines = _script(cell).splitlines()
+    first = _first_command(lines)
+    for directive in ("#SBATCH --reservation=lab-week", "#SBATCH --exclusive", "#SBATCH --requeue"):
+        assert directive in lines[:first], directive
+    assert "#SBATCH --container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in lines[:first]
+
+
+@pytest.mark.parametrize(
+    ("sbatch_extra", "srun_args", "key", "names"),
+    [
+        ({"time": "10"}, [], "cluster.sbatch_extra.time", "cluster.time_limit_min"),
+        ({"partition": "other"}, [], "cluster.sbatch_extra.partition", "cluster.partition"),
+        ({"--job_name": "x"}, [], "cluster.sbatch_extra.--job_name", "name"),
+        ({}, ["-c4"], "cluster.srun_args[0]", "cluster.cpus_per_gpu"),
+        ({}, ["--output=x"], "cluster.srun_args[0]", "jobs/"),
+    ],
+)
+def test_a_flag_gpudays_sets_cannot_be_passed_again(
+    make_typed, sbatch_extra: dict[str, str], srun_args: list[str], key: str, names: str
+) -> None:
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb")
+    cell.cluster.sbatch_extra, cell.cluster.srun_args = sbatch_extra, srun_args
+    refusals = [r for r in cells.check_values(cell) if r.key == key]
+    assert len(refusals) == 1, cells.check_values(cell)
+    assert names in refusals[0].reason
+
+
+def test_an_sbatch_line_in_setup_is_refused_with_where_it_belongs(make_typed) -> None:
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb")
+    cell.cluster.setup = [*cell.cluster.setup, "#SBATCH --exclusive"]
+    key = f"cluster.setup[{len(cell.cluster.setup) - 1}]"
+    (refusal,) = [r for r in cells.check_values(cell) if r.key == key]
+    assert "cluster.sbatch_extra" in refusal.reason
+
+
+def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None:
+    wrapper = "apptainer exec --nv /shared/gpudays.sif python3"
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb", "num_gpus=4")
+    cell.cluster.srun_args, cell.cluster.python = ["--cpu-bind=cores"], wrapper
+    assert cells.check_values(cell) == []
+    res = launch.resources(cell)
+    executor = launch.slurm_executor(res, "/sweeps/demo/jobs/%j")
+    command = executor._submitit_command_str
+    assert command.startswith(wrapper + " -u -m submitit.core._submit")
+    srun = next(
+        line for line in executor._make_submission_file_text(command, "0").splitlines() if line.startswith("srun")
+    )
+    assert "--cpus-per-task=8 --cpu-bind=cores " + wrapper in srun
+
+
+def test_planning_refuses_a_repeated_flag_before_submission(make_cell) -> None:
+    from orchestrator.sweep import SweepError
+
+    with pytest.raises(SweepError, match=r"cluster.sbatch_extra.time: gpudays sets --time itself"):
+        make_cell("cluster=example-university", "gpu=a100-80gb", "+cluster.sbatch_extra.time=10")
+
+
+def test_submission_hides_an_allocations_variables_but_keeps_the_cluster(monkeypatch) -> None:
+    monkeypatch.setenv("SLURM_CONF", "/etc/site/slurm.conf")
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_MEM_PER_CPU", "2000")
+    with launch.submission_environment():
+        assert os.environ.get("SLURM_CONF") == "/etc/site/slurm.conf"
+        assert "SLURM_JOB_ID" not in os.environ and "SLURM_MEM_PER_CPU" not in os.environ
+    assert os.environ["SLURM_JOB_ID"] == "77" and os.environ["SLURM_CONF"] == "/etc/site/slurm.conf"
