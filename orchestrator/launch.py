@@ -210,6 +210,17 @@ def slurm_executor(res: Resources, folder: str | Path, max_num_timeout: int = 3)
     return executor
 
 
+def first_job_script(configs: Mapping[str, Config], folder: str | Path) -> str:
+    """What ``sweep --dry-run`` shows: the job script sbatch would get for the first group of SLURM cells (their
+    submitit folder ``folder``), or nothing where no cell goes to SLURM."""
+    groups = group_by_resources({cid: cfg for cid, cfg in configs.items() if cfg.cluster.backend == "slurm"})
+    if not groups:
+        return ""
+    executor = slurm_executor(next(iter(groups)), folder)
+    script = executor._make_submission_file_text(executor._submitit_command_str, "0")
+    return f"the job script of the first of {len(groups)} group(s) of cells:\n{script}"
+
+
 @contextmanager
 def submission_environment() -> Iterator[None]:
     """Submit without the SLURM_* variables of an allocation this process may run in (``salloc``, or a job):
@@ -315,9 +326,12 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
     for res, cell_ids in groups.items():
         who = _name_cells(cell_ids, configs)
         wrong = []
-        if res.partition is not None and res.partition not in partitions:
+        # A comma list lets SLURM start the job in whichever of them can run it first.
+        unknown = [p for p in (res.partition or "").split(",") if p and p not in partitions]
+        if unknown:
             wrong.append(
-                f"cluster.partition={res.partition!r} is not a partition here; use one of {', '.join(partitions)}"
+                f"cluster.partition={res.partition!r}: {', '.join(unknown)} is not a partition here; "
+                f"use one of {', '.join(partitions)} (or a comma list of them)"
             )
         if res.account is not None and accounts is not None and res.account not in accounts:
             wrong.append(

@@ -137,6 +137,8 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
         if not plan.cells:
             raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
         check(configs)
+        if script := launch.first_job_script(configs, SweepPaths(plan.sweep_dir).submitit_folder()):
+            console.out(script)
         console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
         return Exit.OK
     try:

@@ -52,3 +52,22 @@ def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
     assert sorted(log.read_text().splitlines()) == ["rank 0 of 2", "rank 1 of 2"], "every rank through the wrapper"
     scripts = list(paths.submitit_folder().parent.rglob("*_submission.sh"))
     assert scripts and all("#SBATCH --comment=site-flag" in s.read_text() for s in scripts)
+
+
+def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    common = ["sweep", "--dry-run", "--dir", str(tmp_path / "dry"), "cluster=slurm", "model=pythia-tiny", "gpu=cpu"]
+    site = ["probe.kind=sleep", "cluster.cpus_per_gpu=1", "cluster.srun_args=['--cpu-bind=none']"]
+    code = cli.main([*common, *site, "cluster.partition='debug,urgent'", "+cluster.sbatch_extra.comment=dry"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "#SBATCH --partition=debug,urgent" in out and "#SBATCH --comment=dry" in out
+    srun = next(line for line in out.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
+    assert not (tmp_path / "dry" / "cells").exists() or not any((tmp_path / "dry" / "cells").iterdir())
+
+    code = cli.main([*common, *site, "cluster.partition='debug,nosuch'"])
+    captured = capsys.readouterr()
+    assert code != 0
+    assert "nosuch is not a partition here" in captured.out + captured.err
