@@ -100,6 +100,7 @@ from analysis.accuracy import prediction_section
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import Catalog, load_cells
+from orchestrator.durable import staged_folder
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set
 
 CELLS_COLUMNS: tuple[str, ...] = (
@@ -217,32 +218,32 @@ def write_report(
     engines = engine_comparison.compare_engines(cells)
 
     target = Path(out_dir) if out_dir is not None else sweep_dirs[0]
-    target.mkdir(parents=True, exist_ok=True)
-    files = [
-        _write_csv(cells.reindex(columns=list(CELLS_COLUMNS)), target / "cells.csv"),
-        _write_csv(best, target / "best.csv"),
-        _write_csv(front, target / "frontier.csv"),
-        _write_csv(scale, target / "scaling.csv"),
-        _write_csv(engines, target / "engines.csv"),
-    ]
-    layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs))
-    if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
-        files.append(_write_csv(pd.DataFrame(layouts), target / "layouts.csv"))
-    plot_files: list[Path] = []
-    if plots:
-        try:
-            from analysis.plots import write_plots
+    report = Report(cells, best, front, scale, problems, [], calibration, budget, target, loaded.skipped, engines, knee)
+    # Every file is written into a new folder first and renamed into place once all are written: a full disk
+    # leaves the old report whole, and the error names the file.
+    with staged_folder(target) as new:
+        tables_written = [
+            _write_csv(cells.reindex(columns=list(CELLS_COLUMNS)), new / "cells.csv"),
+            _write_csv(best, new / "best.csv"),
+            _write_csv(front, new / "frontier.csv"),
+            _write_csv(scale, new / "scaling.csv"),
+            _write_csv(engines, new / "engines.csv"),
+        ]
+        layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs))
+        if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
+            tables_written.append(_write_csv(pd.DataFrame(layouts), new / "layouts.csv"))
+        plot_files: list[Path] = []
+        if plots:
+            try:
+                from analysis.plots import write_plots
 
-            plot_files = write_plots(cells, best, front, scale, target, knee)
-        except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
-            problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
-    files.extend(plot_files)
-    report = Report(
-        cells, best, front, scale, problems, files, calibration, budget, target, loaded.skipped, engines, knee
-    )
-    markdown = target / "report.md"
-    markdown.write_text(render_markdown(report, sweep_dirs, plot_files))
-    files.append(markdown)
+                plot_files = write_plots(cells, best, front, scale, new, knee)
+            except OSError:
+                raise
+            except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
+                problems.append(f"plots were not drawn: {type(exc).__name__}: {exc}")
+        (new / "report.md").write_text(render_markdown(report, sweep_dirs, [target / p.name for p in plot_files]))
+    report.files = [target / p.name for p in [*tables_written, *plot_files]] + [target / "report.md"]
     return report
 
 

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from orchestrator.durable import write_text_atomic
+
 # The analysis (numpy, pandas, rich) is imported when a command runs, not when the main CLI builds its parser:
 # every other gpudays command would pay for it.
 if TYPE_CHECKING:
@@ -196,9 +198,8 @@ def _print(console: Console, title: str, frame: pd.DataFrame, columns: tuple[str
 
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
     if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
         path = Path(out) / name
-        frame.to_csv(path, index=False)
+        write_text_atomic(path, frame.to_csv(index=False))
         console.print(f"wrote {path}")
 
 

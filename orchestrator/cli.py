@@ -9,6 +9,7 @@ command does lives in ``orchestrator.lifecycle`` (submit, wait, finish, resume),
 from __future__ import annotations
 
 import argparse
+import errno
 import math
 import sys
 from importlib import metadata
@@ -17,9 +18,14 @@ from typing import Any
 
 from orchestrator import budget_cli, console
 from orchestrator import sweep as sweep_mod
+from orchestrator.durable import WriteFailed
 from orchestrator.lifecycle import EXIT_MEANING, Exit, LifecycleError
 
 EXIT_BAD_INPUT = Exit.BAD_INPUT
+FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+"""Errors of a write that no other folder would have avoided (a full disk, a quota, a failing or read-only file
+system): exit WRITE_FAILED. A folder that cannot be written for its own sake (a file in the way, no permission, a
+name too long) is bad input."""
 
 EPILOG = "exit codes:\n" + "\n".join(f"  {code.value:<4} {meaning}" for code, meaning in EXIT_MEANING.items())
 DESCRIPTION = (
@@ -228,7 +234,13 @@ def main(argv: list[str] | None = None) -> int:
     except sweep_mod.SweepError as e:
         console.error(str(e))
         return int(Exit.BAD_INPUT)
+    except WriteFailed as e:
+        console.error(str(e))
+        return int(Exit.WRITE_FAILED if e.errno in FULL_OR_BROKEN else Exit.BAD_INPUT)
     except OSError as e:
+        if e.errno in FULL_OR_BROKEN:
+            console.error(f"cannot write {e.filename or 'a file'}: {e.strerror or e}")
+            return int(Exit.WRITE_FAILED)
         # A folder that cannot be created or written (permissions, a file in the way, a name too long).
         where = f" {e.filename}" if e.filename else ""
         console.error(f"cannot use{where}: {e.strerror or e}")

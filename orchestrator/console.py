@@ -298,7 +298,8 @@ def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], t
         for col in ("attempt", "job", "backend", "submitted"):
             a.add_column(col, no_wrap=True)
         for entry in attempts:
-            a.add_row(*(_t(fmt(v)) for v in (entry.attempt, entry.job_id, entry.backend, entry.submitted_at)))
+            job = entry.job_id or f"(cut short: job {entry.token} not found yet)"
+            a.add_row(*(_t(fmt(v)) for v in (entry.attempt, job, entry.backend, entry.submitted_at)))
         parts += [_t("attempts", style="bold"), a]
     if logs:
         parts += [_t("logs", style="bold"), *(_t(f"  {p}") for p in logs)]

@@ -43,10 +43,12 @@ from typing import Any, NoReturn, cast
 import submitit
 
 from orchestrator import cells, slurm
+from orchestrator.attempts import current_attempt
 from orchestrator.cells import TIME_LIMIT_WARNING_S
+from orchestrator.durable import write_json_atomic
 from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
-from orchestrator.paths import SweepPaths, write_json_atomic
-from orchestrator.record import Record, read_cell_config, write_record
+from orchestrator.paths import SweepPaths
+from orchestrator.record import Record, read_cell_config, read_record, write_record
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
 """Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
@@ -231,8 +233,34 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             started_at=started_at,
             finished_at=_now(),
         )
-        write_record(paths.record(cell_id), record)
+        if not superseded(paths, cell_id, attempt):
+            keep_earlier_record(paths, cell_id, attempt)
+            write_record(paths.record(cell_id), record)
     return result.status.value
+
+
+def superseded(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
+    """Whether a newer attempt of the cell was submitted after this job's (a submission cut short and made
+    again, whose first job ran after all): such a job leaves the cell alone, its record included."""
+    newest = current_attempt(paths, cell_id)
+    if newest > attempt:
+        _say(f"cell {cell_id}: this job runs attempt {attempt}, but attempt {newest} has replaced it; it stops here")
+        return True
+    return False
+
+
+def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> None:
+    """Keep the record of an earlier attempt beside the new one, under its attempt's name (``resume`` moves it
+    aside once the new attempt is submitted; this is for a resume killed before it could)."""
+    target = paths.record(cell_id)
+    found = read_record(target, cell_id)
+    try:
+        if isinstance(found, Record) and found.attempt < attempt:
+            target.rename(paths.archived_record(cell_id, found.attempt))
+        elif found is not None and not isinstance(found, Record):
+            target.rename(paths.archived_record(cell_id, attempt - 1, corrupt=True))
+    except OSError as e:
+        _say(f"the record of an earlier attempt could not be kept aside ({e}); it is replaced")
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
@@ -261,6 +289,8 @@ class CellJob(submitit.helpers.Checkpointable):
         return state
 
     def __call__(self) -> str:
+        if superseded(SweepPaths(Path(self.sweep_root)), self.cell_id, self.attempt):
+            return "superseded"
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             self._guard_time_limit()
         return run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))

@@ -16,10 +16,11 @@ Cells on this machine run through orchestrator.local.
 from __future__ import annotations
 
 import os
+import secrets
 import shlex
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +28,9 @@ import jinja2
 import submitit
 import yaml
 
-from orchestrator import cells, slurm
-from orchestrator.attempts import Attempt, append_attempt, next_attempt
+from orchestrator import cells, faults, slurm
+from orchestrator.attempts import Attempt, append_attempt, next_attempt, write_intents
+from orchestrator.durable import WriteFailed, write_text_atomic
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.passthrough import sbatch_options
 from orchestrator.paths import SweepPaths
@@ -240,7 +242,6 @@ def write_cell(paths: SweepPaths, cell_id: str, cell: Config) -> None:
     the config is plain data, so ``OmegaConf.load`` reads back the same values.
     """
     target = paths.cell_config(cell_id)
-    target.parent.mkdir(parents=True, exist_ok=True)
     text = yaml.dump(to_container(cell), Dumper=_YamlDumper, sort_keys=False, default_flow_style=False)
     try:
         if target.read_text() == text:
@@ -248,9 +249,7 @@ def write_cell(paths: SweepPaths, cell_id: str, cell: Config) -> None:
     except FileNotFoundError:
         pass
     # Written whole and renamed, so a job starting now reads the old config or the new one, never half of one.
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, target)
+    write_text_atomic(target, text)
 
 
 def _chunks(items: Sequence[str], size: int) -> Iterator[Sequence[str]]:
@@ -395,9 +394,13 @@ def submit_slurm(
     """One sbatch call (an array job) per resource group and array-size chunk; returns without waiting.
 
     ``max_array_size``: the scheduler's MaxArraySize where known (``scheduler_max_array_size``); a group is split
-    at the smaller of it and ``cluster.max_array_size``. Each cell's attempt is appended to its attempts.jsonl
-    as soon as its array is accepted; ``on_submitted`` is called with the cell id just before (``resume`` moves
-    the replaced attempt's record aside there, once its replacement is surely on its way).
+    at the smaller of it and ``cluster.max_array_size``. Each chunk is a transaction (``orchestrator.attempts``):
+    its cells' intents, with the job name the array will carry, are on disk before sbatch is called, and their
+    job ids once it returns. ``on_submitted`` is called with each cell id after that (``resume`` moves the replaced
+    attempt's record aside there, once its replacement is surely on its way).
+
+    Raises WriteFailed where an intent cannot be written (nothing of that chunk is submitted) or the job ids cannot
+    (the jobs run, and the next command finds them by their name), and what sbatch raised where it failed.
     """
     out: list[Attempt] = []
     for res, cell_ids in group_by_resources(configs).items():
@@ -406,13 +409,29 @@ def submit_slurm(
         executor = slurm_executor(res, paths.submitit_folder(), max_num_timeout=REQUEUE_BACKSTOP)
         chunk_size = min(res.max_array_size, max_array_size or res.max_array_size)
         for chunk in _chunks(cell_ids, max(1, chunk_size)):
-            attempts = {cid: next_attempt(paths, cid) for cid in chunk}
+            token = f"{res.job_name}-{secrets.token_hex(4)}"
+            intents = [
+                Attempt(cid, next_attempt(paths, cid), None, "slurm", cells.label(configs[cid]), token=token,
+                        index=i if len(chunk) > 1 else None)
+                for i, cid in enumerate(chunk)
+            ]  # fmt: skip
+            faults.point("before-intent")
+            write_intents(paths, intents)
+            faults.point("before-sbatch")
+            faults.point("during-sbatch")
+            executor.update_parameters(job_name=token)
             with submission_environment(), executor.batch():
-                jobs = [executor.submit(CellJob(str(paths.root), cid, attempts[cid])) for cid in chunk]
-            for cid, job in zip(chunk, jobs, strict=True):
-                sub = Attempt(cid, attempts[cid], str(job.job_id), "slurm", cells.label(configs[cid]))
+                jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+            faults.point("after-sbatch")
+            for intent, job in zip(intents, jobs, strict=True):
+                sub = replace(intent, job_id=str(job.job_id), submitted_at=intent.submitted_at)
+                try:
+                    append_attempt(paths, sub)
+                except WriteFailed as e:
+                    e.kept = f"job {job.job_id} runs it all the same, and the next gpudays command finds it by its name"
+                    raise
                 if on_submitted is not None:
-                    on_submitted(cid)
-                append_attempt(paths, sub)
+                    on_submitted(sub.cell_id)
                 out.append(sub)
+            faults.point("after-attempt")
     return out

@@ -9,20 +9,20 @@ the command line has only to print it.
 from __future__ import annotations
 
 import datetime as dt
-import fcntl
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cells, console, launch, local, prediction, status
-from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator import cells, console, intents, launch, local, prediction, status
+from orchestrator.attempts import read_attempts
+from orchestrator.durable import WriteFailed, append_jsonl
+from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
 from orchestrator.schema import Config
 from orchestrator.states import UNFIXABLE, parse_state, rerun_selectable
@@ -36,6 +36,7 @@ class Exit(IntEnum):
     BAD_INPUT = 2
     SCHEDULER = 3
     ACTIVE = 4
+    WRITE_FAILED = 5
     INTERNAL = 70
     INTERRUPTED = 130
 
@@ -46,6 +47,8 @@ EXIT_MEANING = {
     Exit.BAD_INPUT: "bad input (config, override, flag, folder): nothing was submitted",
     Exit.SCHEDULER: "the scheduler refused the submission or could not be asked",
     Exit.ACTIVE: "status --check: no cell needs a rerun, but some are still pending or running",
+    Exit.WRITE_FAILED: "a file could not be written (disk full, quota, read-only): the message names it; "
+    "the old file is kept",
     Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
     Exit.INTERRUPTED: "stopped with Ctrl-C",
 }
@@ -82,22 +85,6 @@ def sweep_folder(arg: str | Path) -> SweepPaths:
             f"{paths.root} is not a sweep folder, or not yet one (no cells in it); {SWEEP_FOLDER_HOLDS}"
         )
     return paths
-
-
-@contextmanager
-def sweep_lock(paths: SweepPaths) -> Iterator[None]:
-    """Only one command submits into a sweep folder at a time, so no cell is submitted twice.
-
-    An flock on ``.submit.lock`` in the folder: held by the process, so a crashed command leaves no stale lock; on
-    NFS, Linux turns it into a lock the server holds (NFSv4, or v3 with lockd), which submit hosts share.
-    """
-    paths.root.mkdir(parents=True, exist_ok=True)
-    with open(paths.lock, "a+") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 def check(configs: Mapping[str, Config]) -> None:
@@ -162,16 +149,20 @@ def _submit(
     if slurm:
         try:
             subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size(), before_start)
+        except WriteFailed:
+            raise
         except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
             said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")
             raise LifecycleError(
-                f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; the "
-                f"others are as they were, and `{shell_hint('gpudays', 'resume', paths.root)}` submits them.",
+                f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; those "
+                "of the array that failed are `lost` once the scheduler is seen to have no job of its name (else "
+                f"adopted), and `{shell_hint('gpudays', 'resume', paths.root)}` submits them; the others are as "
+                "they were.",
                 Exit.SCHEDULER,
             ) from e
-        arrays = sorted({s.job_id.split("_")[0] for s in subs}, key=lambda j: (len(j), j))
+        arrays = sorted({(s.job_id or "").split("_")[0] for s in subs}, key=lambda j: (len(j), j))
         console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
     if here:
         run_local(paths, here, before_start)
@@ -208,7 +199,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
     paths = SweepPaths(plan.sweep_dir)
     check({c.cell_id: c.typed for c in plan.cells})
-    with sweep_lock(paths):
+    with intents.sweep_lock(paths):
         append_jsonl(
             paths.sweep_log,
             {
@@ -229,7 +220,9 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
                     "reasons": [str(r) for r in cell.refusals],
                 },
             )
-        # Read inside the lock: a command that held it before this one has recorded its submissions by now.
+        # Read inside the lock: a command that held it before this one has recorded its submissions by now, and
+        # one killed mid-submission left intents, whose jobs are adopted here.
+        intents.reconcile(paths, {c.cell_id: read_attempts(paths, c.cell_id) for c in plan.cells}, holding_lock=True)
         new: dict[str, Config] = {}
         for cell in plan.cells:
             already = paths.attempts(cell.cell_id).is_file()
@@ -254,10 +247,10 @@ def resume(
     interval_s: float = 5.0,
 ) -> Exit:
     """``gpudays resume``: resubmit the cells that need it (not ok, not does_not_fit, not pending or running)."""
-    with sweep_lock(paths):
+    with intents.sweep_lock(paths):
         # States are read inside the lock: cells a concurrent resume has just resubmitted are pending by now.
         try:
-            states = status.cell_states(paths)
+            states = status.cell_states(paths, holding_lock=True)
         except status.SchedulerUnavailable as e:
             raise LifecycleError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
         wanted = None if only is None else [parse_state(name) for name in only]
@@ -315,7 +308,9 @@ def _archive_record(paths: SweepPaths, s: Any) -> None:
     if isinstance(found, Record) and found.attempt > s.attempt:
         return
     if record.exists():
-        record.rename(paths.archived_record(s.cell_id, s.attempt, corrupt=s.state == "corrupt"))
+        # A record names its own attempt (the latest may be a submission cut short, which wrote none).
+        attempt = found.attempt if isinstance(found, Record) else s.attempt
+        record.rename(paths.archived_record(s.cell_id, attempt, corrupt=s.state == "corrupt"))
 
 
 def say_damaged(paths: SweepPaths) -> None:
@@ -433,7 +428,7 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     (cid,) = matches
     state = next(s for s in states_or_records(paths) if s.cell_id == cid)
     attempts = status.read_attempts(paths, cid)
-    logs = sorted(p for a in attempts for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
+    logs = sorted(p for a in attempts if a.job_id for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
     traceback = state.record.traceback if state.record is not None else None
     if not isinstance(traceback, str) or not traceback:
         traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None

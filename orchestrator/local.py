@@ -10,14 +10,16 @@ import os
 import shlex
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import psutil
 import submitit
 
-from orchestrator import cells
-from orchestrator.attempts import Attempt, append_attempt, next_attempt
+from orchestrator import cells, faults
+from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts, write_intents
+from orchestrator.intents import local_jobs, pid_of, process_alive
 from orchestrator.jobside import CellJob
 from orchestrator.launch import Resources, SubmissionRefused, resources
 from orchestrator.paths import SweepPaths
@@ -25,6 +27,8 @@ from orchestrator.schema import Config
 
 DONE_CHECK_S = 0.1
 """How often a running local cell is checked for its end."""
+ORPHAN_CHECK_S = 1.0
+"""How often a job left running by an earlier command is checked for its end."""
 
 
 def local_gpus(num_gpus: int, environ: dict[str, str] | None = None) -> list[str]:
@@ -110,22 +114,30 @@ def submit_local(
     on_poll: Callable[[LocalRun], None] | None = None,
     poll_s: float = 1.0,
     before_start: Callable[[str], None] | None = None,
+    on_wait: Callable[[list[str]], None] | None = None,
 ) -> list[Attempt]:
     """Run cells on this machine one after another (never side by side: they would measure each other).
 
     ``on_start`` is called when a cell's job starts, ``on_poll`` about every ``poll_s`` while it runs, and
-    ``on_done`` with the cell id when it has ended (its record, if any, is written by then).
+    ``on_done`` with the cell id when it has ended (its record, if any, is written by then). A cell's job
+    still running from an earlier command (whose gpudays was killed) is waited for before each cell starts, and
+    ``on_wait`` is told. Each cell's intent is on disk before its job starts, its process id and start time once
+    it has.
     """
     out: list[Attempt] = []
     for cid, cfg in configs.items():
         res = resources(cfg)
         executor = submitit.LocalExecutor(folder=paths.submitit_folder())
         executor.update_parameters(**local_parameters(res))
-        attempt = next_attempt(paths, cid)
+        wait_for_orphans(paths, on_wait)
+        intent = Attempt(cid, next_attempt(paths, cid), None, "local", cells.label(cfg), token=f"local-{cid}")
+        faults.point("before-intent")
+        write_intents(paths, [intent])
         if before_start is not None:
             before_start(cid)
-        job = executor.submit(CellJob(str(paths.root), cid, attempt))
-        sub = Attempt(cid, attempt, str(job.job_id), "local", cells.label(cfg))
+        job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
+        faults.point("local-started")
+        sub = replace(intent, job_id=str(job.job_id), started=_start_time(int(job.job_id)))
         append_attempt(paths, sub)
         out.append(sub)
         run = LocalRun(cid, cells.label(cfg), str(job.job_id), time.monotonic(), (job.paths.stdout, job.paths.stderr))
@@ -146,3 +158,37 @@ def submit_local(
         if on_done is not None:
             on_done(cid)
     return out
+
+
+def _start_time(pid: int) -> float | None:
+    try:
+        return float(psutil.Process(pid).create_time())
+    except psutil.Error:
+        return None
+
+
+def running_orphans(paths: SweepPaths) -> list[str]:
+    """The local jobs of this sweep still running from an earlier command (a gpudays process killed or stopped
+    while its cell ran leaves the job running), one line each: found by the process id and start time each
+    attempt recorded, and by the job folder in a job's command line where the command died before recording."""
+    out: dict[int, str] = {}
+    for cid in paths.cell_ids():
+        tries = read_attempts(paths, cid)
+        latest = tries[-1] if tries else None
+        pid = pid_of(latest) if latest is not None else None
+        if latest is not None and pid is not None and process_alive(pid, latest.started):
+            out[pid] = f"cell {cid} (attempt {latest.attempt}, process {pid})"
+    for proc in local_jobs(paths):
+        out.setdefault(proc.pid, f"a job of this sweep (process {proc.pid})")
+    return [out[pid] for pid in sorted(out)]
+
+
+def wait_for_orphans(paths: SweepPaths, on_wait: Callable[[list[str]], None] | None = None) -> None:
+    """Block while a local job of this sweep from an earlier command still runs: two cells side by side would
+    measure each other. ``on_wait`` is told which, once, before the wait."""
+    alive = running_orphans(paths)
+    if alive and on_wait is not None:
+        on_wait(alive)
+    while alive:
+        time.sleep(ORPHAN_CHECK_S)
+        alive = running_orphans(paths)

@@ -18,13 +18,10 @@ Nothing else in the toolkit builds a path into a sweep folder by hand.
 from __future__ import annotations
 
 import errno
-import json
 import os
 import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 RECORD_NAME = "record.json"
 CELL_CONFIG_NAME = "cell.yaml"
@@ -152,34 +149,3 @@ def read_regular_file(path: Path, max_bytes: int = MAX_READ_BYTES) -> bytes:
         return b"".join(chunks)
     finally:
         os.close(fd)
-
-
-def write_json_atomic(path: Path, payload: Any, durable: bool = True) -> None:
-    """Write JSON so that a reader sees the old file or the whole new one, never half of it.
-
-    The data goes to a temporary file in the same folder, is flushed to disk, and is renamed over the target;
-    rename is atomic on POSIX filesystems and on NFS for files in one directory. ``durable=False`` skips the
-    fsync (still atomic for readers, not across a power cut): for folders made up to be read, such as the
-    synthetic sweeps of benchmarks and tests, where 10,000 fsyncs took half the time of making them.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(payload, f, indent=2, sort_keys=True, default=str)
-            f.write("\n")
-            f.flush()
-            if durable:
-                os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def append_jsonl(path: Path, payload: Any) -> None:
-    """Append one JSON line; a single ``write`` of a short line in append mode does not interleave."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    line = json.dumps(payload, sort_keys=True, default=str) + "\n"
-    with open(path, "a") as f:
-        f.write(line)

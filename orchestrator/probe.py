@@ -446,7 +446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = ended.to_json()
     text = json.dumps(result, indent=2, sort_keys=True, default=str)
     if args.out:
-        from orchestrator.paths import write_json_atomic
+        from orchestrator.durable import write_json_atomic
 
         write_json_atomic(Path(args.out.format(rank=rank)), result)
     if rank == 0:

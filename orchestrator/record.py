@@ -26,7 +26,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.paths import read_regular_file, write_json_atomic
+from orchestrator.durable import write_json_atomic
+from orchestrator.paths import read_regular_file
 from orchestrator.schema import Config, to_config
 from orchestrator.states import RecordStatus, State, state_of_record
 from orchestrator.values import Container, Row

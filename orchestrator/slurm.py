@@ -227,6 +227,57 @@ def squeue(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Ac
     return parse_squeue(_checked(cmd, timeout_s, ok_errors=("Invalid job id",)))
 
 
+@dataclass(frozen=True)
+class Named:
+    """What the scheduler has of some job names: the job (an array's own id) of each name it lists."""
+
+    jobs: dict[str, str]
+    complete: bool
+    """Both the controller and accounting answered, so a name they do not list has no job."""
+
+
+def parse_named(text: str) -> dict[str, str]:
+    """``JOBID|NAME`` lines (squeue's ``%F|%j``, sacct's ``JobID,JobName``) -> name: the job or array's own id."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        job, _, name = line.strip().partition("|")
+        job = job.split("_", 1)[0].strip()
+        if job.isdigit() and name.strip():
+            out.setdefault(name.strip(), job)
+    return out
+
+
+def jobs_named(names: Sequence[str], since: dt.datetime, timeout_s: float = DEFAULT_TIMEOUT_S) -> Named:
+    """The jobs named ``names`` (a submission's token): squeue for what the controller holds, sacct for what ran
+    since ``since``. Raises SlurmUnavailable when neither answers."""
+    found: dict[str, str] = {}
+    listing = ",".join(sorted(set(names)))
+    answered = 0
+    problems = []
+    for cmd in (
+        ["squeue", "-h", "-t", "all", f"--name={listing}", "-o", "%F|%j"],
+        [
+            "sacct",
+            "-n",
+            "-P",
+            "-X",
+            f"--name={listing}",
+            "-S",
+            since.astimezone().strftime("%Y-%m-%dT%H:%M:%S"),
+            "-o",
+            "JobID,JobName",
+        ],
+    ):
+        try:
+            found.update({k: v for k, v in parse_named(_checked(cmd, timeout_s)).items() if k not in found})
+            answered += 1
+        except SlurmUnavailable as e:
+            problems.append(str(e))
+    if not answered:
+        raise SlurmUnavailable("; ".join(problems))
+    return Named(found, complete=answered == 2)
+
+
 def end_time(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
     """When SLURM will end a running job (its EndTime, which a requeue resets); None if it cannot tell."""
     try:

@@ -18,14 +18,13 @@ job id; sacct lists each of its runs, and the state comes from the newest while 
 from __future__ import annotations
 
 import datetime as dt
-import os
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator import slurm
+from orchestrator import intents, slurm
 from orchestrator.attempts import Attempt, read_attempts
 from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, BadRecord, Record, read_cell_config, read_record
@@ -117,16 +116,6 @@ def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]
     return acct, note
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _age_s(submitted_at: Any, now: dt.datetime) -> float:
     try:
         when = dt.datetime.fromisoformat(str(submitted_at))
@@ -142,26 +131,28 @@ def job_log(paths: SweepPaths, job_id: str) -> Path:
     return paths.job_dir(job_id) / f"{job_id}_0_log.err"
 
 
-def cell_states(paths: SweepPaths, query_scheduler: bool = True, now: dt.datetime | None = None) -> list[CellState]:
+def cell_states(
+    paths: SweepPaths, query_scheduler: bool = True, now: dt.datetime | None = None, holding_lock: bool = False
+) -> list[CellState]:
     """The state of every cell in the sweep folder, sorted by cell id.
 
+    A submission cut short (an intent without a job id) is reconciled first (``orchestrator.intents``): its job,
+    found by its name, is adopted, written down where this command may (``holding_lock``, or the lock is free).
     Raises SchedulerUnavailable when cells need the scheduler and neither sacct nor squeue answers.
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     cell_ids = paths.cell_ids()
-    attempts = {cid: read_attempts(paths, cid) for cid in cell_ids}
     records = {cid: read_record(paths.record(cid), cid) for cid in cell_ids}
-
-    def decided_by_record(cid: str) -> bool:
-        rec = records[cid]
-        latest = attempts[cid][-1].attempt if attempts[cid] else 0
-        return isinstance(rec, Record) and rec.attempt >= latest
+    found = {cid: read_attempts(paths, cid) for cid in cell_ids}
+    undecided = {cid: a for cid, a in found.items() if not _record_decides(records[cid], a)}
+    settled = intents.reconcile(paths, undecided, holding_lock, ask=query_scheduler)
+    attempts = {**found, **settled.attempts}
 
     # Only jobs whose cells the records do not decide go to the scheduler.
     slurm_ids = [
         a[-1].job_id
         for cid, a in attempts.items()
-        if a and a[-1].backend == "slurm" and not decided_by_record(cid)
+        if a and a[-1].backend == "slurm" and a[-1].job_id and not _record_decides(records[cid], a)
     ]
     acct: slurm.Accounting | None = None
     note = None
@@ -171,6 +162,8 @@ def cell_states(paths: SweepPaths, query_scheduler: bool = True, now: dt.datetim
     for cid in cell_ids:
         latest = attempts[cid][-1] if attempts[cid] else None
         state = classify(cid, latest, records[cid], acct, note, now)
+        if latest is not None and latest.intent_only and not _record_decides(records[cid], attempts[cid]):
+            state = _cut_short(state, settled.never_submitted.get(cid), settled.unsure.get(cid))
         if state.state is State.NEW:
             state.label = _label(paths, cid)
         state.log = job_log(paths, state.job_id) if state.job_id else None
@@ -178,6 +171,21 @@ def cell_states(paths: SweepPaths, query_scheduler: bool = True, now: dt.datetim
             state.reason = f"{state.reason}; see {state.log}" if state.reason else f"see {state.log}"
         out.append(state)
     return out
+
+
+def _record_decides(record: Record | BadRecord | None, attempts: Sequence[Attempt]) -> bool:
+    """A record of the latest attempt (or a later one) says how the cell ended, whatever the scheduler says."""
+    latest = attempts[-1].attempt if attempts else 0
+    return isinstance(record, Record) and record.attempt >= latest
+
+
+def _cut_short(base: CellState, never_submitted: str | None, unsure: str | None) -> CellState:
+    """A cell whose latest attempt is an intent no job was found for: never ``new`` (its job may exist)."""
+    if never_submitted:
+        return replace(base, state=State.LOST, reason=f"{never_submitted}; `gpudays resume` submits it again")
+    if unsure == "being submitted by another gpudays command":
+        return replace(base, state=State.PENDING, reason=unsure)
+    return replace(base, state=State.UNKNOWN, reason=unsure or "its submission was cut short")
 
 
 def classify(
@@ -213,8 +221,10 @@ def classify(
         return replace(base, state=record.state, reason=_record_reason(record), record=record)
     if latest is None:
         return replace(base, reason="written into the sweep, never submitted")
+    if latest.intent_only:
+        return replace(base, state=State.UNKNOWN, reason="its submission was cut short")
     if latest.backend == "local":
-        alive = job_id is not None and job_id.isdigit() and _pid_alive(int(job_id))
+        alive = job_id is not None and job_id.isdigit() and intents.process_alive(int(job_id), latest.started)
         return replace(
             base,
             state=State.RUNNING if alive else State.LOST,
@@ -246,7 +256,7 @@ def _from_scheduler(
     base: CellState, latest: Attempt, acct: slurm.Accounting, note: str | None, now: dt.datetime
 ) -> CellState:
     try:
-        jid = slurm.JobId.parse(latest.job_id)
+        jid = slurm.JobId.parse(latest.job_id or "")
     except ValueError:
         return replace(base, state=State.LOST, reason=f"attempts.jsonl names job {latest.job_id!r}, not a SLURM id")
     job = acct.jobs.get(jid)

@@ -29,6 +29,7 @@ from orchestrator.cluster.layout import DEFAULT_STATE_DIR, STATE_DIR_ENV, Cluste
 from orchestrator.cluster.packages import missing_packages, missing_packages_message
 from orchestrator.cluster.ports import choose_ports
 from orchestrator.cluster.processes import DaemonRecord
+from orchestrator.durable import write_text_atomic
 
 
 def _quiet(_message: str) -> None:
@@ -223,12 +224,12 @@ class LocalCluster:
             max_array_size=max_array_size,
             real_memory_mib=processes.host_memory_mib(),
         )
-        paths.slurm_conf.write_text(render_slurm_conf(spec))
-        paths.gres_conf.write_text(render_gres_conf(spec))
+        write_text_atomic(paths.slurm_conf, render_slurm_conf(spec))
+        write_text_atomic(paths.gres_conf, render_gres_conf(spec))
         # slurmdbd refuses a config (it holds the database password) that others may read.
         paths.slurmdbd_conf.touch(mode=0o600)
         paths.slurmdbd_conf.chmod(0o600)
-        paths.slurmdbd_conf.write_text(render_slurmdbd_conf(spec))
+        write_text_atomic(paths.slurmdbd_conf, render_slurmdbd_conf(spec))
         for node in spec.node_names:
             for device in paths.gpu_devices(node, spec.gpus_per_node):
                 device.parent.mkdir(parents=True, exist_ok=True)

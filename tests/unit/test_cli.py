@@ -15,8 +15,9 @@ import pandas as pd
 import pytest
 
 from orchestrator import cli, console, launch, lifecycle, local
+from orchestrator.durable import append_jsonl
 from orchestrator.lifecycle import Exit
-from orchestrator.paths import SweepPaths, append_jsonl
+from orchestrator.paths import SweepPaths
 from orchestrator.record import RECORD_SCHEMA_VERSION, Metrics
 from orchestrator.schema import to_config
 
@@ -37,7 +38,13 @@ def _cell(sweep_dir: Path, config: dict[str, Any], status: str, **record: Any) -
     append_jsonl(paths.attempts(cid), {"cell_id": cid, "attempt": 1, "job_id": job, "backend": "local"})
     paths.job_dir(job).mkdir(parents=True, exist_ok=True)
     (paths.job_dir(job) / f"{job}_0_log.err").write_text("a log line\n")
-    payload = {"schema_version": RECORD_SCHEMA_VERSION, "status": status, "cell_id": cid, "attempt": 1, "config": config}
+    payload = {
+        "schema_version": RECORD_SCHEMA_VERSION,
+        "status": status,
+        "cell_id": cid,
+        "attempt": 1,
+        "config": config,
+    }
     payload.update(metrics={}, environment={})
     paths.record(cid).write_text(json.dumps({**payload, **record}))
     return cid
@@ -180,7 +187,9 @@ def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
             run = local.LocalRun(cid, "tiny", "1", time.monotonic() - took_s, (stdout, stderr))
             progress.start(run)
             progress.poll(run)
-            progress.done(SimpleNamespace(cell_id=cid, state="ok", reason=None, record=SimpleNamespace(metrics=Metrics())))
+            progress.done(
+                SimpleNamespace(cell_id=cid, state="ok", reason=None, record=SimpleNamespace(metrics=Metrics()))
+            )
     out = capsys.readouterr().out
     assert "[1/2] first tiny: running, 100 s  | loading the model" in out
     assert "[1/2] first ok in 100 s" in out

@@ -11,7 +11,8 @@ import pytest
 
 from orchestrator import cli, slurm, status
 from orchestrator.attempts import Attempt
-from orchestrator.paths import SweepPaths, append_jsonl, write_json_atomic
+from orchestrator.durable import append_jsonl, write_json_atomic
+from orchestrator.paths import SweepPaths
 from orchestrator.record import BadRecord, Record
 from orchestrator.states import STATES, HeldAction, RecordStatus, State
 
@@ -241,7 +242,9 @@ def test_an_attempt_line_cut_short_is_skipped_and_the_one_before_counts(sweep: S
 
 def test_a_local_cell_whose_process_is_gone_without_a_record_is_lost(sweep: SweepPaths) -> None:
     # pid 2**22 + 1 is above Linux's pid_max default, so no process has it.
-    append_jsonl(sweep.attempts("aaa"), {**asdict(submission(backend="local", job_id=str(2**22 + 1))), "cell_id": "aaa"})
+    append_jsonl(
+        sweep.attempts("aaa"), {**asdict(submission(backend="local", job_id=str(2**22 + 1))), "cell_id": "aaa"}
+    )
     (state,) = [s for s in status.cell_states(sweep, now=NOW) if s.cell_id == "aaa"]
     assert state.state == "lost"
 
