@@ -157,7 +157,8 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
     fields: list[tuple[str, Any]] = []
     fields += [(f"cluster.{k}", getattr(cluster, k)) for k in ("partition", "account", "qos", "constraint", "wckey")]
     fields += [(f"cluster.gres_by_gpu.{k}", v) for k, v in cluster.gres_by_gpu.items()]
-    fields += [(f"cluster.constraint_by_gpu.{k}", v) for k, v in cluster.constraint_by_gpu.items()]
+    for by_gpu in ("constraint_by_gpu", "partition_by_gpu", "qos_by_gpu", "account_by_gpu"):
+        fields += [(f"cluster.{by_gpu}.{k}", v) for k, v in getattr(cluster, by_gpu).items()]
     for key, value in fields:
         if value is not None and not _SBATCH_VALUE.match(str(value)):
             errors.append(

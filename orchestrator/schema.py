@@ -206,6 +206,13 @@ class ClusterConfig:
     """GPU config name → gres type, e.g. ``a100-80gb: a100`` requests ``--gres=gpu:a100:N``."""
     constraint_by_gpu: dict[str, str] = field(default_factory=dict)
     """GPU config name → constraint, for clusters that select GPU types by feature instead of gres type."""
+    partition_by_gpu: dict[str, str] = field(default_factory=dict)
+    """GPU config name → partition, where each GPU type has partitions of its own (``h100-80gb: gpu-h100``); a
+    GPU not named here uses ``partition``. A comma list lets SLURM pick whichever can start the job first."""
+    qos_by_gpu: dict[str, str] = field(default_factory=dict)
+    """GPU config name → QOS, where a site ties QOS to GPU types; a GPU not named here uses ``qos``."""
+    account_by_gpu: dict[str, str] = field(default_factory=dict)
+    """GPU config name → account, where a site bills GPU types to different accounts; otherwise ``account``."""
     array_parallelism: int = field(default=16, metadata=domain(ge=1, integer=True))
     """At most this many tasks of one array job run at once."""
     max_array_size: int = field(default=1000, metadata=domain(ge=1, integer=True))

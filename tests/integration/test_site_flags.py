@@ -71,3 +71,32 @@ def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
     captured = capsys.readouterr()
     assert code != 0
     assert "nosuch is not a partition here" in captured.out + captured.err
+
+
+def test_a_mixed_grid_goes_to_a_partition_per_gpu_type(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The local cluster's nodes have one fake GPU type (gres a100); both GPU configs request it, each from a
+    # partition of its own, as a site holding A100s and H100s in different partitions has them.
+    sweep_dir = tmp_path / "mixed"
+    code = cli.main(
+        [
+            "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
+            "gpu=a100-80gb,h100-80gb", "probe.kind=sleep", "probe.sleep_s=1", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=5", "+cluster.partition_by_gpu={a100-80gb: debug, h100-80gb: urgent}",
+            "+cluster.gres_by_gpu={a100-80gb: a100, h100-80gb: a100}", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    jobs = {}
+    for cell_id in paths.cell_ids():
+        record = json.loads(paths.record(cell_id).read_text())
+        assert record["status"] == "ok", record["reason"]
+        jobs[record["settings"]["gpu"]] = record["environment"]["slurm_job_id"]
+    partitions = {
+        gpu: slurm_cluster.run_client(["sacct", "-n", "-X", "-P", "-j", job, "-o", "Partition"]).split()[0]
+        for gpu, job in jobs.items()
+    }
+    assert partitions == {"a100-80gb": "debug", "h100-80gb": "urgent"}

@@ -92,3 +92,21 @@ def test_submission_hides_an_allocations_variables_but_keeps_the_cluster(monkeyp
         assert os.environ.get("SLURM_CONF") == "/etc/site/slurm.conf"
         assert "SLURM_JOB_ID" not in os.environ and "SLURM_MEM_PER_CPU" not in os.environ
     assert os.environ["SLURM_JOB_ID"] == "77" and os.environ["SLURM_CONF"] == "/etc/site/slurm.conf"
+
+
+def test_each_gpu_type_goes_to_its_own_partition_qos_and_account(make_typed) -> None:
+    by_gpu = {}
+    for gpu in ("a100-80gb", "h100-80gb", "v100-32gb"):
+        cell = make_typed("cluster=example-university", f"gpu={gpu}")
+        cell.cluster.partition_by_gpu = {"a100-80gb": "gpu-a100", "h100-80gb": "gpu-h100,gpu-h100-long"}
+        cell.cluster.qos_by_gpu = {"h100-80gb": "h100"}
+        cell.cluster.account_by_gpu = {"a100-80gb": "lab-a100"}
+        assert cells.check_values(cell) == []
+        res = launch.resources(cell)
+        by_gpu[gpu] = (res.partition, res.qos, res.account)
+    assert by_gpu == {
+        "a100-80gb": ("gpu-a100", "normal", "lab-a100"),
+        "h100-80gb": ("gpu-h100,gpu-h100-long", "h100", "mylab"),
+        "v100-32gb": ("gpu", "normal", "mylab"),
+    }
+    assert len({launch.resources(make_typed("cluster=example-university", f"gpu={g}")) for g in by_gpu}) == 3
