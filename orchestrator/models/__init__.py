@@ -13,7 +13,19 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from orchestrator.models import convnext, gpt_neox, llama, mamba, olmo2, olmoe, qwen3, roberta, sequences, vit
+from orchestrator.models import (
+    convnext,
+    gpt_neox,
+    llama,
+    mamba,
+    mixtral,
+    olmo2,
+    olmoe,
+    qwen3,
+    roberta,
+    sequences,
+    vit,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -113,6 +125,7 @@ FAMILIES: dict[str, Family] = {
     "convnext": cast(Family, convnext),
     "olmoe": cast(Family, olmoe),
     "mamba": cast(Family, mamba),
+    "mixtral": cast(Family, mixtral),
 }
 """``model.family`` in a ``conf/model`` file → the module that implements it."""
 

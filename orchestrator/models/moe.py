@@ -23,10 +23,18 @@ from orchestrator.models.building import OTHER_FAMILIES_FIELDS, unread_fields
 if TYPE_CHECKING:
     from orchestrator.schema import ModelConfig
 
-FP32 = 4
-ROUTER_LOGIT_BYTES = 4 + 2 + 8
-"""Per token and expert the router keeps: its fp32 softmax (4), the 16-bit logits (2), and the top-k gather's
-int64 indices are counted per chosen expert below."""
+# Bytes a bf16 training step keeps per token of one layer, measured with ``saved_tensors_hooks`` on the real
+# module (tests/unit/models/test_moe.py; transformers 5.23, torch 2.13), OLMoE's and Mixtral's alike: see
+# activation_bytes_per_token_per_layer.
+BYTES_PER_HIDDEN = 16.0
+BYTES_PER_ROUTED_HIDDEN = 4.0
+BYTES_PER_ROUTED_EXPERT_UNIT = 8.0
+BYTES_PER_EXPERT = 4.0
+BYTES_PER_ROUTE = 34.0
+BYTES_PER_ROW = 8.0
+RENORMALISED_BYTES_PER_ROUTE = 6.0
+RENORMALISED_BYTES_PER_ROW = 4.0
+"""Mixtral divides the top-k weights by their sum, which keeps them and the sum (6 a route and 4 a token)."""
 
 
 def experts(model: ModelConfig) -> int:
@@ -96,6 +104,26 @@ def implementation(module: object) -> dict[str, str]:
         config, "_experts_implementation", None
     )
     return {"moe_experts": str(chosen or "eager"), "moe_routing": "top-k softmax, transformers' router"}
+
+
+def activation_bytes_per_token_per_layer(
+    model: ModelConfig, attention: str, checkpointing: bool, qk_norm: bool, renormalised: bool = False
+) -> float:
+    """Bytes one layer keeps for backward per token with 16-bit activations, exact at ten shapes of the real
+    module (transformers' default ``grouped_mm`` experts): 16h + 4E + 8 (the norms' fp32 inputs and statistics,
+    the projections' inputs, the router's fp32 softmax over E), the q/k norms (``qk_norm``, OLMoE's) and the attention as ``llama``'s,
+    and per routed copy of a token 4h + 8f + 34 (its gathered input, the SwiGLU's 4 × 2f, its weight and index);
+    with ``renormalised`` top-k weights (Mixtral) 6k + 4 more; with checkpointing the layer's input (2h)."""
+    h = model.hidden_size
+    if checkpointing:
+        return float(llama.BYTES_16BIT * h)
+    d, heads, kv = llama.head_dim(model), model.num_heads, llama.num_kv_heads(model)
+    k, f, e = experts_per_token(model), llama.intermediate_size(model), experts(model)
+    qk_norms = llama.rms_norm_bytes(heads * d, 1, 2) + llama.rms_norm_bytes(kv * d, 1, 2) if qk_norm else 0
+    routed = k * (BYTES_PER_ROUTED_HIDDEN * h + BYTES_PER_ROUTED_EXPERT_UNIT * f + BYTES_PER_ROUTE)
+    dense = BYTES_PER_HIDDEN * h + qk_norms + llama.attention_bytes(model, attention) + BYTES_PER_EXPERT * e
+    renormalisation = RENORMALISED_BYTES_PER_ROUTE * k + RENORMALISED_BYTES_PER_ROW if renormalised else 0.0
+    return float(dense + routed + BYTES_PER_ROW + renormalisation)
 
 
 def refusals(model: ModelConfig) -> dict[str, str]:

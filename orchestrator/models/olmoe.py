@@ -22,14 +22,6 @@ NORM_EPS = 1e-5
 """RMSNorm epsilon of OLMoE-1B-7B's config.json."""
 ROUTER_AUX_LOSS = 0.01
 """Load-balancing loss coefficient (OLMoE paper, section 2; ``router_aux_loss_coef`` of its config)."""
-# Bytes a bf16 training step keeps per token of one layer, measured with ``saved_tensors_hooks`` on the real
-# module (tests/unit/models/test_moe.py; transformers 5.23, torch 2.13): see activation_bytes_per_token_per_layer.
-BYTES_PER_HIDDEN = 16.0
-BYTES_PER_ROUTED_HIDDEN = 4.0
-BYTES_PER_ROUTED_EXPERT_UNIT = 8.0
-BYTES_PER_EXPERT = 4.0
-BYTES_PER_ROUTE = 34.0
-BYTES_PER_ROW = 8.0
 
 
 def num_parameters(model: ModelConfig) -> int:
@@ -42,20 +34,8 @@ largest_weight_elements = moe.largest_weight_elements
 
 
 def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, checkpointing: bool = False) -> float:
-    """Bytes one layer keeps for backward per token with 16-bit activations, exact at ten shapes of the real
-    module (transformers' default ``grouped_mm`` experts): 16h + 4E + 8 (the norms' fp32 inputs and statistics,
-    the projections' inputs, the router's fp32 softmax over E), the q/k norms and the attention as ``llama``'s,
-    and per routed copy of a token 4h + 8f + 34 (its gathered input, the SwiGLU's 4 × 2f, its weight and index);
-    with checkpointing the layer's input (2h)."""
-    h = model.hidden_size
-    if checkpointing:
-        return float(llama.BYTES_16BIT * h)
-    d, heads, kv = llama.head_dim(model), model.num_heads, llama.num_kv_heads(model)
-    k, f, e = moe.experts_per_token(model), llama.intermediate_size(model), moe.experts(model)
-    qk_norms = llama.rms_norm_bytes(heads * d, 1, 2) + llama.rms_norm_bytes(kv * d, 1, 2)
-    routed = k * (BYTES_PER_ROUTED_HIDDEN * h + BYTES_PER_ROUTED_EXPERT_UNIT * f + BYTES_PER_ROUTE)
-    dense = BYTES_PER_HIDDEN * h + qk_norms + llama.attention_bytes(model, attention) + BYTES_PER_EXPERT * e
-    return float(dense + routed + BYTES_PER_ROW)
+    """``moe.activation_bytes_per_token_per_layer`` with OLMoE's q/k norms."""
+    return moe.activation_bytes_per_token_per_layer(model, attention, checkpointing, qk_norm=True)
 
 
 logit_bytes_per_token = llama.logit_bytes_per_token

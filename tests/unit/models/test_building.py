@@ -38,6 +38,7 @@ BUILDABLE["qwen3"] = dataclasses.replace(BUILDABLE["llama"], family="qwen3", hea
 BUILDABLE["olmo2"] = dataclasses.replace(BUILDABLE["llama"], family="olmo2")
 BUILDABLE["roberta"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="roberta", tie_word_embeddings=True)
 BUILDABLE["olmoe"] = dataclasses.replace(BUILDABLE["llama"], family="olmoe", num_experts=4, num_experts_per_token=2)
+BUILDABLE["mixtral"] = dataclasses.replace(BUILDABLE["olmoe"], family="mixtral")
 BUILDABLE["mamba"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="mamba", num_heads=1, tie_word_embeddings=True)
 BUILDABLE["vit"] = dataclasses.replace(BUILDABLE["gpt_neox"], family="vit", image_size=32, patch_size=8)
 BUILDABLE["convnext"] = dataclasses.replace(
@@ -51,6 +52,7 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
     "olmo2": ({"num_heads": 3, "head_dim": None}, ["model.num_kv_heads", "model.num_heads"]),
     "roberta": ({"num_heads": 3, "tie_word_embeddings": False}, ["model.num_heads", "model.tie_word_embeddings"]),
     "olmoe": ({"num_kv_heads": 3, "num_experts": None}, ["model.num_kv_heads", "model.num_experts"]),
+    "mixtral": ({"num_experts_per_token": 5}, ["model.num_experts_per_token"]),
     "mamba": ({"num_heads": 4, "tie_word_embeddings": False}, ["model.num_heads", "model.tie_word_embeddings"]),
     "vit": ({"patch_size": 7, "num_kv_heads": 2}, ["model.patch_size", "model.num_kv_heads"]),
     "convnext": ({"num_layers": 3, "num_heads": 2}, ["model.num_layers", "model.num_heads"]),

@@ -17,9 +17,15 @@ TINY = ModelConfig(
     name="tiny", family="olmoe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, vocab_size=256,
     intermediate_size=96, num_experts=8, num_experts_per_token=2, rotary_pct=1.0, seq_length=32,
 )  # fmt: skip
-SHAPES = [TINY, dataclasses.replace(TINY, hidden_size=96, num_heads=6, intermediate_size=64, num_experts=4)]
-FULL = {"olmoe-1b-7b": (6.9e9, 1.3e9)}
-"""Published total and active parameters (OLMoE paper, abstract)."""
+SHAPES = [
+    TINY,
+    dataclasses.replace(TINY, hidden_size=96, num_heads=6, intermediate_size=64, num_experts=4),
+    dataclasses.replace(TINY, family="mixtral"),
+    dataclasses.replace(TINY, family="mixtral", num_heads=8, num_experts_per_token=3),
+]
+IDS = ["olmoe-e8", "olmoe-e4", "mixtral-e8", "mixtral-k3"]
+FULL = {"olmoe-1b-7b": (6.9e9, 1.3e9), "mixtral-8x7b": (46.7e9, 12.9e9)}
+"""Published total and active parameters (OLMoE paper, abstract; Mixtral paper, section 2)."""
 
 
 @pytest.mark.parametrize("name", sorted(FULL))
@@ -49,7 +55,7 @@ def eager_experts(model: ModelConfig) -> torch.nn.Module:
     return module
 
 
-@pytest.mark.parametrize("model", SHAPES, ids=["e8", "e4"])
+@pytest.mark.parametrize("model", SHAPES, ids=IDS)
 def test_flops_count_only_the_routed_experts(model: ModelConfig) -> None:
     family = FAMILIES[model.family]
     module = eager_experts(model)
