@@ -70,6 +70,7 @@ class Resources:
     template: str = "default.sh.j2"
     job_name: str = "gpudays"
     wckey: str | None = None
+    exclusive: bool = False
     sbatch_extra: tuple[tuple[str, str | bool], ...] = ()
     srun_args: tuple[str, ...] = ()
     python: str | None = None
@@ -110,10 +111,20 @@ def resources(cell: Config) -> Resources:
         template=cluster.template,
         job_name="gpudays" if cell.name == "gpudays" else f"gpudays-{cell.name}",
         wckey=cluster.wckey,
+        exclusive=exclusive(cell),
         sbatch_extra=tuple(sorted(sbatch_options(cluster).items())),
         srun_args=tuple(str(a) for a in cluster.srun_args),
         python=cluster.python,
     )
+
+
+def exclusive(cell: Config) -> bool:
+    """Whether the cell's job asks for whole nodes: ``cluster.exclusive``, or (``null``) whenever a GPU cell uses
+    fewer GPUs of a node than the node has."""
+    if cell.cluster.exclusive is not None:
+        return bool(cell.cluster.exclusive)
+    per_node = cell.num_gpus // cell.num_nodes
+    return cell.gpu.accelerator == "cuda" and per_node < cell.cluster.gpus_per_node
 
 
 def gpu_type_problem(cell: Config) -> str | None:
@@ -190,7 +201,11 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue
         # where the cluster's JobRequeue is 0; then the site's own options (cluster.sbatch_extra).
-        "additional_parameters": {"requeue": True, **dict(res.sbatch_extra)},
+        "additional_parameters": {
+            "requeue": True,
+            **({"exclusive": True} if res.exclusive else {}),
+            **dict(res.sbatch_extra),
+        },
     }
     optional = {
         "gres": res.gres,

@@ -2,7 +2,7 @@
 starts Python in the job (a container wrapper).
 
 A site needs flags gpudays knows nothing of (``--reservation``, ``--exclude``, pyxis' ``--container-image``,
-``--exclusive``) and runs jobs inside containers (``apptainer exec --nv image.sif python3``). They are passed
+``--spread-job``) and runs jobs inside containers (``apptainer exec --nv image.sif python3``). They are passed
 through unchanged, with three rules checked before anything is submitted:
 
 - a flag gpudays sets itself (the job's size, time, output files, array, signal) cannot be passed a second time:
@@ -43,6 +43,7 @@ SBATCH_SET_BY_GPUDAYS: dict[str, str] = {
     "open-mode": "gpudays (logs appended across requeues)",
     "signal": "gpudays (the time-limit warning the job acts on)",
     "requeue": "gpudays (always --requeue: a timed-out or preempted cell requeues itself)",
+    "exclusive": "cluster.exclusive",
 }
 """The sbatch options of every gpudays job, by the key that decides each: not accepted in ``sbatch_extra``."""
 
@@ -69,7 +70,7 @@ def option_name(key: str) -> str:
 
 def sbatch_options(cluster: ClusterConfig) -> dict[str, str | bool]:
     """``cluster.sbatch_extra`` as submitit's ``additional_parameters``: an empty value or ``true`` is a bare flag
-    (``exclusive: ""`` is ``#SBATCH --exclusive``)."""
+    (``spread-job: ""`` is ``#SBATCH --spread-job``)."""
     out: dict[str, str | bool] = {}
     for key, value in cluster.sbatch_extra.items():
         text = "" if value is None else str(value)
@@ -116,7 +117,7 @@ def problems(cluster: ClusterConfig) -> list[Refusal]:
                 Refusal(
                     f"cluster.setup[{i}]",
                     f"{line!r}: an #SBATCH line after the job's first command is ignored by sbatch; "
-                    'put the option in cluster.sbatch_extra (e.g. `exclusive: ""`) instead',
+                    'put the option in cluster.sbatch_extra (e.g. `reservation: lab-week`) instead',
                 )
             )
     return out

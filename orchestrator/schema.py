@@ -229,6 +229,11 @@ class ClusterConfig:
     own default, ``submitit``, is rejected where wckeys are enforced)."""
     template: str = "default.sh.j2"
     """The sbatch preamble template under ``sbatch_templates/``."""
+    exclusive: Optional[bool] = None
+    """Whether a cell's job holds its nodes alone (``--exclusive``). ``null`` (auto): exactly when a GPU cell uses
+    fewer than a node's ``gpus_per_node`` GPUs, so that no other job (another user's, or another cell of the
+    sweep) shares its CPUs, memory bandwidth, PCIe and network card while it is timed; CPU cells (tests, the demo)
+    are not. ``true`` always, ``false`` never."""
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     """A site's own sbatch options, added to every job as ``#SBATCH --<key>=<value>`` (an empty value is a bare
     flag: ``exclusive: ""``); ``reservation``, ``exclude``, pyxis' ``container-image``. Options gpudays sets itself

@@ -15,6 +15,15 @@ from orchestrator.paths import SweepPaths
 pytestmark = [pytest.mark.slurm]
 
 
+def _job(record: dict[str, object]) -> str:
+    """The job sacct knows the record's attempt by: ``ARRAY_TASK`` for an array task, else the job id."""
+    env = record["environment"]
+    assert isinstance(env, dict)
+    if env.get("slurm_array_job_id") is not None:
+        return f"{env['slurm_array_job_id']}_{env['slurm_array_task_id']}"
+    return str(env["slurm_job_id"])
+
+
 def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
     slurm_cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -94,9 +103,34 @@ def test_a_mixed_grid_goes_to_a_partition_per_gpu_type(
     for cell_id in paths.cell_ids():
         record = json.loads(paths.record(cell_id).read_text())
         assert record["status"] == "ok", record["reason"]
-        jobs[record["settings"]["gpu"]] = record["environment"]["slurm_job_id"]
+        jobs[record["settings"]["gpu"]] = _job(record)
     partitions = {
         gpu: slurm_cluster.run_client(["sacct", "-n", "-X", "-P", "-j", job, "-o", "Partition"]).split()[0]
         for gpu, job in jobs.items()
     }
     assert partitions == {"a100-80gb": "debug", "h100-80gb": "urgent"}
+
+
+def test_exclusive_cells_never_share_a_node(slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep_dir = tmp_path / "exclusive"
+    code = cli.main(
+        [
+            "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
+            "gpu=a100-80gb", "probe.kind=sleep", "probe.sleep_s=3", "cluster.cpus_per_gpu=1",
+            "cluster.gpus_per_node=4", "cluster.time_limit_min=5", "model.seq_length=32,33,34", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    spans = []
+    for cell_id in paths.cell_ids():
+        record = json.loads(paths.record(cell_id).read_text())
+        assert record["status"] == "ok", record["reason"]
+        fields = slurm_cluster.run_client(["sacct", "-n", "-X", "-P", "-j", _job(record), "-o", "NodeList,Start,End"])
+        node, start, end = fields.split()[0].split("|")
+        spans.append((node, start, end))
+    assert len(spans) == 3
+    for i, (node, start, end) in enumerate(spans):
+        for other, other_start, other_end in spans[i + 1 :]:
+            assert node != other or end <= other_start or other_end <= start, spans

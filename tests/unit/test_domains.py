@@ -47,6 +47,7 @@ CHECKED_ELSEWHERE = {
     "cluster.template": "check_scheduler_strings: a file name under sbatch_templates/",
     "cluster.sbatch_extra": "orchestrator.passthrough.problems: option names, none gpudays sets, single-line values",
     "cluster.srun_args": "orchestrator.passthrough.problems: none of the srun options gpudays sets",
+    "cluster.exclusive": "OmegaConf: true, false or null (auto)",
     "cluster.python": "orchestrator.passthrough.problems: one non-empty command line",
 }
 """Fields whose rules are more than a domain, and the check that holds them."""

@@ -22,14 +22,14 @@ def test_sbatch_extra_lands_among_the_directives_before_the_first_command(make_t
     cell = make_typed("cluster=example-university", "gpu=a100-80gb", "num_gpus=4")
     cell.cluster.sbatch_extra = {
         "reservation": "lab-week",
-        "exclusive": "",
+        "spread-job": "",
         "container-image": "nvcr.io#nvidia/pytorch:24.05-py3",
     }
     assert cell.cluster.env, "example-university exports env values, which used to end directive parsing"
     assert cells.check_values(cell) == []
     lines = _script(cell).splitlines()
     first = _first_command(lines)
-    for directive in ("#SBATCH --reservation=lab-week", "#SBATCH --exclusive", "#SBATCH --requeue"):
+    for directive in ("#SBATCH --reservation=lab-week", "#SBATCH --spread-job", "#SBATCH --requeue"):
         assert directive in lines[:first], directive
     assert "#SBATCH --container-image='nvcr.io#nvidia/pytorch:24.05-py3'" in lines[:first]
 
@@ -110,3 +110,28 @@ def test_each_gpu_type_goes_to_its_own_partition_qos_and_account(make_typed) -> 
         "v100-32gb": ("gpu", "normal", "mylab"),
     }
     assert len({launch.resources(make_typed("cluster=example-university", f"gpu={g}")) for g in by_gpu}) == 3
+
+
+@pytest.mark.parametrize(
+    ("overrides", "exclusive"),
+    [
+        (("gpu=a100-80gb", "num_gpus=1"), True),  # 1 of a node's 4 GPUs: the rest of the node is not shared
+        (("gpu=a100-80gb", "num_gpus=4"), False),  # the whole node already
+        (("gpu=a100-80gb", "num_gpus=8", "num_nodes=2"), False),
+        (("gpu=a100-80gb", "num_gpus=4", "cluster.exclusive=true"), True),
+        (("gpu=a100-80gb", "num_gpus=1", "cluster.exclusive=false"), False),
+        (("gpu=cpu", "num_gpus=1"), False),  # CPU cells (tests, the demo) share nodes
+    ],
+)
+def test_exclusive_whenever_a_gpu_cell_uses_less_than_a_node(make_typed, overrides, exclusive: bool) -> None:
+    cell = make_typed("cluster=example-university", *overrides)
+    assert launch.exclusive(cell) is exclusive
+    lines = _script(cell).splitlines()
+    assert ("#SBATCH --exclusive" in lines[: _first_command(lines)]) is exclusive
+
+
+def test_exclusive_is_not_passed_a_second_time(make_typed) -> None:
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb")
+    cell.cluster.sbatch_extra = {"exclusive": ""}
+    (refusal,) = [r for r in cells.check_values(cell) if r.key == "cluster.sbatch_extra.exclusive"]
+    assert "cluster.exclusive" in refusal.reason
