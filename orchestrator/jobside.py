@@ -173,6 +173,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "job_id": env.job_id,
+            # The CPUs the scheduler let this rank run on (all of the node's where it binds none).
+            "cpus": sorted(os.sched_getaffinity(0)),
         },
     )
 
@@ -213,6 +215,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 "job_id": str(env.job_id),
                 "hostnames": list(env.hostnames),
                 "rank_nodes": [r.get("node") for r in ranks],
+                "rank_cpus": [r.get("cpus") for r in ranks],
                 "world_size": world_size,
                 "python": platform.python_version(),
                 "requeued_after_timeout": (requeues or {}).get("timeout", 0),

@@ -58,6 +58,8 @@ def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
     record = json.loads(paths.record(cell_id).read_text())
     assert record["status"] == "ok", record["reason"]
     assert record["environment"]["world_size"] == 2
+    rank_cpus = record["environment"]["rank_cpus"]
+    assert len(rank_cpus) == 2 and all(cpus and all(isinstance(c, int) for c in cpus) for cpus in rank_cpus)
     assert sorted(log.read_text().splitlines()) == ["rank 0 of 2", "rank 1 of 2"], "every rank through the wrapper"
     scripts = list(paths.submitit_folder().parent.rglob("*_submission.sh"))
     assert scripts and all("#SBATCH --comment=site-flag" in s.read_text() for s in scripts)
