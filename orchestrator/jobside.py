@@ -272,6 +272,13 @@ def seconds_left(job_id: str | None, fallback_end: float) -> float:
     return end.timestamp() - time.time() if end is not None else fallback_end - time.time()
 
 
+def seconds_to_limit(job_id: str | None, fallback_end: float) -> float:
+    """Seconds until this job's time limit (start plus limit, which a cancel does not move); ``fallback_end`` if
+    SLURM cannot tell."""
+    end = slurm.limit_end(job_id) if job_id else None
+    return end.timestamp() - time.time() if end is not None else fallback_end - time.time()
+
+
 class CellJob(submitit.helpers.Checkpointable):
     """The callable submitted for one attempt of one cell; requeued by submitit on preemption and timeout.
 
@@ -369,7 +376,7 @@ class CellJob(submitit.helpers.Checkpointable):
             # SLURM's SIGTERM at the time limit (submitit's own handler only logs it): what dies of it now, a
             # compiler or a peer, is the time limit's doing. A SIGTERM long before the limit is a cancellation.
             global _time_limit_signal
-            if _time_limit_signal is None and seconds_left(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
+            if _time_limit_signal is None and seconds_to_limit(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
                 _time_limit_signal = TimeSignal("SIGTERM", time.time())
             if callable(submitit_terminate):
                 submitit_terminate(signum, frame)

@@ -287,6 +287,37 @@ def end_time(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
         return None
 
 
+def parse_time_limit(text: str) -> dt.timedelta | None:
+    """squeue's ``%l``: ``[days-]hours:minutes:seconds`` or ``minutes:seconds``; None for UNLIMITED or nonsense."""
+    days, _, clock = text.strip().rpartition("-")
+    try:
+        parts = [int(p) for p in clock.split(":")]
+        whole_days = int(days) if days else 0
+    except ValueError:
+        return None
+    if len(parts) == 3:
+        hours, minutes, seconds = parts
+    elif len(parts) == 2:  # minutes:seconds, or days-hours:minutes
+        hours, minutes, seconds = (parts[0], parts[1], 0) if days else (0, parts[0], parts[1])
+    else:
+        return None
+    return dt.timedelta(days=whole_days, hours=hours, minutes=minutes, seconds=seconds)
+
+
+def limit_end(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
+    """When a running job reaches its time limit: its StartTime (which a requeue resets) plus its TimeLimit.
+
+    Not its EndTime: ``scancel`` sets that to the moment of the cancel, so a job's SIGTERM would look like the
+    limit's. None if SLURM cannot tell."""
+    try:
+        out = run(["squeue", "-h", "-j", job_id, "-o", "%S|%l"], timeout_s=timeout_s).stdout.strip()
+        start, _, limit = out.splitlines()[0].partition("|")
+        length = parse_time_limit(limit)
+        return dt.datetime.fromisoformat(start) + length if length is not None else None
+    except (SlurmUnavailable, ValueError, IndexError):
+        return None
+
+
 # ---- acting on jobs -------------------------------------------------------------------------------------------
 
 
