@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import cells, console, intents, launch, local, prediction, status
+from orchestrator import admission, cells, console, intents, launch, local, prediction, status
 from orchestrator.attempts import read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
@@ -96,7 +96,7 @@ def check(configs: Mapping[str, Config]) -> None:
         for cfg in here.values():
             local.local_parameters(launch.resources(cfg))
         local.check_local_gpus(here)
-        launch.check_slurm(slurm)
+        admission.check_slurm(slurm)
     except launch.SubmissionRefused as e:
         raise LifecycleError(str(e)) from e
 
@@ -148,7 +148,7 @@ def _submit(
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     if slurm:
         try:
-            subs = launch.submit_slurm(paths, slurm, launch.scheduler_max_array_size(), before_start)
+            subs = launch.submit_slurm(paths, slurm, admission.scheduler_max_array_size(), before_start)
         except WriteFailed:
             raise
         except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:

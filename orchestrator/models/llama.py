@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orchestrator.models.gpt_neox as gpt_neox
-from orchestrator.models import sequences
+import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder, unread_fields, where
 
 if TYPE_CHECKING:

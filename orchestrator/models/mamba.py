@@ -19,7 +19,7 @@ import math
 import sys
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.models import sequences
+import orchestrator.models.sequences as sequences
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_fields
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
 
 def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
     """transformers' causal-LM loss, as the decoders' (``gpt_neox``'s measured bytes per vocabulary entry)."""
-    from orchestrator.models import gpt_neox
+    import orchestrator.models.gpt_neox as gpt_neox
 
     return gpt_neox.logit_bytes_per_token(model, compiled)
 

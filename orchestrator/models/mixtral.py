@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import orchestrator.models.llama as llama
 import orchestrator.models.moe as moe
-from orchestrator.models import sequences
+import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:

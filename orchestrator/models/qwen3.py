@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import orchestrator.models.llama as llama
-from orchestrator.models import sequences
+import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.models import sequences
+import orchestrator.models.sequences as sequences
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_fields
 
 if TYPE_CHECKING:
@@ -108,7 +108,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
 def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
     """Peak bytes per token of the masked-LM head and its loss: the head's own layers and the logits as a causal
     LM's (``gpt_neox``'s measured bytes per vocabulary entry: the loss upcasts every position's logits)."""
-    from orchestrator.models import gpt_neox
+    import orchestrator.models.gpt_neox as gpt_neox
 
     return HEAD_BYTES_PER_HIDDEN * model.hidden_size + gpt_neox.logit_bytes_per_token(model, compiled)
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from orchestrator.models import images
+import orchestrator.models.images as images
 from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from orchestrator import cli, launch, status
+from orchestrator import admission, cli, status
 from orchestrator.cluster import LocalCluster
 from orchestrator.paths import SweepPaths
 
@@ -70,7 +70,7 @@ def test_what_the_cluster_refuses_stops_the_sweep_before_anything_is_written(
 def test_arrays_split_at_max_array_size_one_sbatch_each_and_status_asks_sacct_once(
     slurm_cluster: LocalCluster, tmp_path: Path, logged_slurm: Path, capsys
 ) -> None:
-    assert launch.scheduler_max_array_size() == 1001  # the local cluster's MaxArraySize
+    assert admission.scheduler_max_array_size() == 1001  # the local cluster's MaxArraySize
     sweep_dir = tmp_path / "arrays"
     # Two resource groups (1 and 2 tasks); the 5 one-task cells split into arrays of 2, 2 and 1.
     code = cli.main(

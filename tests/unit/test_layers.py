@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.sweep": RUNTIME,
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,
+    "orchestrator.admission": RUNTIME,
     "orchestrator.local": RUNTIME,
     "orchestrator.status": RUNTIME,
     "orchestrator.intents": RUNTIME,
