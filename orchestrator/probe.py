@@ -50,7 +50,8 @@ from orchestrator.build_cache import pin_build_environment
 from orchestrator.engines.base import batch_split
 from orchestrator.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.metering import GIB, gib
-from orchestrator.models import family_module, throughput_metrics
+from orchestrator.models import throughput_metrics
+from orchestrator.probe_data import synthetic_batches
 from orchestrator.ranks import Outcome, RankGroup
 from orchestrator.record import Metrics, Trial
 from orchestrator.schema import Config, to_config
@@ -66,11 +67,6 @@ from orchestrator.timing import (
     step_time_metrics,
     summarize,
 )
-
-DATA_BATCHES = 2
-"""Distinct synthetic micro-batches cycled through, so no step reuses the previous step's input tensor."""
-TRAINING_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
-"""The dtype of a batch's floating inputs (an image's pixels) under each ``method.precision``."""
 
 
 class _Probe(RankGroup):
@@ -122,29 +118,8 @@ class _Probe(RankGroup):
         self.make_batches(plan)
 
     def make_batches(self, plan: BatchPlan) -> None:
-        import torch
-
-        self.batches = []
-        seed = self.config.probe.seed * 1000 + self.rank + 1  # different data on each rank
-        generator = torch.Generator().manual_seed(seed)
-        family = family_module(self.config.model.family)
-        dtype = getattr(torch, TRAINING_DTYPES[self.config.method.precision])
-        self.batches = [
-            {
-                key: value.to(self.device)
-                for key, value in family.synthetic_batch(
-                    self.config.model, plan.micro_batch_size, generator, dtype
-                ).items()
-            }
-            for _ in range(DATA_BATCHES)
-        ]
-        if self.config.method.micro_batch_size == "auto":
-            # One engine serves every size the search tries: a batch dimension marked dynamic from the first
-            # trial makes torch.compile build one graph for all of them, instead of a static one and then a
-            # dynamic one at the second size (sizes of 1 are always specialised).
-            for batch in self.batches:
-                for value in batch.values():
-                    torch._dynamo.maybe_mark_dynamic(value, 0)
+        self.batches = []  # the old batches go before the new ones are made
+        self.batches = synthetic_batches(self.config, self.rank, plan.micro_batch_size, self.device)
 
     def release(self) -> None:
         self.batches = []

@@ -59,6 +59,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,
     "orchestrator.admission": RUNTIME,
+    "orchestrator.probe_data": RUNTIME,
     "orchestrator.local": RUNTIME,
     "orchestrator.status": RUNTIME,
     "orchestrator.intents": RUNTIME,

@@ -38,6 +38,7 @@ from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, W
 from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
+from orchestrator.probe_data import DATA_BATCHES, seed_of
 
 if TYPE_CHECKING:
     import torch
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
     from orchestrator.schema import Config
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-DATA_BATCHES = 2
-"""Distinct token batches cycled through, as the probe's own."""
 
 
 class Mesh3dEngine:
@@ -148,7 +147,7 @@ class Mesh3dEngine:
         self.grad_accum_steps = plan.grad_accum_steps
         lay, model = self.layout, self.config.model
         _, dp_rank, _ = self.coordinates()
-        generator = torch.Generator().manual_seed(self.config.probe.seed * 1000 + dp_rank + 1)
+        generator = torch.Generator().manual_seed(seed_of(self.config, dp_rank))
         rows = plan.micro_batch_size * lay.microbatches
         self.tokens = [
             torch.randint(0, model.vocab_size, (rows, model.seq_length), generator=generator).to(self.device)
