@@ -220,8 +220,7 @@ def plan_table(plan: Any) -> RenderableType:
 
 def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = ()) -> RenderableType:
     """Rows of plain values as a table, their keys as the headers."""
-    columns = {k: k for k in (rows[0] if rows else {})}
-    return _table(columns, [dict(r) for r in rows], numeric)
+    return _table({k: k for k in (rows[0] if rows else {})}, [dict(r) for r in rows], numeric)
 
 
 def plan_summary(plan: Any) -> RenderableType:
