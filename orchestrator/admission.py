@@ -72,7 +72,7 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
         unknown = [p for p in (res.partition or "").split(",") if p and p not in partitions]
         if unknown:
             wrong.append(
-                f"cluster.partition={res.partition!r}: {', '.join(unknown)} is not a partition here; "
+                f"cluster.partition={res.partition!r}: {', '.join(map(repr, unknown))} is not a partition here; "
                 f"use one of {', '.join(partitions)} (or a comma list of them)"
             )
         if res.account is not None and accounts is not None and res.account not in accounts:

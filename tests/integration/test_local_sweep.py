@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from orchestrator import cli
+from orchestrator.attempts import read_attempts
 from orchestrator.paths import SweepPaths
 
 pytestmark = pytest.mark.deepspeed
@@ -61,4 +62,4 @@ def test_a_second_run_into_the_same_folder_submits_only_new_cells(tmp_path: Path
     assert "1 cell(s) already in this sweep" in out
     assert len(paths.cell_ids()) == 2
     assert paths.record(first).read_text() == first_record, "the measured cell was run again"
-    assert len(paths.attempts(first).read_text().splitlines()) == 1
+    assert len(read_attempts(paths, first)) == 1
