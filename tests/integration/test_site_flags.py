@@ -81,7 +81,7 @@ def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
     code = cli.main([*common, *site, "cluster.partition='debug,nosuch'"])
     captured = capsys.readouterr()
     assert code != 0
-    assert "nosuch is not a partition here" in captured.out + captured.err
+    assert "'nosuch' is not a partition here" in captured.out + captured.err
 
 
 def test_a_mixed_grid_goes_to_a_partition_per_gpu_type(
