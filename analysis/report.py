@@ -27,7 +27,9 @@ Identity and settings
   ``micro_batch_size_setting`` (``auto`` or the sequences per micro-batch asked for).
 - ``engine`` (``deepspeed``, ``fsdp``; ``deepspeed`` for records from before there was a choice);
   ``fsdp_sharding`` (full, grad_op, none, hybrid), ``fsdp_offload`` (True/False), ``fsdp_reduce_precision``
-  (fp32, bf16): FSDP's options, empty for a DeepSpeed cell.
+  (fp32, bf16): FSDP's options, empty for a DeepSpeed cell; ``zero_stage`` and the offload flags are
+  DeepSpeed's, empty for a cell of another engine. ``sharding``: the engine's label of how the cell shards
+  (``zero2 offload-opt``, ``fsdp-full``, ``fsdp-hybrid``, a mesh3d layout), the column that tells them apart.
 
 Outcome
 
@@ -107,7 +109,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
     *identity_keys(), "activation_checkpointing", "precision",
     "micro_batch_size_setting", "compile", "tf32", "attention",
-    "engine", *identity_keys_if_set(),
+    "engine", *identity_keys_if_set(), "sharding",
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",
     "step_time_s", "step_time_mean_s", "step_time_std_s", "step_time_iqr_s", "step_time_ci95_pct",
@@ -223,7 +225,7 @@ def write_report(
     # leaves the old report whole, and the error names the file.
     with staged_folder(target) as new:
         tables_written = [
-            _write_csv(cells.reindex(columns=list(CELLS_COLUMNS)), new / "cells.csv"),
+            _write_csv(tables.csv_cells(cells, CELLS_COLUMNS), new / "cells.csv"),
             _write_csv(best, new / "best.csv"),
             _write_csv(front, new / "frontier.csv"),
             _write_csv(scale, new / "scaling.csv"),
@@ -270,57 +272,6 @@ def _fmt(value: Any) -> str:
             return f"{v:,.0f}"
         return f"{v:.4g}"
     return str(value)
-
-
-TERMINAL_COLUMNS = (
-    "cell_id", "model", "gpu", "num_gpus", "num_nodes", "zero_stage", "activation_checkpointing", "status",
-    "micro_batch_size", "step_time_s", "time_to_train_days", "gpu_hours", "cost_usd_cloud", "peak_memory_gib",
-    "predicted_peak_memory_gib", "predicted_step_time_s",
-)  # fmt: skip
-_SHORT_HEADERS = {
-    "activation_checkpointing": "ckpt",
-    "zero_stage": "zero",
-    "micro_batch_size": "mb",
-    "num_gpus": "gpus",
-    "num_nodes": "nodes",
-    "time_to_train_days": "days",
-    "peak_memory_gib": "mem_gib",
-    "predicted_peak_memory_gib": "pred_mem_gib",
-    "predicted_step_time_s": "pred_step_s",
-}
-
-
-def format_table(df: pd.DataFrame, columns: Sequence[str] | None = None, max_rows: int | None = None) -> str:
-    """A compact plain-text table for the terminal.
-
-    For the cells table a fixed set of the most useful columns is shown (others: pass ``columns``); numbers get
-    four significant digits, missing values a dash. ``max_rows`` cuts long tables and says how many were left out.
-    """
-    if columns is None:
-        columns = [c for c in TERMINAL_COLUMNS if c in df.columns] if "cell_id" in df.columns else list(df.columns)
-        if "cell_id" in df.columns and "reason" in df.columns and df["reason"].notna().any():
-            columns = [*columns, "reason"]
-    shown = df if max_rows is None else df.head(max_rows)
-    header = [_SHORT_HEADERS.get(c, c) for c in columns]
-    body = [[_clip(_fmt(v)) for v in row] for row in shown.reindex(columns=list(columns)).itertuples(index=False)]
-    if not body:
-        return "(no rows)"
-    widths = [max(len(h), *(len(r[i]) for r in body)) for i, h in enumerate(header)]
-    numeric = [pd.api.types.is_numeric_dtype(df[c]) if c in df.columns else False for c in columns]
-
-    def line(cells: list[str]) -> str:
-        parts = [c.rjust(w) if num else c.ljust(w) for c, w, num in zip(cells, widths, numeric, strict=True)]
-        return "  ".join(parts).rstrip()
-
-    lines = [line(header), line(["-" * w for w in widths]), *(line(r) for r in body)]
-    if max_rows is not None and len(df) > max_rows:
-        lines.append(f"... {len(df) - max_rows} more rows")
-    return "\n".join(lines)
-
-
-def _clip(text: str, width: int = 70) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= width else text[: width - 3] + "..."
 
 
 def _markdown_table(frame: pd.DataFrame, columns: Sequence[str]) -> str:

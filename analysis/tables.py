@@ -281,3 +281,22 @@ def normalise_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
         if name in out.columns and out[name].dtype != "boolean":
             out[name] = pd.array([v if isinstance(v, (bool, np.bool_)) else None for v in out[name]], dtype="boolean")
     return out
+
+
+def csv_cells(cells: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
+    """The rows of cells.csv (and of ``report --format``): ``columns`` in order, ``sharding`` each cell's engine
+    label (``zero2 offload-opt``, ``fsdp-hybrid``, a mesh3d layout), and the fields another engine always names
+    (DeepSpeed's ZeRO stage and offload flags) empty where a cell ran under an engine of its own: an FSDP cell
+    has no ZeRO stage, and must not read as ZeRO-0."""
+    out = cells.reindex(columns=list(columns)).copy()
+    if cells.empty:
+        return out
+    if "sharding" in out.columns:
+        out["sharding"] = [engine_label(row) for row in cells.to_dict(orient="records")]
+    engine = cells["engine"] if "engine" in cells.columns else pd.Series(None, index=cells.index, dtype=object)
+    for spec in engine_specs():
+        other = engine.notna() & (engine != spec.name)
+        for key in spec.identity_always:
+            if key in out.columns and other.any():
+                out[key] = out[key].astype(object).where(~other, None)
+    return out

@@ -20,6 +20,7 @@ from orchestrator import budget_cli, console
 from orchestrator import sweep as sweep_mod
 from orchestrator.durable import WriteFailed
 from orchestrator.lifecycle import EXIT_MEANING, Exit, LifecycleError
+from orchestrator.tabular import FORMATS
 
 EXIT_BAD_INPUT = Exit.BAD_INPUT
 FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
@@ -27,10 +28,16 @@ FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, 
 system): exit WRITE_FAILED. A folder that cannot be written for its own sake (a file in the way, no permission, a
 name too long) is bad input."""
 
+_FILE_IN_THE_WAY = frozenset({errno.EEXIST, errno.ENOTDIR})
+IN_THE_WAY = (
+    ": a file is in the way, where gpudays needs a folder (it or a folder above it is a file); give --dir "
+    "(or hydra.sweep.dir) a sweep folder, or a path that does not exist yet"
+)
 EPILOG = "exit codes:\n" + "\n".join(f"  {code.value:<4} {meaning}" for code, meaning in EXIT_MEANING.items())
 DESCRIPTION = (
     "How long, and for how many GPU-hours and dollars, would pre-training this model take on these GPUs? "
-    "gpudays measures it: a grid of model x GPU x count x method, each cell a short DeepSpeed probe."
+    "gpudays measures it: a grid of model x GPU x count x method, each cell a short training probe (DeepSpeed, "
+    "PyTorch FSDP2, or a tensor x pipeline x data-parallel mesh: method.engine)."
 )
 
 
@@ -102,6 +109,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     only = _parse_states(args.state, "--state")
     interval = _interval(args.interval)
+    if args.watch and args.format != "table":
+        raise LifecycleError(f"--watch refreshes a table on the terminal; --format {args.format} prints one snapshot")
     paths = lifecycle.sweep_folder(args.sweep_dir)
     return lifecycle.show_status(paths, only, args.summary, args.watch, interval, args.check)
 
@@ -142,6 +151,14 @@ def cmd_cluster(args: argparse.Namespace) -> int:
     return cluster.main(args.cluster_args)
 
 
+def _format(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--format", choices=FORMATS, default="table",
+        help="table: fitted to the terminal, the one-line answers under it; csv or json: every column, on stdout "
+        "alone (every other line on stderr)",
+    )  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="gpudays",
@@ -168,6 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--dir", help="the sweep folder (default: hydra.sweep.dir)")
         sp.add_argument("--margin", type=float, help="share of GPU memory kept free when predicting fit (default 0.10)")
         sp.add_argument("--run-unfit", action="store_true", help="also run cells predicted not to fit")
+    _format(pl)
     pl.set_defaults(
         func=cmd_sweep, planning=True, dry_run=True, cfg=None, resolve=False, wait=False, no_report=True, interval=5.0
     )
@@ -177,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--wait", action="store_true", help="on SLURM, wait for the cells to end and write the report")
     sw.add_argument("--no-report", action="store_true", help="do not write cells.csv at the end")
     sw.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --wait")
-    sw.set_defaults(func=cmd_sweep, planning=False)
+    sw.set_defaults(func=cmd_sweep, planning=False, format="table")
 
     st = command("status", "state of every cell of a sweep (one sacct call); --check: exit 1 if any needs a rerun")
     st.add_argument("sweep_dir")
@@ -186,6 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     st.add_argument("--state", help="show only cells in these states, e.g. failed,timeout")
     st.add_argument("--summary", action="store_true", help="only the counts per state, no table")
     st.add_argument("--check", action="store_true", help=f"exit {Exit.CELLS_FAILED.value} if any cell needs a rerun")
+    _format(st)
     st.set_defaults(func=cmd_status)
 
     sh = command("show", "one cell: state, reason, attempts, log files, the tail of its traceback")
@@ -207,6 +226,7 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--out", help="output folder (default: the first sweep folder)")
     rp.add_argument("--tokens", help="token budget: the model's own (default), '20x' parameters, or e.g. 300B")
     rp.add_argument("--no-plots", action="store_true")
+    _format(rp)
     rp.set_defaults(func=cmd_report)
 
     # Everything after `cluster`, --help included, goes to the cluster's own parser, which lists its verbs.
@@ -226,6 +246,15 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error argparse has already explained
         return e.code if isinstance(e.code, int) else int(Exit.BAD_INPUT)
+    console.set_format(getattr(args, "format", "table"))
+    try:
+        return _run(args)
+    finally:
+        console.set_format("table")
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command, its outcome as an exit code."""
     try:
         return int(args.func(args) or 0)
     except LifecycleError as e:
@@ -243,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
             return int(Exit.WRITE_FAILED)
         # A folder that cannot be created or written (permissions, a file in the way, a name too long).
         where = f" {e.filename}" if e.filename else ""
-        console.error(f"cannot use{where}: {e.strerror or e}")
+        console.error(f"cannot use{where}: {e.strerror or e}{IN_THE_WAY if e.errno in _FILE_IN_THE_WAY else ''}")
         return int(Exit.BAD_INPUT)
     except KeyboardInterrupt:
         console.error("interrupted")

@@ -1,16 +1,17 @@
 """Everything the ``gpudays`` command shows on a terminal, rendered with rich in one place.
 
-Tables (the plan with its predictions, the measured cells, the state of every cell, one cell in detail), the
-lines a local run prints while it goes, and the messages on stderr. Output that is piped or captured gets a wide
-fixed width, so that ids and states never wrap and a script can read the lines.
+The tables themselves (the plan, the measured cells, the state of every cell) are ``orchestrator.views``, fitted
+to the terminal by ``orchestrator.tabular``; here are the consoles they print on, one cell in detail, the lines a
+local run prints while it goes, and the messages on stderr. Output that is piped or captured is no terminal: a
+table is printed at its full width, so that ids and states never wrap and a script can read the lines. With
+``--format csv|json`` stdout carries the table's data alone, and every other line goes to stderr.
 """
 
 from __future__ import annotations
 
-import math
+import re
 import sys
-import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,93 +19,54 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator import tabular
 from orchestrator.attempts import Attempt
-from orchestrator.states import ACTIVE, UNFIXABLE, State
+from orchestrator.states import ACTIVE
 from orchestrator.status import counts
+from orchestrator.tabular import Tabular, fmt, printable
+from orchestrator.views import SHOW_ORDER as SHOW_ORDER  # the tables, as every caller has named them
+from orchestrator.views import STATE_STYLE as STATE_STYLE
+from orchestrator.views import UNFIXABLE_NOTE as UNFIXABLE_NOTE
+from orchestrator.views import cells_table as cells_table
+from orchestrator.views import plan_table as plan_table
+from orchestrator.views import rows_table as rows_table
+from orchestrator.views import state_style as state_style
+from orchestrator.views import status_table as status_table
 
-# Columns of the measured-cells table, with their short headers; cost columns are shown where the frame has them.
-CELL_COLUMNS = {
-    "cell_id": "cell",
-    "model": "model",
-    "gpu": "gpu",
-    "num_gpus": "gpus",
-    "num_nodes": "nodes",
-    "engine": "engine",
-    "zero_stage": "zero",
-    "activation_checkpointing": "ckpt",
-    "status": "status",
-    "micro_batch_size": "mb",
-    "step_time_s": "step_s",
-    "peak_memory_gib": "mem_gib",
-    "time_to_train_days": "days",
-    "gpu_hours": "gpu_h",
-    "cost_usd_cloud": "usd_cloud",
-    "cost_usd_amortised": "usd_amortised",
-    "energy_kwh": "kwh",
-    "predicted_step_time_s": "pred_step_s",
-    "reason": "reason",
-}
-# The plan's prediction columns (analysis.predict), shown where present, so older and newer predictors both work.
-PLAN_PREDICTION_COLUMNS = {
-    "predicted_micro_batch_size": "mb",
-    "predicted_peak_memory_gib": "mem_gib",
-    "predicted_peak_memory_gib_90": "mem_gib_90%",
-    "predicted_step_time_s": "step_s",
-    "predicted_step_time_s_90": "step_s_90%",
-    "predicted_time_to_train_days": "days",
-    "predicted_time_to_train_days_90": "days_90%",
-    "predicted_gpu_hours": "gpu_h",
-    "predicted_cost_usd_cloud": "usd_cloud",
-    "predicted_cost_usd_amortised": "usd_amortised",
-    "predicted_energy_kwh": "kwh",
-    "predicted_basis": "basis",
-}
-STATE_STYLE: dict[State, str] = {
-    State.NEW: "white",
-    State.PENDING: "cyan",
-    State.HELD: "yellow",
-    State.RUNNING: "blue",
-    State.OK: "green",
-    State.DOES_NOT_FIT: "yellow",
-    State.OOM: "yellow",
-    State.INVALID: "red",
-    State.FAILED: "red",
-    State.HOST_OOM: "red",
-    State.TIMEOUT: "magenta",
-    State.PREEMPTED: "magenta",
-    State.NODE_FAIL: "magenta",
-    State.CANCELLED: "bright_black",
-    State.CORRUPT: "red",
-    State.LOST: "red",
-    State.UNKNOWN: "white",
-}
-"""The colour of every cell state; a status that is no state (a record's ``comm_error``) is a problem, in red."""
-SHOW_ORDER: tuple[State, ...] = (
-    # Problems first, then what waits for a person, then what is still going on, then the answers.
-    *(State.CORRUPT, State.LOST, State.INVALID, State.FAILED, State.HOST_OOM, State.TIMEOUT, State.NODE_FAIL),
-    *(State.PREEMPTED, State.CANCELLED, State.HELD, State.NEW, State.UNKNOWN),
-    *(State.PENDING, State.RUNNING, State.OK, State.DOES_NOT_FIT, State.OOM),
-)
-"""The order of the rows of ``gpudays status``: every state once."""
+PIPED_WIDTH = 100_000
+"""The width of a console that is no terminal: wide enough that no table or line is ever wrapped or cut."""
+_FORMAT = ["table"]
 
 
-def state_style(state: Any) -> str:
-    """The colour of a state (or a state's name); red for anything else."""
-    return STATE_STYLE.get(state, "red")
+def set_format(form: str) -> None:
+    """``table`` (the default), ``csv`` or ``json``: how this process prints its tables (``--format``)."""
+    if form not in tabular.FORMATS:
+        raise ValueError(f"--format {form}: use {', '.join(tabular.FORMATS)}")
+    _FORMAT[0] = form
+
+
+def output_format() -> str:
+    """What ``set_format`` chose."""
+    return _FORMAT[0]
 
 
 def make_console(stderr: bool = False) -> Console:
-    """A console on stdout (or stderr); not a terminal: no colours and a width that never wraps ids."""
-    stream = sys.stderr if stderr else sys.stdout
-    tty = stream.isatty()
-    return Console(file=stream, highlight=False, width=None if tty else 200, soft_wrap=not tty)
+    """A console on stdout (or stderr). A terminal (rich's judgement, ``COLUMNS`` and ``TTY_COMPATIBLE`` included)
+    has its own width; anything else no colours and a width that never wraps. Under ``--format csv|json`` the
+    stdout console is stderr's: stdout carries the data alone (``table_out``)."""
+    stream = sys.stderr if stderr or _FORMAT[0] != "table" else sys.stdout
+    probe = Console(file=stream)
+    tty = probe.is_terminal
+    return Console(file=stream, highlight=False, width=None if tty else PIPED_WIDTH, soft_wrap=not tty)
 
 
-def printable(text: str) -> str:
-    """Text any terminal can take: undecodable bytes (surrogates) as ``\\udcff``, control characters escaped."""
-    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    # Control characters (a terminal's escape sequences) in a record or a name are shown, not obeyed.
-    return "".join(c if c in "\n\t" or unicodedata.category(c) != "Cc" else repr(c)[1:-1] for c in text)
+def table_out(view: Tabular) -> None:
+    """A table on stdout: fitted to the terminal (with its header and answer lines), or its data as CSV or JSON."""
+    if _FORMAT[0] == "table":
+        make_console().print(view)
+    else:
+        sys.stdout.write(tabular.machine_text(view, _FORMAT[0]))
+        sys.stdout.flush()
 
 
 def _t(text: str, style: str | None = None) -> Text:
@@ -126,103 +88,6 @@ def note(text: str) -> None:
     make_console(stderr=True).print(_t(f"gpudays: {text}"))
 
 
-def fmt(value: Any) -> str:
-    """A number with four significant digits (thousands grouped), yes/no, or a dash for a missing value."""
-    if value is None or value is _NA or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, bool) or type(value).__name__ == "bool_":
-        return "yes" if value else "no"
-    if isinstance(value, float) or type(value).__name__.startswith("float"):
-        v = float(value)
-        if v == 0:
-            return "0"
-        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
-    return printable(" ".join(str(value).split()))
-
-
-def _na() -> Any:
-    try:
-        import pandas as pd
-
-        return pd.NA
-    except ImportError:  # pragma: no cover - pandas is a dependency
-        return object()
-
-
-_NA = _na()
-
-
-def _table(columns: dict[str, str], rows: Iterable[dict[str, Any]], numeric: Sequence[str] = ()) -> Table:
-    t = Table(show_edge=False, pad_edge=False, header_style="bold", box=None)
-    for key, header in columns.items():
-        t.add_column(header, justify="right" if key in numeric else "left", no_wrap=key != "reason")
-    for row in rows:
-        t.add_row(*(_cell_text(key, row.get(key)) for key in columns))
-    return t
-
-
-def _cell_text(key: str, value: Any) -> Text:
-    text = fmt(value)
-    if key in ("status", "state"):
-        return _t(text, style=state_style(text))
-    return _t(text[:117] + "..." if len(text) > 120 else text)
-
-
-def _numeric(frame: Any, columns: Iterable[str]) -> list[str]:
-    import pandas as pd
-
-    return [c for c in columns if c in frame.columns and pd.api.types.is_numeric_dtype(frame[c])]
-
-
-def cells_table(frame: Any, max_rows: int | None = None) -> RenderableType:
-    """The measured cells (the report's cells frame): settings, outcome, time, GPU-hours, cost and energy."""
-    if frame is None or len(frame) == 0:
-        return _t("(no cells)")
-    columns = {k: v for k, v in CELL_COLUMNS.items() if k in frame.columns}
-    if "reason" in columns and not frame["reason"].notna().any():
-        del columns["reason"]
-    shown = frame if max_rows is None else frame.head(max_rows)
-    t = _table(columns, shown.to_dict(orient="records"), _numeric(frame, columns))
-    if max_rows is not None and len(frame) > max_rows:
-        t.caption = f"... and {len(frame) - max_rows} more (all in cells.csv)"
-    return t
-
-
-def plan_table(plan: Any) -> RenderableType:
-    """Every cell of a plan with its prediction: fit, micro-batch, memory, step time, days, GPU-hours, cost, kWh."""
-    rows = []
-    for cell, runs in [(c, "yes") for c in plan.cells] + [(c, "no") for c in plan.skipped if c.prediction]:
-        p = cell.prediction
-        fits = p.get("predicted_fits")
-        row = {
-            "cell_id": cell.cell_id,
-            "cell": cell.label,
-            "runs": runs,
-            "fits": "?" if fits is None or fits is _NA else ("yes" if bool(fits) else "NO"),
-            "of_gib": cell.config["gpu"]["memory_gib"],
-        }
-        row.update({k: p.get(k) for k in PLAN_PREDICTION_COLUMNS if k in p})
-        rows.append(row)
-    present = [k for k in PLAN_PREDICTION_COLUMNS if any(k in r for r in rows)]
-    columns = {"cell_id": "cell_id", "cell": "cell", "runs": "runs", "fits": "fits"}
-    columns.update({k: PLAN_PREDICTION_COLUMNS[k] for k in present})
-    if "predicted_peak_memory_gib" in columns:
-        # The GPU's memory right after the prediction of its use.
-        ordered = {}
-        for k, v in columns.items():
-            ordered[k] = v
-            if k == "predicted_peak_memory_gib":
-                ordered["of_gib"] = "of_gib"
-        columns = ordered
-    numeric = [*present, "of_gib"]
-    return _table(columns, rows, numeric)
-
-
-def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = ()) -> RenderableType:
-    """Rows of plain values as a table, their keys as the headers."""
-    return _table({k: k for k in (rows[0] if rows else {})}, [dict(r) for r in rows], numeric)
-
-
 def plan_summary(plan: Any) -> RenderableType:
     """Where the sweep goes, how many cells run, which are refused and why."""
     lines = [_t(f"sweep folder: {plan.sweep_dir}")]
@@ -232,6 +97,18 @@ def plan_summary(plan: Any) -> RenderableType:
         reasons = "; ".join(str(r) for r in cell.refusals)
         lines.append(_t(f"  skipped {cell.label} ({' '.join(cell.overrides)}): {reasons}"))
     return Group(*lines)
+
+
+def status_view(
+    states: Sequence[Any], only: set[str] | None, summary_only: bool, max_rows: int | None
+) -> Tabular:
+    """What ``gpudays status`` shows: the counts per state, and the table unless ``summary_only``."""
+    view = status_table(states, only, max_rows)
+    if summary_only:
+        rows = [{"state": str(state), "cells": n} for state, n in counts(states).items()]
+        view = Tabular(view.columns, rows, brief=True)
+    view.header = summary_line(states)
+    return view
 
 
 def summary_line(states: Sequence[Any], markup: bool = True) -> Text:
@@ -247,34 +124,15 @@ def summary_line(states: Sequence[Any], markup: bool = True) -> Text:
     return text
 
 
-UNFIXABLE_NOTE = "a rerun cannot fix this; not resubmitted"
-_STATUS_COLUMNS = ("cell", "state", "try", "job", "settings", "reason")
-
-
-def status_table(states: Sequence[Any], only: set[str] | None = None, max_rows: int | None = None) -> Table:
-    """A table of cells, problems first (``SHOW_ORDER``); ``only`` keeps those states, ``max_rows`` cuts the rest."""
-    order = {s: i for i, s in enumerate(SHOW_ORDER)}
-    shown = sorted(
-        (s for s in states if only is None or s.state in only),
-        key=lambda s: (order.get(s.state, len(order)), s.label or "", s.cell_id),
-    )
-    rows = []
-    for s in shown if max_rows is None else shown[:max_rows]:
-        reason = s.reason if s.reason and s.state != State.OK else ""
-        if s.state in UNFIXABLE:
-            reason = f"{reason} ({UNFIXABLE_NOTE})" if reason else UNFIXABLE_NOTE
-        row = (s.cell_id, s.state, s.attempt, s.job_id or "-", s.label or "", reason)
-        rows.append(dict(zip(_STATUS_COLUMNS, row, strict=True)))
-    t = _table({k: k for k in _STATUS_COLUMNS}, rows, numeric=["try"])
-    if max_rows is not None and len(shown) > max_rows:
-        t.caption = f"... and {len(shown) - max_rows} more (gpudays status shows all)"
-    return t
-
-
-def status_view(states: Sequence[Any], only: set[str] | None, summary_only: bool, max_rows: int | None) -> Any:
-    """What ``gpudays status`` shows: the counts per state, and the table unless ``summary_only``."""
-    line = summary_line(states)
-    return line if summary_only else Group(line, status_table(states, only, max_rows))
+MEASURED_FIGURES = (
+    ("micro_batch_size", ""), ("grad_accum_steps", ""), ("step_time_s", " s"), ("step_time_ci95_pct", " %"),
+    ("steps_timed", ""), ("tokens_per_s", ""), ("tokens_per_s_per_gpu", ""), ("model_tflops_per_gpu", ""),
+    ("mfu", ""), ("hfu", ""), ("peak_memory_allocated_gib", " GiB"), ("peak_memory_reserved_gib", " GiB"),
+    ("host_rss_gib", " GiB"), ("probe_wall_s", " s"),
+)  # fmt: skip
+"""What ``gpudays show`` prints of a cell's record, where it has them: the figures the probe measured."""
+SUBMITIT_LOG = re.compile(r"^submitit (DEBUG|INFO|WARNING|ERROR) \(")
+"""submitit's own log lines in a job's output (``Loading pickle``, ``Job completed``): not what the job said."""
 
 
 def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], traceback: str | None) -> Group:
@@ -291,6 +149,11 @@ def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], t
             "scheduler",
             _t(state.scheduler_state + (f" (before: {', '.join(state.history)})" if state.history else "")),
         )
+    if state.record is not None:
+        for name, unit in MEASURED_FIGURES:
+            value = state.record.metrics.get(name)
+            if value is not None and not isinstance(value, (list, dict)):
+                t.add_row(name, _t(f"{fmt(value)}{unit}"))
     parts: list[RenderableType] = [t]
     if attempts:
         a = Table(show_edge=False, pad_edge=False, header_style="bold", box=None, title_justify="left")
@@ -320,17 +183,24 @@ def problems(found: Sequence[str]) -> Group:
 
 
 def _last_line(logs: Sequence[Path], max_bytes: int = 4096) -> str:
-    """The last non-empty line of the most recently written log (what the job said last), or an empty string."""
+    """The last line the job said (submitit's own log lines left out), from its most recently written log that
+    said one; an empty string while there is none."""
     try:
-        log = max((p for p in logs if p.is_file()), key=lambda p: p.stat().st_mtime_ns)
-        with open(log, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - max_bytes))
-            tail = f.read().decode(errors="replace")
-    except (OSError, ValueError):  # no log yet (max of nothing), or one that went away
+        newest = sorted((p for p in logs if p.is_file()), key=lambda p: p.stat().st_mtime_ns, reverse=True)
+    except OSError:  # a log that went away
         return ""
-    lines = [" ".join(line.split()) for line in tail.splitlines() if line.strip()]
-    return printable(lines[-1][:100]) if lines else ""
+    for log in newest:
+        try:
+            with open(log, "rb") as f:
+                f.seek(0, 2)
+                f.seek(max(0, f.tell() - max_bytes))
+                tail = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        lines = [" ".join(ln.split()) for ln in tail.splitlines() if ln.strip() and not SUBMITIT_LOG.match(ln)]
+        if lines:
+            return printable(lines[-1][:100])
+    return ""
 
 
 class LocalProgress:

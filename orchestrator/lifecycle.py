@@ -81,8 +81,9 @@ def sweep_folder(arg: str | Path) -> SweepPaths:
     if not paths.root.is_dir():
         raise LifecycleError(f"{paths.root} is a file, not a sweep folder; {SWEEP_FOLDER_HOLDS}")
     if not paths.cell_ids():
+        hint = paths.sweeps_inside_hint()
         raise LifecycleError(
-            f"{paths.root} is not a sweep folder, or not yet one (no cells in it); {SWEEP_FOLDER_HOLDS}"
+            f"{paths.root} is not a sweep folder, or not yet one (no cells in it){hint}; {SWEEP_FOLDER_HOLDS}"
         )
     return paths
 
@@ -107,7 +108,7 @@ def show_plan(plan: Any, predictions: bool) -> None:
     c.print(console.plan_summary(plan))
     if predictions:
         console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
-        c.print(console.plan_table(plan))
+        console.table_out(console.plan_table(plan))
         if (offered := prediction.layout_offers(plan)) is not None:
             c.print(offered)
 
@@ -347,7 +348,7 @@ def finish(paths: SweepPaths, report: bool) -> Exit:
         from analysis.report import write_report
 
         rep = write_report([paths.root], states={s.cell_id: s.state for s in states})
-        c.print(console.cells_table(rep.cells))
+        console.table_out(console.cells_table(rep.cells))
         c.print(console.problems(rep.problems))
         c.print(console.files_written(rep.files))
     c.print(console.summary_line(states, markup=False))
@@ -382,7 +383,7 @@ def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str |
         states.update({s.cell_id: s.state for s in states_or_records(paths)})
     rep = write_report([p.root for p in sweep_dirs], out_dir, tokens=tokens, plots=plots, states=states)
     c = console.make_console()
-    c.print(console.cells_table(rep.cells))
+    console.table_out(console.cells_table(rep.cells))
     c.print(console.problems(rep.problems))
     c.print(console.files_written(rep.files))
     return Exit.OK
@@ -407,7 +408,7 @@ def show_status(
     elif watch:
         wait_for(paths, interval_s)
         states = states_or_records(paths)
-    c.print(console.status_view(states, only, summary, None))
+    console.table_out(console.status_view(states, only, summary, None))
     say_damaged(paths)
     if check and any(status.needs_rerun(s.state) for s in states):
         return Exit.CELLS_FAILED

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import os
+import shlex
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -93,6 +94,15 @@ class SweepPaths:
         return sorted(
             p.name for p in self.cells_dir.iterdir() if not p.is_symlink() and (p / CELL_CONFIG_NAME).is_file()
         )
+
+    def sweeps_inside_hint(self, most: int = 5) -> str:
+        """``; the sweep folders inside it: ...`` (shell-quoted, the last ``most`` by name: ``sweeps/demo`` holds
+        one per date), or an empty string where this folder holds none."""
+        try:
+            found = sorted(p for p in self.root.iterdir() if p.is_dir() and SweepPaths(p).cell_ids())[-most:]
+        except OSError:
+            return ""
+        return f"; the sweep folders inside it: {shlex.join(str(p) for p in found)}" if found else ""
 
     def damaged_cells(self) -> list[str]:
         """Why each entry under ``cells/`` that is not a cell is not one (a link, a file, a folder without

@@ -13,7 +13,7 @@ import pytest
 from analysis import synthetic
 from analysis.predict import flat_cell, predict_frame
 from analysis.records import Catalog
-from analysis.report import CELLS_COLUMNS, calibration_from, format_table, write_report
+from analysis.report import CELLS_COLUMNS, calibration_from, write_report
 from analysis.tables import pareto_mask
 
 
@@ -181,7 +181,6 @@ def test_an_empty_sweep_still_gives_every_file(tmp_path: Path) -> None:
     assert list(pd.read_csv(tmp_path / "out" / "cells.csv").columns) == list(CELLS_COLUMNS)
     assert len(report.files) == 9
     assert "folder does not exist" in (tmp_path / "out" / "report.md").read_text()
-    assert format_table(report.cells) == "(no rows)"
 
 
 def test_sweeps_merge_keeping_the_newest_ok_record(tmp_path: Path, catalog: Catalog) -> None:
@@ -262,18 +261,6 @@ def test_predicted_against_measured_columns(tmp_path: Path, catalog: Catalog) ->
     assert cells.loc["fits", "memory_error_pct"] == pytest.approx(0.0, abs=1e-6)
     assert bool(cells.loc["big", "fit_agrees"]) and not bool(cells.loc["big", "predicted_fits"])
     assert bool(cells.loc["fits", "fit_agrees"])
-
-
-def test_format_table_is_compact_and_cut(tmp_path: Path, catalog: Catalog) -> None:
-    sweep = tmp_path / "t"
-    for i in range(5):
-        _measured(sweep, f"c{i}", synthetic.cell_config("pythia-70m", "a6000", 2**i, catalog=catalog), 10.0 / 2**i)
-    report = write_report([sweep], plots=False)
-    text = format_table(report.cells, max_rows=3)
-    lines = text.splitlines()
-    assert lines[0].split()[:4] == ["cell_id", "model", "gpu", "gpus"]
-    assert len(lines) == 2 + 3 + 1 and lines[-1] == "... 2 more rows"
-    assert "pythia-70m" in text and "a6000" in text
 
 
 def test_calibration_from_sweeps(tmp_path: Path, catalog: Catalog) -> None:

@@ -90,7 +90,7 @@ def test_plan_on_a_slurm_cluster_asks_no_scheduler(tmp_path: Path, capsys, monke
     args = ["--dir", str(tmp_path / "p"), "cluster=slurm", "gpu=a100-80gb", "model=pythia-70m", "num_gpus=2"]
     assert cli.main(["plan", *args]) == Exit.OK
     out, err = capsys.readouterr()
-    assert "pythia-70m a100-80gb x2" in out and "sinfo" not in out + err
+    assert "pythia-70m on 2 × A100-80GB: " in out and "sinfo" not in out + err
     # Submission, and the dry run that checks with the scheduler, say the scheduler is missing, in one line.
     assert cli.main(["sweep", "--dry-run", *args]) == Exit.BAD_INPUT
     err = capsys.readouterr().err
@@ -199,8 +199,11 @@ def test_a_local_run_shows_each_cells_own_time(tmp_path: Path, capsys) -> None:
 def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> None:
     cell = SimpleNamespace(
         cell_id="c1",
-        label="pythia-70m h100-80gb x1",
-        config={"gpu": {"memory_gib": 80}},
+        label="pythia-70m h100-80gb x1 zero0 bf16 mb=auto",
+        typed=SimpleNamespace(
+            model=SimpleNamespace(name="pythia-70m"), gpu=SimpleNamespace(name="h100-80gb", memory_gib=80),
+            num_gpus=1, num_nodes=1,
+        ),
         prediction={"predicted_fits": True, "predicted_step_time_s": 0.5, "predicted_gpu_hours": 10.0},
     )
     plan = SimpleNamespace(cells=[cell], skipped=[])

@@ -79,6 +79,9 @@ LAYERS: dict[str, int] = {
     "orchestrator.console": COMMAND,
     "orchestrator.budget_cli": COMMAND,
     "orchestrator.prediction": COMMAND,
+    "orchestrator.views": COMMAND,
+    "orchestrator.tabular": COMMAND,
+    "orchestrator.answers": COMMAND,
 }
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
