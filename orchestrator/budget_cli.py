@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from orchestrator.durable import write_text_atomic
+from orchestrator.views import MODEL_COLUMNS, OPTIMAL_COLUMNS, SHORTEST_COLUMNS
 
 # The analysis (numpy, pandas, rich) is imported when a command runs, not when the main CLI builds its parser:
 # every other gpudays command would pay for it.
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
     from analysis.budget import Measured
     from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
+    from orchestrator.tabular import Column, Tabular
     from orchestrator.values import Container, Row
 
 T = TypeVar("T", bound="DataclassInstance")
@@ -33,14 +35,6 @@ HELP_DEFAULTS = {"efficiency": 0.54, "max_days": 90.0, "overrun_pct": 25.0, "max
 
 SMALLEST_DEFAULT_MODEL = 10_000_000
 """Models under this many parameters (the CPU demo model) are left out unless named."""
-MODEL_COLUMNS = ("model", "gpu", "source", "num_gpus", "layout", "days", "tokens", "tokens_per_parameter",
-                 "tokens_vs_compute_optimal", "mfu", "cloud_cost_usd")  # fmt: skip
-OPTIMAL_COLUMNS = ("gpu", "choice", "model", "tokens", "num_gpus", "layout", "memory_gib", "mfu", "days",
-                   "gpu_hours", "budget_used_pct", "cloud_cost_usd")  # fmt: skip
-SHORTEST_COLUMNS = ("model", "gpu", "parallelism", "point", "global_batch_size", "num_gpus", "layout", "mfu",
-                    "days", "gpu_hours", "cloud_cost_usd")  # fmt: skip
-
-
 def _typed(cls: type[T], data: Container, where: str) -> T:
     names = {f.name for f in fields(cls)}
     unknown = sorted(k for k in data if k not in names)
@@ -178,22 +172,47 @@ def _fmt(column: str, value: Any) -> str:
     return str(value)
 
 
-def _print(console: Console, title: str, frame: pd.DataFrame, columns: tuple[str, ...]) -> None:
-    import pandas as pd
-    from rich.table import Table
+def _view(frame: pd.DataFrame, columns: tuple[Column, ...]) -> Tabular:
+    """The frame as a table: ``columns`` on a terminal (left out for width in their stated order), every column
+    with ``--format``."""
+    from rich.text import Text
 
-    table = Table(title=title, title_justify="left")
-    shown = [c for c in columns if c in frame.columns]
-    for column in shown:
-        table.add_column(column, overflow="fold")
-    for _, row in frame.iterrows():
-        table.add_row(*(_fmt(c, row[c]) for c in shown))
-    console.print(table)
+    from orchestrator.tabular import Tabular
+
+    rows = frame.to_dict(orient="records")
+    shown = tuple(c for c in columns if c.key in frame.columns)
+    return Tabular(shown, rows, text=lambda key, value: Text(_fmt(key, value)))
+
+
+def _print(console: Console, title: str, frame: pd.DataFrame, columns: tuple[Column, ...]) -> None:
+    import pandas as pd
+    from rich.text import Text
+
+    console.print(Text(title, style="italic"))
+    console.print(_view(frame, columns))
     if "reason" not in frame.columns:
         return
     missing = frame["num_gpus"].isna() if "num_gpus" in frame.columns else pd.Series(True, index=frame.index)
     for _, row in frame[missing].iterrows():
-        console.print(f"[yellow]{row.get('model') or ''} on {row['gpu']}: {row['reason']}[/yellow]")
+        console.print(Text(f"{row.get('model') or ''} on {row['gpu']}: {row['reason']}", style="yellow"))
+
+
+def _machine(form: str, tables: dict[str, pd.DataFrame]) -> None:
+    """``--format csv|json`` on stdout: every column of every table; in CSV one table with a ``table`` column
+    naming each row's (``models``, ``optimal``; ``shortest``), in JSON an object of lists, one per table."""
+    import json
+
+    import pandas as pd
+
+    from orchestrator.tabular import as_csv
+
+    if form == "csv":
+        frames = [f.assign(table=name)[["table", *f.columns]] for name, f in tables.items() if not f.empty]
+        rows = pd.concat(frames, ignore_index=True).to_dict(orient="records") if frames else []
+        sys.stdout.write(as_csv(rows))
+    else:
+        out = {name: json.loads(f.to_json(orient="records")) for name, f in tables.items()}
+        sys.stdout.write(json.dumps(out, indent=1) + "\n")
 
 
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
@@ -245,8 +264,11 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
             for row in tokens_for_budget(model, gpu, budget, network, measured, max_days, efficiency):
                 model_rows.append({**row, **tags} if row["source"] == "predicted" else {**row, "network": None})
     models_frame, optimal_frame = pd.DataFrame(model_rows), pd.DataFrame(optimal_rows)
-    _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
-    _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
+    if args.format != "table":
+        _machine(args.format, {"models": models_frame, "optimal": optimal_frame})
+    else:
+        _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
+        _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
     _write(models_frame, args.out, "budget_models.csv", console)
     _write(optimal_frame, args.out, "budget_optimal.csv", console)
     return 0
@@ -294,7 +316,10 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
                     "cloud_cost_usd": run.gpu_hours * rate if run.gpu_hours and rate else None, "reason": run.reason,
                 })  # fmt: skip
     frame = pd.DataFrame(rows)
-    _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
+    if args.format != "table":
+        _machine(args.format, {"shortest": frame})
+    else:
+        _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
     _write(frame, args.out, "shortest.csv", console)
     return 0
 
@@ -303,7 +328,14 @@ def run(args: argparse.Namespace) -> int:
     """Run ``budget`` or ``shortest``; a user's mistake is one line on stderr and exit status 2."""
     from rich.console import Console
 
-    console = Console(width=args.width) if getattr(args, "width", None) else Console()
+    from orchestrator.console import make_console
+
+    if getattr(args, "format", "table") != "table":  # stdout carries the data alone
+        console = make_console(stderr=True)
+    elif getattr(args, "width", None):
+        console = Console(width=args.width, highlight=False)
+    else:
+        console = make_console()
     try:
         if args.budget_command == "shortest":
             return run_shortest(args, console)
@@ -326,7 +358,10 @@ def _common(p: argparse.ArgumentParser) -> None:
         f"for that GPU type, else {HELP_DEFAULTS['efficiency']:g})",
     )
     p.add_argument("--out", help="folder for the CSV files (default: print only)")
-    p.add_argument("--width", type=int, help="terminal table width")
+    p.add_argument("--width", type=int, help="fit the table to this many columns (default: the terminal's; piped: "
+                   "all of it)")  # fmt: skip
+    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
+                   help="table: fitted to the terminal; csv or json: every column of every table, on stdout alone")  # fmt: skip
 
 
 def add_parser(subparsers: Any) -> None:

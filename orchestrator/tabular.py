@@ -157,8 +157,7 @@ def _trimmed(table: Table, width: int) -> Iterator[RenderableType]:
 
 def choose_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[int] | None:
     """The indices of the columns that fit ``width``, leaving out the highest ``drop`` ranks first (the rightmost
-    of equal rank first) until the rest fit, then taking back, lowest rank first, those there is room for again;
-    None where even the rank-0 columns do not fit (the table folds)."""
+    of equal rank first) until the rest fit; None where even the rank-0 columns do not fit (the table folds)."""
 
     def needed(kept: list[int]) -> int:
         widths = [min(natural[i], MIN_WRAP_WIDTH) if columns[i].wrap else natural[i] for i in kept]
@@ -172,10 +171,12 @@ def choose_columns(columns: Sequence[Column], natural: Sequence[int], width: int
             return None
         dropped.append(max(droppable, key=lambda i: (columns[i].drop, i)))
         kept.remove(dropped[-1])
-    # A wide column left out may have made room for narrower ones left out before it: the most wanted back first.
-    for i in reversed(dropped):
-        if needed(sorted([*kept, i])) <= width:
-            kept = sorted([*kept, i])
+    # Leaving out a wide column may have made room for the one left out just before it, and so on back: the order
+    # stays the stated one (never a column of a higher rank kept while one of a lower rank is left out).
+    for i in reversed(dropped[:-1]):
+        if needed(sorted([*kept, i])) > width:
+            break
+        kept = sorted([*kept, i])
     return kept
 
 
