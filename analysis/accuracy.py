@@ -59,6 +59,8 @@ def prediction_section(
         known = measured.notna() & low.notna()
         inside = ((low <= measured) & (measured <= high))[known]
         cal = calibration.for_gpu(str(gpu))
+        peaks = [c for c in ("gpu_peak_tflops_bf16", "gpu_peak_tflops_fp16") if c in group.columns]
+        has_peak = bool(peaks) and bool(group[peaks].apply(pd.to_numeric, errors="coerce").gt(0).any(axis=None))
         rows.append(
             {
                 "gpu": gpu,
@@ -67,14 +69,18 @@ def prediction_section(
                 "median_abs_memory_error_pct": float(mem_err.median()) if len(mem_err) else np.nan,
                 "median_interval_halfwidth_pct": float((100.0 * (high / central - 1.0)).median()),
                 "inside_interval_pct": 100.0 * float(inside.mean()) if len(inside) else np.nan,
-                "efficiency": cal.efficiency if cal else np.nan,
+                # A share of the dense peak; where the device has none (the CPU) the calibration's rate is TFLOP/s,
+                # in a column of its own.
+                "efficiency": cal.efficiency if cal and has_peak else np.nan,
+                "achieved_tflops_per_gpu": cal.efficiency if cal and not has_peak else np.nan,
                 "fitted_terms": " ".join(cal.fitted_terms) if cal else "uncalibrated",
             }
         )
     if rows:
         out.append(table(pd.DataFrame(rows), list(rows[0])))
     out.append(
-        "Efficiency: achieved share of the dense peak (TFLOP/s where the device has no published peak, e.g. cpu). "
+        "Efficiency: achieved share of the dense peak (0-1); `achieved_tflops_per_gpu` instead where the device has "
+        "no published peak (e.g. cpu). "
         "Intervals: 90%, the larger half in % of the predicted step time; `inside_interval_pct`: measured cells "
         "whose step time lies inside their interval (in-sample). Every cell's interval is in cells.csv."
     )

@@ -268,6 +268,9 @@ def _fmt(value: Any) -> str:
         v = float(value)
         if v == 0:
             return "0"
+        for scale, word in ((1e12, "trillion"), (1e9, "billion"), (1e6, "million")):
+            if abs(v) >= scale:  # 13,917,914,991 tokens/kWh reads as 13.9 billion; the CSV has every digit
+                return f"{v / scale:.3g} {word}"
         if abs(v) >= 1e4:
             return f"{v:,.0f}"
         return f"{v:.4g}"
@@ -341,6 +344,15 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     knees = scaling.knees(report.scaling)
     out.append(scaling.describe_knee(knees, report.knee))
     out.append("")
+    if shared := scaling.shared_cpu_probes(report.cells):
+        out.append("**Warning:** CPU probes that shared cores with other probes (they ran on the same host at the "
+                   "same time): their step times, and any comparison between them, measure the sharing too.")  # fmt: skip
+        out.extend(
+            [""]
+            + [f"- {line}" for line in shared[:20]]
+            + ([f"- ... {len(shared) - 20} more"] * (len(shared) > 20))
+            + [""]
+        )
     out.append(_markdown_table(knees, list(knees.columns)))
     out.append(_markdown_table(report.scaling, scaling.MARKDOWN_COLUMNS))
     out.extend(prediction_section(report.cells, report.calibration, _markdown_table))

@@ -81,6 +81,37 @@ def sharding_label(row: Mapping[str, Any]) -> str:
     return engine_label(row)
 
 
+def _on_cpu(frame: pd.DataFrame) -> pd.Series:
+    """Rows measured on the CPU (``gpu_accelerator`` cpu; the ``cpu`` GPU type where a frame has no such column)."""
+    if "gpu_accelerator" in frame.columns:
+        return frame["gpu_accelerator"].eq("cpu").fillna(False).astype(bool)
+    return frame["gpu"].eq("cpu").fillna(False).astype(bool)
+
+
+def shared_cpu_probes(cells: pd.DataFrame) -> list[str]:
+    """The CPU cells whose probes ran at the same time as another's on a host they shared, a line each (with the
+    cells it overlapped): their step times measure the cores they shared as much as the settings, so comparing
+    them with each other misleads."""
+    if cells.empty or not {"started_at", "finished_at", "hostnames", "status"} <= set(cells.columns):
+        return []
+    cpu = cells[_on_cpu(cells) & cells["status"].isin(MEASURED_FITS)]
+    start = pd.to_datetime(cpu["started_at"], utc=True, errors="coerce")
+    end = pd.to_datetime(cpu["finished_at"], utc=True, errors="coerce")
+    known = start.notna() & end.notna()
+    ids, start, end = cpu.loc[known, "cell_id"].astype(str).tolist(), start[known].tolist(), end[known].tolist()
+    hosts = [set(str(h).split()) for h in cpu.loc[known, "hostnames"]]
+    out = []
+    for i, cid in enumerate(ids):
+        others = [
+            ids[j] for j in range(len(ids))
+            if j != i and hosts[i] & hosts[j] and start[i] < end[j] and start[j] < end[i]
+        ]  # fmt: skip
+        if others:
+            shown = ", ".join(others[:5]) + (f" and {len(others) - 5} more" if len(others) > 5 else "")
+            out.append(f"`{cid}` ran on {' '.join(sorted(hosts[i]))} while {shown} did")
+    return out
+
+
 def check_knee(knee: float) -> float:
     """The knee threshold as a float, or a ValueError that says what is accepted."""
     try:
@@ -130,8 +161,10 @@ def scaling(cells: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) -> pd.Data
     counts["_prev_n"], counts["_prev_tps"] = by_line["_n"].shift(), by_line["_tps"].shift()
     base_per_gpu = counts["_base_tps"] / counts["_base_n"]
     step_gain = (counts["_tps"] - counts["_prev_tps"]) / (counts["_n"] - counts["_prev_n"]) / base_per_gpu
-    # The knee: the count before the first step whose added GPUs each buy less than the threshold.
-    knees = counts[step_gain < knee].groupby("_line", sort=False)["_prev_n"].first().rename("_knee_n")
+    # The knee: the count before the first step whose added GPUs each buy less than the threshold. None on the
+    # CPU: its processes share the host's cores, so a step that slows the run measures contention, not scaling.
+    on_cpu = counts["_line"].isin(rows.loc[_on_cpu(rows), "_line"].unique())
+    knees = counts[(step_gain < knee) & ~on_cpu].groupby("_line", sort=False)["_prev_n"].first().rename("_knee_n")
     counts = counts.merge(knees, left_on="_line", right_index=True, how="left")
     rows = rows.merge(
         counts[["_line", "_n", "_base_tps", "_base_n", "_prev_n", "_prev_tps", "_knee_n"]], on=["_line", "_n"]
@@ -203,5 +236,6 @@ def describe_knee(summary: pd.DataFrame, knee: float = KNEE_MARGINAL_SPEEDUP) ->
         f"below {knee:g}): beyond it more GPUs still shorten the run, but each buys little and the cost per "
         f"token climbs. "
         f"Returns diminish within the measured counts in {reached} of {len(summary)} line(s); "
-        f"`scaling_efficiency.png` marks each knee with a star."
+        f"`scaling_efficiency.png` marks each knee with a star. A line on the CPU gets no knee: its processes "
+        f"share the host's cores, so a speed-up there (below 1 too) measures contention, not scaling."
     )

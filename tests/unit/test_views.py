@@ -154,3 +154,26 @@ def test_a_file_where_the_sweep_folder_goes_is_named_as_such(tmp_path: Path, cap
     assert cli.main(argv) == Exit.BAD_INPUT
     assert "a file is in the way" in capsys.readouterr().err
     assert in_the_way.read_text() == "x"
+
+
+def test_efficiency_is_a_fraction_and_the_cpu_rate_a_column_of_its_own(tmp_path: Path) -> None:
+    catalog = Catalog.load()
+    sweep = tmp_path / "mixed"
+    for cid, gpu, step in (("g1", "a100-80gb", 1.0), ("g2", "a100-80gb", 1.1), ("c1", "cpu", 9.0), ("c2", "cpu", 9.5)):
+        config = synthetic.cell_config("pythia-tiny", gpu, 1, catalog=catalog)
+        synthetic.write_cell(
+            sweep, cid, config, synthetic.record(cid, config, "ok", synthetic.metrics(config, step, 4))
+        )
+    report = write_report([sweep], plots=False)
+    section = (sweep / "report.md").read_text().split("## Predicted against measured")[1]
+    header = next(line for line in section.splitlines() if line.startswith("| gpu |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    rows = {
+        cells[0]: dict(zip(columns, cells, strict=True))
+        for line in section.splitlines()
+        if line.startswith("| a100") or line.startswith("| cpu")
+        for cells in [[c.strip() for c in line.strip("|").split("|")]]
+    }
+    assert rows["cpu"]["efficiency"] == "-" and rows["cpu"]["achieved_tflops_per_gpu"] != "-"
+    assert rows["a100-80gb"]["achieved_tflops_per_gpu"] == "-"
+    assert 0 < float(rows["a100-80gb"]["efficiency"]) <= 1, report.calibration

@@ -148,3 +148,30 @@ def test_report_md_names_the_knee_and_its_threshold(knee_sweep: Path, tmp_path: 
     with pytest.raises(ValueError, match="knee threshold"):
         write_report([knee_sweep], out_dir=tmp_path / "bad", knee=-1)
     assert not (tmp_path / "bad").exists()  # refused before anything is read or written
+
+
+def test_no_knee_from_cpu_processes_that_share_cores_and_report_md_warns(tmp_path: Path, catalog: Catalog) -> None:
+    """Two CPU processes slower than one (they share the host's cores) give no knee; the same numbers on GPUs do.
+    The CPU probes ran at the same time on one host, so report.md warns that they shared cores."""
+    sweep = tmp_path / "cpu"
+    for gpus, tokens_per_s in ((1, 1000.0), (2, 700.0)):
+        _measure(sweep, f"cpu{gpus}", synthetic.cell_config("pythia-160m", "cpu", gpus, catalog=catalog), tokens_per_s)
+        _measure(
+            sweep, f"gpu{gpus}", synthetic.cell_config("pythia-160m", "a100-80gb", gpus, catalog=catalog), tokens_per_s
+        )
+    report = write_report([sweep], plots=False)
+    table = report.scaling.set_index(["gpu", "num_gpus"])
+    assert table.loc[("cpu", 2), "marginal_speedup_per_added_gpu"] == pytest.approx(-0.3)
+    assert table.loc[("cpu", 2), "knee_num_gpus"] is pd.NA and not table.loc[("cpu", 2), "beyond_knee"]
+    assert table.loc[("a100-80gb", 2), "knee_num_gpus"] == 1, "on GPUs a slower step is a knee"
+    text = (sweep / "report.md").read_text()
+    assert "A line on the CPU gets no knee" in text
+    assert "shared cores with other probes" in text and "`cpu1` ran on node1 while cpu2 did" in text
+    assert "gpu1" not in text.split("**Warning:**")[1].split("|")[0], "GPU cells are not CPU probes"
+
+
+def test_report_md_rounds_large_numbers_for_reading(knee_sweep: Path) -> None:
+    per_kwh = write_report([knee_sweep], plots=False).scaling["tokens_per_kwh"].iloc[0]
+    text = (knee_sweep / "report.md").read_text()
+    assert per_kwh > 1e6 and f"{per_kwh:,.0f}" not in text
+    assert f"{per_kwh / 1e6:.3g} million" in text or f"{per_kwh / 1e9:.3g} billion" in text
