@@ -10,6 +10,7 @@ legend), so nothing is clipped whatever the number of panels, without a layout e
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullForm
 from matplotlib.typing import LineStyleType
 
 from analysis.scaling import KNEE_MARGINAL_SPEEDUP
+from analysis.tables import settings_label
 
 RGBA = tuple[float, float, float, float]
 """A colour as matplotlib's colormaps give it."""
@@ -43,7 +45,10 @@ LEFT_IN, BETWEEN_COLUMNS_IN, LEGEND_GAP_IN, RIGHT_IN = 1.1, 0.85, 0.3, 0.25
 """Room for the y label and tick labels such as ``500,000``; between panels (tick labels only); around the legend."""
 TOP_IN, BETWEEN_ROWS_IN, BOTTOM_IN = 0.9, 0.95, 0.6
 """Room for the figure title and subtitle; between rows (x label, then the next panel's title); the x label."""
-FONT_PT = {"title": 14, "panel": 12, "label": 11, "tick": 10, "legend": 10, "note": 10}
+FONT_PT = {"title": 14, "panel": 12, "label": 11, "tick": 10, "legend": 10, "note": 10, "point": 7}
+MAX_LABELLED_POINTS = 24
+"""A panel with more points than this labels its frontier (or fastest) points only; the CSV names every one."""
+_NOT_IN_LABEL = re.compile(r"mb\d+(x\d+)?|bf16|fp16|fp32")
 DPI = 100
 
 SHARDING_STYLES: list[tuple[str, LineStyleType]] = [
@@ -151,13 +156,41 @@ def _log_ticks(ax: Any, which: str, base: int = 10, max_ticks: int = 6) -> None:
         ticks = [t for t in ticks if low <= t <= high]
         if len(ticks) >= 3:
             break
-    if len(ticks) < 2:  # less than a tenth of a decade: three ticks across it, two significant digits
+    if len(ticks) < 3:  # a narrow range (under a decade or so): three ticks across it, two significant digits
         ticks = sorted({float(f"{v:.2g}") for v in np.geomspace(low, high, 5)[1:-1]})
     stride = max(1, math.ceil(len(ticks) / max_ticks))
     axis.set_major_locator(FixedLocator(ticks[::stride]))
     axis.set_major_formatter(FuncFormatter(_tick_label))
     axis.set_minor_locator(NullLocator())
     axis.set_minor_formatter(NullFormatter())
+
+
+def _short(settings: object) -> str:
+    """A point's label: its settings without the micro-batch and precision (``fsdp-hybrid ckpt 2nodes``)."""
+    return " ".join(t for t in str(settings).split() if not _NOT_IN_LABEL.fullmatch(t))
+
+
+def _label(ax: Any, x: Iterable[float], y: Iterable[float], labels: Iterable[str], colours: list[RGBA]) -> None:
+    """Write each point's setting beside it, in its GPU's colour (left of the rightmost points, to stay inside)."""
+    xs = [float(v) for v in x]
+    right = max(xs, default=0.0)
+    for xi, yi, text, colour in zip(xs, y, labels, colours, strict=True):
+        left = xi >= right and len(xs) > 1
+        ax.annotate(text, (xi, yi), xytext=(-6 if left else 4, 3), textcoords="offset points", color=colour,
+                    fontsize=FONT_PT["point"], ha="right" if left else "left", gid="point-label")  # fmt: skip
+
+
+def _ring_nodes(ax: Any, x: Any, y: Any, nodes: Any, colours: list[RGBA]) -> None:
+    """Ring the points whose cells span more than one node."""
+    multi = np.asarray(nodes, dtype=float) > 1
+    ax.scatter(np.asarray(x, dtype=float)[multi], np.asarray(y, dtype=float)[multi], s=170, facecolors="none",
+               zorder=3, edgecolors=[c for c, m in zip(colours, multi, strict=True) if m], linewidths=1.3)  # fmt: skip
+
+
+NODES_ENTRY = (
+    Line2D([], [], color="black", marker="o", markersize=12, markerfacecolor="none", linestyle=""),
+    "> 1 node",
+)
 
 
 def _header(text: str) -> tuple[Line2D, str]:
@@ -209,7 +242,7 @@ def plot_days_vs_gpus(best: pd.DataFrame, path: Path) -> Path:
     fig, axes = _panels(
         models,
         "Time to train with the fastest measured setting",
-        "bars: 95% confidence interval of the measured step time",
+        "bars: 95% confidence interval of the measured step time; each point: GPUs × its fastest setting",
     )
     if not models:
         return _no_data(fig, axes, path)
@@ -236,13 +269,18 @@ def plot_days_vs_gpus(best: pd.DataFrame, path: Path) -> Path:
             colors=[colours[str(g)] for g in part["gpu"].to_numpy()[shown]],
             linewidth=2,
         )
+        point_colours = [colours[str(g)] for g in part["gpu"]]
+        _label(ax, part["num_gpus"].astype(float), part["time_to_train_days"].astype(float),
+               [f"{n:g}× {_short(t)}" for n, t in zip(part["num_gpus"], part["settings"], strict=True)], point_colours)  # fmt: skip
+        _ring_nodes(ax, part["num_gpus"], part["time_to_train_days"], part["num_nodes"], point_colours)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.margins(x=0.08)
+        ax.margins(x=0.15)
         _log_ticks(ax, "x", base=2)
         _log_ticks(ax, "y")
         _style(ax, model, "GPUs (count, log scale)", "time to train (days, log scale)", i % ncols == 0)
-    return _finish(fig, axes, _gpu_entries(colours, best["gpu"].astype(str)), path)
+    entries = [*_gpu_entries(colours, best["gpu"].astype(str)), _header("marks"), NODES_ENTRY]
+    return _finish(fig, axes, entries, path)
 
 
 def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -> Path:
@@ -252,7 +290,7 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
     fig, axes = _panels(
         models,
         "Cost against time to train",
-        "frontier: the cells no other cell beats on both time and cost",
+        "frontier: the cells no other cell beats on both time and cost; each point: GPUs × setting",
     )
     if not models:
         return _no_data(fig, axes, path)
@@ -274,6 +312,13 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
                 alpha=0.7,
                 color=colours.get(str(gpu)),
             )
+        # Every point named by its GPU count and setting (the frontier's alone where a panel has too many).
+        named = part if len(part) <= MAX_LABELLED_POINTS else part[part["cell_id"].isin(front["cell_id"])]
+        named_colours = [colours.get(str(g), (0.0, 0.0, 0.0, 1.0)) for g in named["gpu"]]
+        _label(ax, named["time_to_train_days"].astype(float), named[basis].astype(float),
+               [f"{n:g}× {_short(settings_label(r))}" for n, r in zip(named["num_gpus"], named.to_dict("records"), strict=True)],
+               named_colours)  # fmt: skip
+        _ring_nodes(ax, named["time_to_train_days"], named[basis], named["num_nodes"], named_colours)
         # The frontier as a staircase (everything above and right of it is beaten), its cells ringed so their
         # GPU's colour still shows.
         ax.plot(
@@ -298,6 +343,7 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
     entries += [
         _header("marks"),
         (Line2D([], [], color="black", marker="o", markersize=9, markerfacecolor="none"), "frontier"),
+        NODES_ENTRY,
     ]
     return _finish(fig, axes, entries, path)
 

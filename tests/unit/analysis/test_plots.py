@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 from analysis import plots, synthetic
@@ -115,3 +116,45 @@ def test_scaling_plot_stars_the_knee_and_names_its_threshold(
     assert any("less than 0.5" in t.get_text() for t in figures[0].texts)
     legend_texts = [t.get_text() for t in figures[0].legends[0].get_texts()]
     assert {"a100-80gb", "zero0", "> 1 node", "knee"} <= set(legend_texts)
+
+
+def test_each_point_of_cost_and_days_plots_names_its_setting_and_multi_node_points_are_ringed(
+    tmp_path: Path, catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sweep = tmp_path / "labels"
+    for cell_id, gpus, nodes, method, step in (
+        ("z0", 8, 1, {"zero_stage": 0}, 1.0),
+        ("fsdp", 8, 1, {"engine": "fsdp", "fsdp_sharding": "full"}, 0.95),
+        ("hsdp", 16, 2, {"engine": "fsdp", "fsdp_sharding": "hybrid"}, 0.5),
+        ("z2", 16, 2, {"zero_stage": 2}, 0.52),
+    ):
+        config = synthetic.cell_config("pythia-160m", "a100-80gb", gpus, nodes, catalog=catalog, **method)
+        _measure(sweep, cell_id, config, step)
+    report = write_report([sweep], plots=False)
+    figures = _drawn(monkeypatch)
+    plots.plot_cost_vs_days(report.cells, report.frontier, tmp_path / "cost.png")
+    plots.plot_days_vs_gpus(report.best, tmp_path / "days.png")
+    cost, days = (fig.axes[0] for fig in figures)
+    labels = {t.get_text() for t in cost.texts if t.get_gid() == "point-label"}
+    assert labels == {"8× zero0", "8× fsdp-full", "16× fsdp-hybrid 2nodes", "16× zero2 2nodes"}
+    assert {t.get_text() for t in days.texts if t.get_gid() == "point-label"} == {
+        "8× fsdp-full",
+        "16× fsdp-hybrid 2nodes",
+    }
+    for ax, ringed in ((cost, 2), (days, 1)):
+        scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
+        rings = [c for c in scatters if len(c.get_offsets()) and not c.get_facecolor().any()]
+        assert sum(len(c.get_offsets()) for c in rings) == ringed, "the points of two nodes are ringed"
+    for fig in figures:
+        assert "> 1 node" in [t.get_text() for t in fig.legends[0].get_texts()]
+    for ax in (cost, days):
+        assert len(ax.yaxis.get_majorticklocs()) >= 3, "a log axis needs at least three labelled ticks"
+
+
+def test_a_narrow_log_range_still_gets_three_ticks() -> None:
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.set_ylim(1450, 3200)  # under half a decade: 1-2-5 and finer mantissas give two ticks at most
+    plots._log_ticks(ax, "y")
+    assert len(ax.yaxis.get_majorticklocs()) >= 3
