@@ -194,7 +194,7 @@ def plan_rows(plan: Plan) -> list[dict[str, object]]:
         prefix = f"{t.model.name} {t.gpu.name} x{t.num_gpus}" + (f" on {t.num_nodes} nodes" if t.num_nodes > 1 else "")
         row: dict[str, object] = {
             "cell_id": cell.cell_id, "model": t.model.name, "gpu": t.gpu.name, "num_gpus": t.num_gpus,
-            "num_nodes": t.num_nodes, "setting": _setting(cell.label, prefix), "runs": runs,
+            "num_nodes": t.num_nodes, "label": cell.label, "setting": _setting(cell.label, prefix), "runs": runs,
             "fits": "?" if missing(fits) else ("yes" if fits else "NO"), "of_gib": t.gpu.memory_gib,
         }  # fmt: skip
         row.update(p)
@@ -205,8 +205,11 @@ def plan_rows(plan: Plan) -> list[dict[str, object]]:
     return rows
 
 
-HIDDEN = ("answered", "why", "fits")
-"""Keys of a plan row the terminal reads and ``--format`` leaves out (``fits`` is ``predicted_fits``)."""
+HIDDEN = ("answered", "why", "fits", "setting")
+"""Keys of a plan row the terminal reads and ``--format`` leaves out (``fits`` is ``predicted_fits``; ``label``,
+the cell's whole label as ``status`` gives it, holds ``setting``)."""
+MACHINE_NAMES = {"of_gib": "gpu_memory_gib"}
+"""A plan row's keys as ``--format`` names them: the GPU's memory with its unit."""
 
 
 def _own_engine(row: dict[str, object]) -> dict[str, object]:
@@ -227,7 +230,8 @@ def plan_table(plan: Plan) -> Tabular:
         mb = row.get("predicted_micro_batch_size")
         if not missing(mb):
             row["setting"] = str(row["setting"]).replace("mb=auto", f"mb={fmt(mb)}")
-    data = [_own_engine({k: v for k, v in r.items() if k not in HIDDEN and not k.endswith("_90")}) for r in rows]
+    data = [_own_engine({MACHINE_NAMES.get(k, k): v for k, v in r.items() if k not in HIDDEN and not k.endswith("_90")})
+            for r in rows]  # fmt: skip
     lines = [*answers, *(f"  {a}" for a in answer_lines(rows, PREDICTED))]
     return Tabular(_present(PLAN_COLUMNS, rows), rows, footer=lines, data=data, text=_text)
 
