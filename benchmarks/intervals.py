@@ -13,7 +13,8 @@ Three figures, each out of sample (the report's own accuracy table is in-sample)
     to the others.
 
 For each: cells measured, median and 90th-percentile absolute error of the predicted cells' step time, the share
-within ±10%, and the share of truths inside their 90% intervals (the goal: 85-95%).
+within ±10%, and the share of truths inside their 90% intervals (the goal: 85-95%); after every round, the same
+figures for as many cells chosen at random (``random_*``), calibrated and judged the same way.
 
     python benchmarks/intervals.py --from /tmp/i20-grid [--target-pct 10] [--round-cells 4] [--seeds 3]
 
@@ -90,17 +91,20 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
         d = decide(grid, truth[truth["cell_id"].isin(measured)], goal, spent, probe)
         held = d.predicted.set_index("cell_id")
         held = held[held["answer"] == "predicted"]
-        lines.append(
-            {
-                "round": len(lines),
-                "measured": len(measured),
-                "spent_gpu_hours": spent / 3600.0,
-                "widest_pct": d.widest_pct,
-                **judge(held, answers),
-                "decide_s": time.perf_counter() - began,
-                "stop": d.stop or "",
-            }
-        )
+        line = {
+            "round": len(lines),
+            "measured": len(measured),
+            "spent_gpu_hours": spent / 3600.0,
+            "widest_pct": d.widest_pct,
+            **judge(held, answers),
+            "decide_s": time.perf_counter() - began,
+        }
+        if measured:
+            rnd = random_baseline(grid, truth, len(measured), len(lines))
+            line["random_p90_pct"] = rnd.get("p90_abs_error_pct", math.nan)
+            line["random_within_10pct"] = rnd.get("within_10pct", math.nan)
+            line["random_inside_pct"] = rnd.get("inside_90pct_interval", math.nan)
+        lines.append({**line, "stop": d.stop or ""})
         if d.stop:
             return lines, measured
         cost = d.predicted.set_index("cell_id").loc[d.chosen, "cost_gpu_s"]
@@ -131,14 +135,17 @@ def show(title: str, lines: list[dict]) -> None:
         print(frame.to_string(index=False))
 
 
-def real_grid(folder: Path, goal: Goal, seeds: int) -> dict:
-    loaded = load_cells([folder]).frame
+def real_grid(folders: list[Path], goal: Goal, seeds: int) -> dict:
+    loaded = load_cells(folders).frame
     truth = loaded[loaded["status"].isin(["ok", "does_not_fit", "oom"])].copy()
     grid = truth.drop(columns=["status"]).copy()
-    paths = SweepPaths(folder)
-    first = to_config(read_cell_config(paths.cell_config(str(truth["cell_id"].iloc[0])))).probe
+    first_id = str(truth["cell_id"].iloc[0])
+    (where,) = [f for f in folders if SweepPaths(f).cell_config(first_id).is_file()][:1]
+    first = to_config(read_cell_config(SweepPaths(where).cell_config(first_id))).probe
     probe = ProbeSteps(first.warmup_steps, first.max_steps, first.time_budget_s)
-    print(f"(a) real grid {folder}: {len(loaded)} cells, {len(truth)} with an answer to replay on")
+    print(
+        f"(a) real grid {', '.join(map(str, folders))}: {len(loaded)} cells, {len(truth)} with an answer to replay on"
+    )
     lines, measured = replay(grid, truth, goal, probe)
     show(f"adaptive rounds (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round)", lines)
     baseline = [random_baseline(grid, truth, len(measured), seed) for seed in range(seeds)]
@@ -229,7 +236,7 @@ def _mean_line(figures: list[dict[str, float]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--from", dest="folder", help="a sweep folder whose every cell was measured (part a)")
+    parser.add_argument("--from", dest="folders", nargs="+", help="sweep folders whose every cell was measured (a)")
     parser.add_argument("--target-pct", type=float, default=10.0)
     parser.add_argument("--round-cells", type=int, default=0, help="cells a round (default: 1%% of the grid, >= 2)")
     parser.add_argument("--budget-gpu-hours", type=float, default=math.inf)
@@ -238,10 +245,11 @@ def main() -> None:
     parser.add_argument("--json", help="write every figure here")
     args = parser.parse_args()
     out: dict = {}
-    if args.folder:
-        size = len(load_cells([Path(args.folder)]).frame)
+    if args.folders:
+        folders = [Path(f) for f in args.folders]
+        size = len(load_cells(folders).frame)
         goal = Goal(args.target_pct, args.budget_gpu_hours, args.round_cells or max(2, round(size / 100)))
-        out["real"] = real_grid(Path(args.folder), goal, args.seeds)
+        out["real"] = real_grid(folders, goal, args.seeds)
     if not args.skip_synthetic:
         goal = Goal(args.target_pct, args.budget_gpu_hours, args.round_cells or 32)
         out["synthetic"] = synthetic_grid(goal, args.seeds)

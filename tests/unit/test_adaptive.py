@@ -159,7 +159,7 @@ def test_an_adaptive_sweep_ends_with_every_cell_answered_after_measuring_a_minor
     answers = table.set_index("cell_id")["answer"]
     assert set(answers[list(measured)]) == {"measured"}
     rest = table[~table["cell_id"].isin(measured)]
-    assert set(rest["answer"]) == {"predicted"}
+    assert set(rest["answer"]) == {"predicted"} and set(rest["status"]) == {"unmeasured"}
     assert rest["predicted_step_time_s_low"].notna().all() and rest["predicted_step_time_s_high"].notna().all()
     report = (paths.root / "report.md").read_text()
     assert "Adaptive sweep" in report and f"{len(measured)} of {len(cells)} cells measured" in report
