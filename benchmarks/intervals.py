@@ -101,6 +101,7 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
         }
         if measured:
             rnd = random_baseline(grid, truth, len(measured), len(lines))
+            line["random_gpu_hours"] = rnd.get("spent_gpu_hours", math.nan)
             line["random_p90_pct"] = rnd.get("p90_abs_error_pct", math.nan)
             line["random_within_10pct"] = rnd.get("within_10pct", math.nan)
             line["random_inside_pct"] = rnd.get("inside_90pct_interval", math.nan)
@@ -116,6 +117,8 @@ def random_baseline(grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int) 
     """The same number of measured cells, chosen at random among those that ran, for comparison."""
     ok = truth[truth["status"] == "ok"]
     chosen = ok.sample(n=min(n, len(ok)), random_state=seed)
+    wall = pd.to_numeric(chosen.get("probe_wall_s"), errors="coerce").fillna(0.0)
+    spent_gpu_hours = float((wall * pd.to_numeric(chosen["num_gpus"], errors="coerce").fillna(1.0)).sum()) / 3600
     rest = grid[~grid["cell_id"].isin(chosen["cell_id"])]
     pred = predict_frame(rest, calibrate(chosen)).set_axis(rest["cell_id"].to_numpy())
     renamed = pred.rename(
@@ -125,7 +128,8 @@ def random_baseline(grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int) 
             "predicted_step_time_s_high": "step_time_high_s",
         }
     )
-    return judge(renamed[["step_time_s", "step_time_low_s", "step_time_high_s"]], ok.set_index("cell_id"))
+    figures = judge(renamed[["step_time_s", "step_time_low_s", "step_time_high_s"]], ok.set_index("cell_id"))
+    return {**figures, "spent_gpu_hours": spent_gpu_hours}
 
 
 def show(title: str, lines: list[dict]) -> None:
