@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.durable": CORE,
     "orchestrator.faults": CORE,
     "orchestrator.attempts": CORE,
+    "orchestrator.adaptive_state": CORE,
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
     "orchestrator.sweep": RUNTIME,
@@ -79,6 +80,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.console": COMMAND,
     "orchestrator.budget_cli": COMMAND,
     "orchestrator.prediction": COMMAND,
+    "orchestrator.adaptive": COMMAND,
 }
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
