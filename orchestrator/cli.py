@@ -74,6 +74,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
     if goal is not None:
         return adaptive.start(plan, goal, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+    from orchestrator.adaptive_state import is_adaptive
+    from orchestrator.paths import SweepPaths
+
+    if is_adaptive(SweepPaths(plan.sweep_dir)):
+        raise LifecycleError(
+            f"{plan.sweep_dir} is an adaptive sweep, which chooses the cells it measures: `gpudays resume` goes on "
+            "with it; a sweep of every cell goes to a folder of its own (--dir)"
+        )
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
 
 

@@ -226,3 +226,11 @@ def test_adaptive_flags_are_checked_before_anything_is_written(tmp_path: Path, c
         code = cli.main(["sweep", "--dir", str(where), "--adaptive", flag, value, "model=pythia-tiny", "gpu=cpu"])
         assert code == 2 and flag in capsys.readouterr().err
     assert not where.exists()
+
+
+def test_a_plain_sweep_into_an_adaptive_folder_is_refused(grid, tmp_path: Path, capsys) -> None:
+    cells, _, _ = grid
+    paths = start_folder(tmp_path, cells, Goal())
+    code = cli.main(["sweep", "--dir", str(paths.root), "model=pythia-tiny", "gpu=cpu", "cluster=local"])
+    assert code == 2 and "is an adaptive sweep" in capsys.readouterr().err
+    assert not paths.cell_ids()
