@@ -132,11 +132,25 @@ def random_baseline(grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int) 
     return {**figures, "spent_gpu_hours": spent_gpu_hours}
 
 
-def show(title: str, lines: list[dict]) -> None:
+def show(title: str, lines: list[dict], size: int) -> None:
+    """The rounds as a table, then the figures after the last round within 5, 10, 25 and 50% of the grid, and at
+    the stop."""
     print(f"\n{title}")
     frame = pd.DataFrame(lines)
-    with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format", "{:.2f}".format):
+    with pd.option_context("display.width", 250, "display.max_columns", 30, "display.float_format", "{:.2f}".format):
         print(frame.to_string(index=False))
+    marks = []
+    for share in (0.05, 0.10, 0.25, 0.50):
+        within = [line for line in lines if 0 < line["measured"] <= share * size]
+        marks.append((f"measuring at most {100 * share:.0f}% of the grid", within[-1] if within else None))
+    for label, line in (*marks, ("at the stop", lines[-1])):
+        if line is None or not line.get("judged"):
+            print(f"  {label}: nothing held out to judge")
+            continue
+        print(
+            f"  {label}: {line['measured']} of {size} measured ({100 * line['measured'] / size:.1f}%), "
+            f"{line['spent_gpu_hours']:.2f} GPU-hours; predicted cells: " + _mean_line([line])
+        )
 
 
 def real_grid(folders: list[Path], goal: Goal, seeds: int) -> dict:
@@ -151,10 +165,8 @@ def real_grid(folders: list[Path], goal: Goal, seeds: int) -> dict:
         f"(a) real grid {', '.join(map(str, folders))}: {len(loaded)} cells, {len(truth)} with an answer to replay on"
     )
     lines, measured = replay(grid, truth, goal, probe)
-    show(f"adaptive rounds (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round)", lines)
-    baseline = [random_baseline(grid, truth, len(measured), seed) for seed in range(seeds)]
-    print(f"random choice of the same {len(measured)} cells, {seeds} draws: " + _mean_line(baseline))
-    return {"rounds": lines, "random": baseline}
+    show(f"adaptive rounds (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round)", lines, len(truth))
+    return {"rounds": lines}
 
 
 def synthetic_grid(goal: Goal, seeds: int) -> dict:
@@ -164,12 +176,9 @@ def synthetic_grid(goal: Goal, seeds: int) -> dict:
         truth = synthetic.perturbed_truth(grid, seed=seed)
         truth["probe_wall_s"], truth["startup_s"], truth["search_s"] = 45.0, 10.0, 10.0
         lines, measured = replay(grid, truth, goal, ProbeSteps())
-        show(f"(b) synthetic grid, seed {seed}: {len(grid)} cells (target ±{goal.target_pct:g}%)", lines)
+        show(f"(b) synthetic grid, seed {seed}: {len(grid)} cells (target ±{goal.target_pct:g}%)", lines, len(grid))
         baseline = random_baseline(grid, truth, len(measured), seed)
-        print(
-            f"  measured {len(measured)} of {len(grid)} ({100 * len(measured) / len(grid):.1f}%); random choice of "
-            f"as many: " + _mean_line([baseline])
-        )
+        print(f"  random choice of as many ({baseline['spent_gpu_hours']:.2f} GPU-hours): " + _mean_line([baseline]))
         out[seed] = {"rounds": lines, "random": baseline}
     return out
 
