@@ -143,7 +143,11 @@ def show(title: str, lines: list[dict], size: int) -> None:
     for share in (0.05, 0.10, 0.25, 0.50):
         within = [line for line in lines if 0 < line["measured"] <= share * size]
         marks.append((f"measuring at most {100 * share:.0f}% of the grid", within[-1] if within else None))
+    shown: list[int] = []
     for label, line in (*marks, ("at the stop", lines[-1])):
+        if line is not None and line["round"] in shown and label != "at the stop":
+            continue
+        shown.append(-1 if line is None else line["round"])
         if line is None or not line.get("judged"):
             print(f"  {label}: nothing held out to judge")
             continue
