@@ -88,7 +88,8 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
     answers = truth[truth["status"] == "ok"].set_index("cell_id")
     while True:
         began = time.perf_counter()
-        d = decide(grid, truth[truth["cell_id"].isin(measured)], goal, spent, probe)
+        history = [line["widest_pct"] for line in lines]
+        d = decide(grid, truth[truth["cell_id"].isin(measured)], goal, spent, probe, history=history)
         held = d.predicted.set_index("cell_id")
         held = held[held["answer"] == "predicted"]
         line = {

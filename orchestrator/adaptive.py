@@ -161,7 +161,8 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
     goal = Goal(state.target_pct, state.budget_gpu_hours, state.round_cells)
     first = to_config(grid_cells[0][1]).probe
     probe = ProbeSteps(first.warmup_steps, first.max_steps, first.time_budget_s)
-    decision = decide(grid, measured, goal, _spent_gpu_s(measured, probe), probe, blocked=given_up)
+    history = [r.widest_pct for r in state.rounds]
+    decision = decide(grid, measured, goal, _spent_gpu_s(measured, probe), probe, blocked=given_up, history=history)
     for cid in given_up:
         console.out(f"  {cid} failed {MAX_ATTEMPTS} times: left to its prediction; others are chosen in its place")
     if decision.stop is not None:

@@ -29,8 +29,11 @@ others in its place."""
 STOP_TARGET = "target"
 STOP_BUDGET = "budget"
 STOP_ALL_MEASURED = "all measured"
+STOP_STALLED = "stalled"
 STOP_REASONS = {
     STOP_TARGET: "every unmeasured cell's interval is within the target",
+    STOP_STALLED: "the widest unmeasured interval has stopped narrowing (what no coefficient explains is wider than "
+    "the target): more rounds would not reach it",
     STOP_BUDGET: "the GPU-hour budget does not pay for another cell",
     STOP_ALL_MEASURED: "every cell is measured",
 }

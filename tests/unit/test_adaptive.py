@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis import synthetic
-from analysis.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_TARGET, Goal, decide
+from analysis.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_STALLED, STOP_TARGET, Goal, decide
 from analysis.inputs import flat_cell
 from orchestrator import adaptive, cli, lifecycle
 from orchestrator.adaptive_state import AdaptiveState, BadAdaptiveState, Round, read_state, write_grid, write_state
@@ -78,6 +78,17 @@ def test_it_stops_when_the_budget_cannot_pay_for_a_cell(grid) -> None:
     assert d.stop == STOP_BUDGET and d.chosen == []
     d = decide(frame, truth.iloc[:0], Goal(budget_gpu_hours=0.1, round_cells=50), 0.0)
     assert d.chosen and d.predicted.set_index("cell_id").loc[d.chosen, "cost_gpu_s"].sum() <= 360.0
+
+
+def test_it_stops_when_the_intervals_have_stopped_narrowing(grid) -> None:
+    _, frame, truth = grid
+    some = truth[truth["status"] == "ok"].iloc[:30]
+    d = decide(frame, some, Goal(target_pct=1.0), 0.0)
+    assert d.stop is None and d.widest_pct > 1.0
+    # as wide as three rounds ago: stalled; 10% narrower since: go on
+    assert decide(frame, some, Goal(target_pct=1.0), 0.0, history=[d.widest_pct, 99.0, 99.0]).stop == STOP_STALLED
+    going = decide(frame, some, Goal(target_pct=1.0), 0.0, history=[d.widest_pct / 0.9, 99.0, 99.0])
+    assert going.stop is None and going.chosen
 
 
 def test_it_stops_when_every_cell_is_measured(grid) -> None:
