@@ -45,9 +45,7 @@ def chinchilla_loss(num_parameters_: float, tokens: float) -> float:
     """Final training loss in nats per token predicted by Hoffmann et al.'s fit for N parameters and D tokens."""
     if num_parameters_ <= 0 or tokens <= 0:
         raise ValueError(f"parameters and tokens must be positive, got N={num_parameters_!r}, D={tokens!r}")
-    return float(
-        CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA
-    )
+    return float(CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA)
 
 
 def critical_batch_tokens(loss_nats: float) -> float:
