@@ -16,14 +16,23 @@ For each: cells measured, median and 90th-percentile absolute error of the predi
 within ±10%, and the share of truths inside their 90% intervals (the goal: 85-95%); after every round, the same
 figures for as many cells chosen at random (``random_*``), calibrated and judged the same way.
 
-    python benchmarks/intervals.py --from /tmp/i20-grid [--target-pct 10] [--round-cells 4] [--seeds 3]
+    python benchmarks/intervals.py [--from DIR ...] [--target-pct 10] [--round-cells N] [--seeds 3] [--skip-synthetic]
 
-A grid to replay is measured once, in full, with an ordinary sweep (``cluster=local`` runs it on this machine), e.g.
+A grid to replay is measured once, in full, with ordinary sweeps (``cluster=local`` runs them on this machine); the
+60-cell CPU grid of the closing figures was measured into four folders (two families, 2 and 4 layers, 1-2 ranks,
+ZeRO 0-3 and FSDP full/grad_op, checkpointing on and off), C being
+``gpu=cpu cluster=local probe=quick model.num_parameters=null method.activation_checkpointing=false,true``:
 
-    gpudays sweep --dir /tmp/i20-grid gpu=cpu cluster=local probe=quick model=pythia-tiny,smollm2-tiny \\
-        model.num_layers=2,4 model.num_parameters=null method.activation_checkpointing=false,true \\
+    gpudays sweep --no-report --dir /tmp/i20-grid -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2 \
         num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
-    (and again with method.engine=fsdp method.fsdp_sharding=full,grad_op into the same folder)
+    gpudays sweep --no-report --dir /tmp/i20-grid-c -m $C model=pythia-tiny model.num_layers=4 \
+        num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
+    gpudays sweep --no-report --dir /tmp/i20-grid-d -m $C model=smollm2-tiny model.num_layers=4 \
+        num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
+    gpudays sweep --no-report --dir /tmp/i20-grid-fsdp -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2,4 \
+        num_gpus=2 method.engine=fsdp method.fsdp_sharding=full,grad_op   (and num_gpus=1 method.fsdp_sharding=full
+        for 2 layers)
+    python benchmarks/intervals.py --from /tmp/i20-grid /tmp/i20-grid-c /tmp/i20-grid-d /tmp/i20-grid-fsdp
 """
 
 from __future__ import annotations
