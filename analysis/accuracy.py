@@ -8,12 +8,15 @@ inside their intervals are in-sample; ``benchmarks/intervals.py`` measures them 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis.calibration import Calibration
 from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, RESULT_STATUSES
+from orchestrator.adaptive_state import STOP_REASONS, BadAdaptiveState, is_adaptive, read_grid, read_state
+from orchestrator.paths import SweepPaths
 
 ANSWERS = ("measured", "does_not_fit", "predicted", "unknown")
 """The ``answer`` column of cells.csv: measured (``ok``); measured not to fit (``does_not_fit``, ``oom``); predicted
@@ -86,3 +89,47 @@ def prediction_section(
     )
     out.append("")
     return out
+
+
+def adaptive_section(sweep_dirs: Sequence[Path], cells: pd.DataFrame) -> list[str]:
+    """report.md's "Adaptive sweep": of each adaptive sweep, how many cells were measured in how many rounds and
+    why it stopped, and how wide its predicted cells' intervals are (none where no sweep is adaptive)."""
+    out: list[str] = []
+    for folder in sweep_dirs:
+        paths = SweepPaths(Path(folder))
+        if not is_adaptive(paths):
+            continue
+        try:
+            state, grid = read_state(paths), read_grid(paths.adaptive_grid)
+        except BadAdaptiveState as e:
+            out.append(f"`{paths.root}`: {e}")
+            continue
+        ids = {cid for cid, _ in grid}
+        mine = cells[cells["cell_id"].isin(ids)] if "cell_id" in cells.columns else cells.iloc[:0]
+        measured = int((mine.get("answer") == "measured").sum()) if len(mine) else 0
+        predicted = mine[mine.get("answer") == "predicted"] if len(mine) else mine
+        low = pd.to_numeric(predicted.get("predicted_step_time_s_low"), errors="coerce")
+        high = pd.to_numeric(predicted.get("predicted_step_time_s_high"), errors="coerce")
+        central = pd.to_numeric(predicted.get("predicted_step_time_s"), errors="coerce")
+        half = (100.0 * np.maximum(high / central - 1.0, 1.0 - low / central)).dropna()
+        line = f"`{paths.root}`: {measured} of {len(ids)} cells measured in {len(state.rounds)} round(s)"
+        if state.stopped is not None:
+            line += f" ({state.stopped.spent_gpu_hours:.3g} GPU-hours); stopped: {STOP_REASONS.get(state.stopped.reason, state.stopped.reason)}"
+        else:
+            line += "; not stopped yet (`gpudays resume` goes on)"
+        target = f"±{state.target_pct:g}%"
+        if len(half):
+            line += (f". The {len(predicted)} predicted cells' 90% intervals: median ±{half.median():.1f}%, widest "
+                     f"±{half.max():.1f}% (target {target}).")  # fmt: skip
+        out.append(line)
+    if not out:
+        return []
+    return [
+        "## Adaptive sweep",
+        "",
+        *out,
+        "",
+        "Each cell's `answer` in cells.csv says whether it was measured or predicted; a predicted cell's 90% interval "
+        "is `predicted_step_time_s_low` to `predicted_step_time_s_high` (and the days, GPU-hours and cost bounds).",
+        "",
+    ]

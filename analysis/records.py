@@ -31,6 +31,7 @@ import pandas as pd
 from analysis.catalog import Catalog
 from analysis.columns import as_int, as_name, as_number
 from orchestrator import states as vocab
+from orchestrator.adaptive_state import BadAdaptiveState, read_grid
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
 from orchestrator.record import METRIC_KINDS, BadCellConfig, BadRecord, Metrics, Record, read_cell_config, read_record
 from orchestrator.values import Row
@@ -38,6 +39,8 @@ from orchestrator.values import Row
 __all__ = ["MEASURED_DOES_NOT_FIT", "MEASURED_FITS", "RESULT_STATUSES", "Catalog", "LoadedCells", "load_cells"]
 
 NO_RECORD = "no_record"
+UNMEASURED = "unmeasured"
+"""The status of an adaptive sweep's cell that no round chose (``adaptive-grid.jsonl``): its answer is predicted."""
 CORRUPT_RECORD = vocab.State.CORRUPT.value
 MEASURED_FITS = frozenset(s.value for s in vocab.MEASURED_FITS)
 MEASURED_DOES_NOT_FIT = frozenset(s.value for s in vocab.MEASURED_DOES_NOT_FIT)
@@ -271,6 +274,7 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
             previous = best.get(cell_id)
             if previous is None or rank > previous[0]:
                 best[cell_id] = (rank, row, cell_problems)
+        found += _unmeasured_cells(paths, {cid for cid, _ in cell_dirs}, catalog, order, best, problems)
         if not found and not refused:
             problems.append(f"sweep {paths.root}: no cells in it (expected cells/<cell_id>/cell.yaml)")
     rows = []
@@ -280,6 +284,32 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
     frame = pd.DataFrame(rows)
     refused = pd.DataFrame(skipped, columns=list(SKIPPED_COLUMNS)).drop_duplicates(["cell_id"], keep="last")
     return LoadedCells(frame=frame, problems=problems, skipped=refused.reset_index(drop=True))
+
+
+def _unmeasured_cells(
+    paths: SweepPaths,
+    written: set[str],
+    catalog: Catalog,
+    order: int,
+    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]],
+    problems: list[str],
+) -> int:
+    """Rows of an adaptive sweep's cells that no round chose (status :data:`UNMEASURED`, no problem: predicted
+    by design); how many."""
+    try:
+        grid = read_grid(paths.adaptive_grid)
+    except BadAdaptiveState as e:
+        problems.append(f"sweep {paths.root}: {e}; its unmeasured cells are left out")
+        return 0
+    count = 0
+    for cell_id, config in grid:
+        if cell_id in written or cell_id in best:
+            continue
+        row = flatten_cell(cell_id, paths.root.name, config, None, catalog, problems)
+        row["status"], row["reason"] = UNMEASURED, None
+        best[cell_id] = (_rank(row, False, order), row, [])
+        count += 1
+    return count
 
 
 def rows_of(frame: pd.DataFrame, columns: Iterable[str]) -> list[Row]:

@@ -98,7 +98,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import engine_comparison, layout_check, scaling, tables
-from analysis.accuracy import prediction_section
+from analysis.accuracy import adaptive_section, prediction_section
 from analysis.estimates import TokenBudget, parse_token_budget
 from analysis.predict import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.records import Catalog, load_cells
@@ -356,6 +356,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append(_markdown_table(knees, list(knees.columns)))
     out.append(_markdown_table(report.scaling, scaling.MARKDOWN_COLUMNS))
     out.extend(prediction_section(report.cells, report.calibration, _markdown_table))
+    out.extend(adaptive_section(sweep_dirs, report.cells))
     if not report.skipped.empty:
         out.append("## Refused before submission")
         out.append("")

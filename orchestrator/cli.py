@@ -61,13 +61,34 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise LifecycleError(f"--margin {args.margin}: give the share of GPU memory kept free, from 0 up to below 1")
     if args.cfg:
         return _print_config(overrides, search_dirs, args.cfg, args.resolve)
+    adaptive_flags = [
+        f for f in ("target_pct", "budget_gpu_hours", "round_cells") if getattr(args, f, None) is not None
+    ]
+    if adaptive_flags and not getattr(args, "adaptive", False):
+        named = ", ".join("--" + f.replace("_", "-") for f in adaptive_flags)
+        raise LifecycleError(f"{named}: only with --adaptive (measure part of the grid, predict the rest)")
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
+    goal = None
+    if getattr(args, "adaptive", False):
+        from orchestrator import adaptive
+
+        goal = adaptive.goal_from_flags(args.target_pct, args.budget_gpu_hours, args.round_cells, len(plan.cells))
     if args.dry_run:
         return lifecycle.preview(plan, ask_scheduler=not args.planning)
     lifecycle.show_plan(plan, predictions=False)
     if not plan.cells:
         raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
+    if goal is not None:
+        return adaptive.start(plan, goal, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+    from orchestrator.adaptive_state import is_adaptive
+    from orchestrator.paths import SweepPaths
+
+    if is_adaptive(SweepPaths(plan.sweep_dir)):
+        raise LifecycleError(
+            f"{plan.sweep_dir} is an adaptive sweep, which chooses the cells it measures: `gpudays resume` goes on "
+            "with it; a sweep of every cell goes to a folder of its own (--dir)"
+        )
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
 
 
@@ -112,7 +133,14 @@ def cmd_status(args: argparse.Namespace) -> int:
     if args.watch and args.format != "table":
         raise LifecycleError(f"--watch refreshes a table on the terminal; --format {args.format} prints one snapshot")
     paths = lifecycle.sweep_folder(args.sweep_dir)
-    return lifecycle.show_status(paths, only, args.summary, args.watch, interval, args.check)
+    from orchestrator import adaptive
+
+    if line := adaptive.describe(paths):
+        console.out(line)
+    code = lifecycle.show_status(paths, only, args.summary, args.watch, interval, args.check)
+    if args.check and code == Exit.OK and adaptive.rounds_to_go(paths):
+        return Exit.ACTIVE  # an adaptive sweep with rounds to go is not done
+    return code
 
 
 def cmd_show(args: argparse.Namespace) -> int:
@@ -134,6 +162,12 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise LifecycleError(f"--time-factor {args.time_factor}: give a factor above 0, e.g. 2 to double the limit")
     interval = _interval(args.interval)
     paths = lifecycle.sweep_folder(args.sweep_dir)
+    from orchestrator import adaptive
+
+    if adaptive.is_adaptive(paths):
+        if only is not None:
+            raise LifecycleError("--only: an adaptive sweep chooses which cells to measure; resume it without --only")
+        return adaptive.advance(paths, args.wait, True, interval, args.time_limit, args.time_factor)
     return lifecycle.resume(paths, only, args.time_limit, args.time_factor, args.wait, interval)
 
 
@@ -195,6 +229,14 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--wait", action="store_true", help="on SLURM, wait for the cells to end and write the report")
     sw.add_argument("--no-report", action="store_true", help="do not write cells.csv at the end")
     sw.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --wait")
+    sw.add_argument(
+        "--adaptive", action="store_true",
+        help="measure part of the grid in rounds, the cells that teach the most per GPU-second, and predict the rest",
+    )  # fmt: skip
+    sw.add_argument("--target-pct", type=float, help="with --adaptive: stop once every unmeasured cell's 90%% "
+                    "interval of step time is within +- this %% (default 10)")  # fmt: skip
+    sw.add_argument("--budget-gpu-hours", type=float, help="with --adaptive: stop before spending more (default: none)")
+    sw.add_argument("--round-cells", type=int, help="with --adaptive: cells per round (default 1%% of the grid, >= 2)")
     sw.set_defaults(func=cmd_sweep, planning=False, format="table")
 
     st = command("status", "state of every cell of a sweep (one sacct call); --check: exit 1 if any needs a rerun")

@@ -139,7 +139,7 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     return Exit.OK
 
 
-def _submit(
+def submit_cells(
     paths: SweepPaths, configs: Mapping[str, Config], before_start: Callable[[str], None] | None = None
 ) -> bool:
     """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM.
@@ -235,7 +235,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
             console.out(
                 f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)"
             )
-        submitted_to_slurm = _submit(paths, new)
+        submitted_to_slurm = submit_cells(paths, new)
     return _follow(paths, submitted_to_slurm, wait, report, interval_s)
 
 
@@ -267,18 +267,18 @@ def resume(
                 # --wait waits for every active cell of the sweep, whoever submitted it.
                 return _follow(paths, False, True, True, interval_s)
             return Exit.OK
-        configs = {s.cell_id: _rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
+        configs = {s.cell_id: rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
         by_id = {s.cell_id: s for s in todo}
         check(configs)
         console.out(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
         # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
         # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
-        # inside _submit, so theirs are moved just before each starts.
-        submitted_to_slurm = _submit(paths, configs, before_start=lambda cid: _archive_record(paths, by_id[cid]))
+        # inside submit_cells, so theirs are moved just before each starts.
+        submitted_to_slurm = submit_cells(paths, configs, before_start=lambda cid: archive_record(paths, by_id[cid]))
     return _follow(paths, submitted_to_slurm, wait, True, interval_s)
 
 
-def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
+def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
     """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given.
 
     ``cell.yaml`` is read back as the typed cell and judged again, so an edited file with a value outside its
@@ -301,7 +301,7 @@ def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor
     return cfg
 
 
-def _archive_record(paths: SweepPaths, s: Any) -> None:
+def archive_record(paths: SweepPaths, s: Any) -> None:
     """Keep the record of the attempt being replaced next to the new one, under the attempt's name (never the new
     attempt's own record, should its job have written one already)."""
     record = paths.record(s.cell_id)

@@ -9,6 +9,8 @@ A sweep folder looks like this::
       cells/<cell_id>/record.json the probe's record (written atomically by rank 0 inside the job)
       cells/<cell_id>/record.attempt<N>.json  the record of attempt N, kept when a resume replaced it
       cells/<cell_id>/attempts.jsonl  one line per submission of the cell: job id, attempt, time
+      adaptive.json               an adaptive sweep's goal, rounds and why it stopped (orchestrator/adaptive_state.py)
+      adaptive-grid.jsonl         an adaptive sweep's every cell, measured or not (a cell gets cells/<id>/ once chosen)
       jobs/<job_id>/              submitit's files for one job: pickles, stdout/stderr of each task
       cells.csv, ...              the report's tables (see analysis/)
 
@@ -44,6 +46,14 @@ class SweepPaths:
     @property
     def skipped(self) -> Path:
         return self.root / "skipped.jsonl"
+
+    @property
+    def adaptive_state(self) -> Path:
+        return self.root / "adaptive.json"
+
+    @property
+    def adaptive_grid(self) -> Path:
+        return self.root / "adaptive-grid.jsonl"
 
     @property
     def cells_dir(self) -> Path:

@@ -53,6 +53,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.durable": CORE,
     "orchestrator.faults": CORE,
     "orchestrator.attempts": CORE,
+    "orchestrator.adaptive_state": CORE,
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
     "orchestrator.sweep": RUNTIME,
@@ -82,6 +83,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.views": COMMAND,
     "orchestrator.tabular": COMMAND,
     "orchestrator.answers": COMMAND,
+    "orchestrator.adaptive": COMMAND,
 }
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {

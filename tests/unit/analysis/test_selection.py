@@ -1,0 +1,107 @@
+"""Which cells an adaptive sweep measures (analysis/selection.py): the expected reduction of the grid's uncertainty
+is the exact posterior arithmetic, and the choice weighs it against each cell's cost in GPU-seconds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from analysis.selection import (
+    Candidates,
+    ProbeSteps,
+    choose_round,
+    expected_reduction,
+    grid_uncertainty,
+    measurement_cost_gpu_s,
+    updated_covariance,
+)
+
+
+def candidates(weighted: np.ndarray, cost: np.ndarray | None = None, measured: np.ndarray | None = None) -> Candidates:
+    n = len(weighted)
+    return Candidates(
+        group=np.array(["a100-80gb"] * n),
+        weighted=weighted,
+        discrepancy_var=np.full(n, 0.05**2),
+        cost_gpu_s=np.ones(n) if cost is None else cost,
+        measured=np.zeros(n, dtype=bool) if measured is None else measured,
+    )
+
+
+def random_grid(n: int = 30, seed: int = 0) -> tuple[Candidates, dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    weighted = np.abs(rng.normal(size=(n, 4))) * np.array([0.6, 0.3, 0.1, 0.01])
+    cov = np.diag([0.1, 0.5, 0.5, 2.0]) ** 2
+    return candidates(weighted), {"a100-80gb": cov}
+
+
+def test_the_expected_reduction_is_what_measuring_the_cell_takes_off_the_grid() -> None:
+    c, covs = random_grid()
+    reduction = expected_reduction(c, covs)
+    before = grid_uncertainty(c, covs)
+    for j in (0, 7, 19):
+        measured = c.measured.copy()
+        measured[j] = True
+        after_cov = {"a100-80gb": updated_covariance(covs["a100-80gb"], c.weighted[j], float(c.discrepancy_var[j]))}
+        after = grid_uncertainty(candidates(c.weighted, measured=measured), after_cov)
+        assert reduction[j] == pytest.approx(before - after, rel=1e-9)
+
+
+def test_the_rank_one_update_is_the_posterior_with_one_more_record() -> None:
+    cov = np.diag([0.2, 0.4, 0.1, 1.0]) ** 2
+    v = np.array([0.5, 0.2, 0.0, 0.03])
+    noise = 0.04**2
+    direct = np.linalg.inv(np.linalg.inv(cov) + np.outer(v, v) / noise)
+    assert np.allclose(updated_covariance(cov, v, noise), direct)
+
+
+def test_a_measured_cell_teaches_nothing_more() -> None:
+    c, covs = random_grid()
+    c.measured[[3, 4]] = True
+    reduction = expected_reduction(c, covs)
+    assert reduction[3] == 0 and reduction[4] == 0 and (reduction[~c.measured] > 0).all()
+
+
+def test_of_two_cells_that_teach_the_same_the_cheaper_is_chosen() -> None:
+    weighted = np.array([[0.9, 0.1, 0.0, 0.01], [0.9, 0.1, 0.0, 0.01], [0.5, 0.5, 0.0, 0.01]])
+    c = candidates(weighted, cost=np.array([8 * 60.0, 60.0, 400.0]))
+    covs = {"a100-80gb": np.diag([0.1, 0.5, 0.5, 1.0]) ** 2}
+    assert choose_round(c, covs, 1) == [1]
+
+
+def test_a_round_does_not_ask_twice_the_same_question() -> None:
+    # Two identical cheap cells that pin compute, and one that alone pins communication: after the first of the
+    # twins the communication cell teaches more than the second twin.
+    weighted = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.2, 0.8, 0.0, 0.0]])
+    c = candidates(weighted, cost=np.array([1.0, 1.0, 1.5]))
+    c.discrepancy_var[:] = 0.01**2
+    covs = {"a100-80gb": np.diag([0.3, 0.6, 0.01, 0.01]) ** 2}
+    first, second = choose_round(c, covs, 2)
+    assert first in (0, 1) and second == 2
+
+
+def test_a_round_stays_within_the_budget_and_skips_blocked_cells() -> None:
+    c, covs = random_grid()
+    c.cost_gpu_s = np.linspace(10, 300, len(c.group))
+    c.blocked = np.zeros(len(c.group), dtype=bool)
+    c.blocked[:5] = True
+    chosen = choose_round(c, covs, 10, budget_gpu_s=200.0)
+    assert chosen and float(c.cost_gpu_s[chosen].sum()) <= 200.0
+    assert not set(chosen) & set(range(5))
+    assert choose_round(c, covs, 10, budget_gpu_s=5.0) == []
+
+
+def test_groups_share_nothing() -> None:
+    c, covs = random_grid(20)
+    c.group = np.array(["a100-80gb"] * 10 + ["l40s"] * 10)
+    covs["l40s"] = covs["a100-80gb"].copy()
+    base = expected_reduction(c, covs)
+    c.measured[10:] = True  # the whole other GPU type measured: a100 cells' reductions are as before
+    assert np.allclose(expected_reduction(c, covs)[:10], base[:10])
+
+
+def test_a_measurement_costs_its_gpus_times_start_up_and_timed_steps() -> None:
+    probe = ProbeSteps(warmup_steps=2, max_steps=8, time_budget_s=20.0)
+    cost = measurement_cost_gpu_s(np.array([1, 8, 2]), np.array([0.5, 0.5, np.nan]), probe, startup_s=30.0)
+    # 10 steps of 0.5 s; 8 GPUs cost 8 times as much; no step time: the whole budget.
+    assert cost.tolist() == [35.0, 280.0, 100.0]
