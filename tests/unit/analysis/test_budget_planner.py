@@ -170,3 +170,19 @@ def test_help_quotes_the_defaults_the_analysis_uses() -> None:
         "efficiency": DEFAULT_EFFICIENCY, "max_days": DEFAULT_MAX_DAYS, "overrun_pct": DEFAULT_OVERRUN_PCT,
         "max_gpus": MAX_GPUS,
     }  # fmt: skip
+
+
+def test_the_cheapest_configuration_needs_the_fewest_gpu_hours() -> None:
+    # 1e4 A100-hours: 8 or 16 GPUs spend the budget within 90 days; 128 GPUs were picked at 101% of it.
+    a100 = _gpu("a100-80gb")
+    budget = parse_budget(gpu_hours=1e4)
+    rows = optimal_for_budget(a100, budget, network_for(a100))
+    cheapest = next(r for r in rows if r["choice"] == "cheapest")
+    assert cheapest["budget_used_pct"] <= 100.0 + 1e-6
+    assert cheapest["days"] <= 90.0
+    # No count of GPUs that ends within 90 days trains the same tokens for fewer GPU-hours.
+    for n in (8, 16, 32, 64, 128):
+        (other,) = [r for r in optimal_for_budget(a100, parse_budget(num_gpus=n, days=1e4 / n / 24), network_for(a100))
+                    if r["choice"] == "cheapest"]  # fmt: skip
+        if other["model"] == cheapest["model"]:
+            assert cheapest["gpu_hours"] <= other["gpu_hours"] * (1 + 1e-9)
