@@ -43,7 +43,7 @@ def _version() -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``sweep`` and ``plan``: compose and judge the cells, predict them, then submit (or only show) them."""
-    from orchestrator import lifecycle, prediction
+    from orchestrator import lifecycle, prediction, preview
 
     overrides = list(args.overrides)
     if not overrides and not args.planning:
@@ -57,8 +57,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     if args.dry_run:
-        return lifecycle.preview(plan, ask_scheduler=not args.planning)
-    lifecycle.show_plan(plan, predictions=False)
+        return preview.preview(plan, ask_scheduler=not args.planning)
+    preview.show_plan(plan, predictions=False)
     if not plan.cells:
         raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)

@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import admission, cells, console, intents, launch, local, prediction, status
+from orchestrator import admission, cells, console, intents, launch, local, status
 from orchestrator.attempts import read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
@@ -101,41 +101,9 @@ def check(configs: Mapping[str, Config]) -> None:
         raise LifecycleError(str(e)) from e
 
 
-def show_plan(plan: Any, predictions: bool) -> None:
-    """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
-    c = console.make_console()
-    c.print(console.plan_summary(plan))
-    if predictions:
-        console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
-        c.print(console.plan_table(plan))
-        if (offered := prediction.layout_offers(plan)) is not None:
-            c.print(offered)
-
-
-def preview(plan: Any, ask_scheduler: bool) -> Exit:
-    """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
-
-    A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config
-    cannot request is bad input either way.
-    """
-    show_plan(plan, predictions=True)
-    configs = {c.cell_id: c.typed for c in plan.cells}
-    if ask_scheduler:
-        if not plan.cells:
-            raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
-        check(configs)
-        if script := launch.first_job_script(configs, SweepPaths(plan.sweep_dir).submitit_folder()):
-            console.out(script)
-        console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
-        return Exit.OK
-    try:
-        launch.check_gpu_types(configs)
-    except launch.SubmissionRefused as e:
-        raise LifecycleError(str(e)) from e
-    console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
-    if not plan.cells:
-        console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
-    return Exit.OK
+def in_sweep_already(paths: SweepPaths, cell_id: str) -> bool:
+    """A cell ``sweep`` submitted before (it has attempts): ``sweep`` leaves it to ``resume``."""
+    return paths.attempts(cell_id).is_file()
 
 
 def _submit(
@@ -225,7 +193,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
         intents.reconcile(paths, {c.cell_id: read_attempts(paths, c.cell_id) for c in plan.cells}, holding_lock=True)
         new: dict[str, Config] = {}
         for cell in plan.cells:
-            already = paths.attempts(cell.cell_id).is_file()
+            already = in_sweep_already(paths, cell.cell_id)
             launch.write_cell(paths, cell.cell_id, cell.typed)
             if not already:
                 new[cell.cell_id] = cell.typed

@@ -112,3 +112,19 @@ def test_plan_prints_every_cell_with_its_prediction_and_writes_nothing(tmp_path:
     assert "pythia-1b a100-80gb x8 zero0 bf16 mb=auto   yes   yes" in out
     assert "1 cell(s) would be submitted" in out
     assert not sweep_dir.exists()
+
+
+def test_plan_on_a_sweep_folder_does_not_count_cells_already_in_it(tmp_path: Path, capsys) -> None:
+    # `plan --dir` said "4 would be submitted" where 3 were: a cell already submitted is left to `resume`.
+    from orchestrator import sweep
+    from orchestrator.paths import SweepPaths
+
+    argv = ["gpu=a100-80gb", "model=pythia-160m,pythia-410m", "num_gpus=8"]
+    cells = sweep.plan(argv, sweep_dir=tmp_path / "s").cells
+    assert len(cells) == 2
+    attempts = SweepPaths(tmp_path / "s").attempts(cells[0].cell_id)
+    attempts.parent.mkdir(parents=True)
+    attempts.write_text('{"attempt": 1, "backend": "slurm", "job_id": "7_0"}\n')
+    assert cli.main(["plan", *argv, "--dir", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 1 cell(s) would be submitted (1 already in" in out
