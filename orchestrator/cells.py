@@ -209,8 +209,11 @@ def typed_cell(container: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
     return typed, [str(r) for r in check_values(typed)]
 
 
-def check_runnable(cell: Config) -> list[Refusal]:
-    """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first."""
+def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
+    """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first.
+
+    Not ``submitting`` (``gpudays plan``): what only a submission needs of the cluster config (one node on
+    ``cluster=local``) is not asked, since a plan costs the cell and runs nothing."""
     m, gpu, model, cluster = cell.method, cell.gpu, cell.model, cell.cluster
     num_gpus, num_nodes = cell.num_gpus, cell.num_nodes
     out: list[Refusal] = []
@@ -229,15 +232,21 @@ def check_runnable(cell: Config) -> list[Refusal]:
     if num_gpus % num_nodes:
         out.append(Refusal("num_gpus", f"{num_gpus} GPUs cannot be split evenly over {num_nodes} nodes"))
     elif num_gpus // num_nodes > cluster.gpus_per_node:
+        nodes = -(-num_gpus // cluster.gpus_per_node)
+        # On this machine more nodes are refused too: say at once what runs (one try, not two).
+        use = (
+            f"num_gpus={cluster.gpus_per_node} or fewer, or cluster=slurm num_nodes={nodes}"
+            if submitting and cluster.backend == "local"
+            else f"num_nodes={nodes} or more"
+        )
         out.append(
             Refusal(
                 "num_gpus",
                 f"{num_gpus // num_nodes} GPUs per node, but a node of this cluster has "
-                f"{cluster.gpus_per_node} (cluster.gpus_per_node); use num_nodes="
-                f"{-(-num_gpus // cluster.gpus_per_node)} or more",
+                f"{cluster.gpus_per_node} (cluster.gpus_per_node); use {use}",
             )
         )
-    if cluster.backend == "local" and num_nodes > 1:
+    if submitting and cluster.backend == "local" and num_nodes > 1:
         out.append(Refusal("num_nodes", "cluster=local runs on this machine only; use num_nodes=1 or cluster=slurm"))
 
     out.extend(_check_time_limit(cell))

@@ -54,7 +54,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise LifecycleError(f"--margin {args.margin}: give the share of GPU memory kept free, from 0 up to below 1")
     if args.cfg:
         return _print_config(overrides, search_dirs, args.cfg, args.resolve)
-    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
+    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     if args.dry_run:
         return preview.preview(plan, ask_scheduler=not args.planning)

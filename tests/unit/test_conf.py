@@ -128,3 +128,17 @@ def test_plan_on_a_sweep_folder_does_not_count_cells_already_in_it(tmp_path: Pat
     assert cli.main(["plan", *argv, "--dir", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "plan: 1 cell(s) would be submitted (1 already in" in out
+
+
+def test_plan_costs_gpus_past_one_node_on_any_cluster_in_one_try(capsys) -> None:
+    # `plan num_gpus=64` said "use num_nodes=8"; doing so said "cluster=local runs on this machine only".
+    argv = ["model=pythia-1b", "gpu=a100-80gb", "num_gpus=64"]
+    outs = []
+    for extra in ([], ["num_nodes=8"]):
+        assert cli.main(["plan", *argv, *extra]) == 0
+        outs.append(capsys.readouterr().out)
+        assert "pythia-1b a100-80gb x64 on 8 nodes" in outs[-1] and "plan: 1 cell(s) would be submitted" in outs[-1]
+    assert "costed on 8 nodes of 8 GPUs (cluster.gpus_per_node); a sweep needs num_nodes=8" in outs[0]
+    # A sweep on this machine still refuses, and names in one message what would run.
+    (skipped,) = plan(argv).skipped
+    assert "use num_gpus=8 or fewer, or cluster=slurm num_nodes=8" in str(skipped.refusals[0])
