@@ -219,12 +219,22 @@ def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
     out: list[Refusal] = []
     on_cuda = gpu.accelerator == "cuda"
 
-    if m.precision == "bf16" and not gpu.supports_bf16:
+    no_bf16 = m.precision == "bf16" and not gpu.supports_bf16
+    no_tf32 = m.tf32 and on_cuda and not gpu.supports_tf32
+    if no_bf16 and no_tf32:  # the defaults on a V100: one message with both changes, not one try for each
+        out.append(
+            Refusal(
+                "method.precision",
+                f"{gpu.name} has neither bf16 nor TF32 (Ampere or newer); use method.precision=fp16 "
+                "method.tf32=false (or method.precision=fp32 method.tf32=false)",
+            )
+        )
+    elif no_bf16:
         out.append(Refusal("method.precision", f"{gpu.name} has no bf16; use method.precision=fp16 or fp32"))
+    elif no_tf32:
+        out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.precision == "fp16" and not on_cuda:
         out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
-    if m.tf32 and on_cuda and not gpu.supports_tf32:
-        out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
     out.extend(check_engine_options(cell))

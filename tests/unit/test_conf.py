@@ -93,7 +93,7 @@ def test_a_sweep_of_only_impossible_cells_is_an_error(tmp_path: Path, capsys: py
     code = cli.main(["sweep", "gpu=v100-32gb", "model=pythia-70m", "--dir", str(tmp_path / "s")])
     out = capsys.readouterr()
     assert code == cli.EXIT_BAD_INPUT
-    assert "v100-32gb has no bf16" in out.out and "nothing was submitted" in out.err
+    assert "v100-32gb has neither bf16 nor TF32" in out.out and "nothing was submitted" in out.err
     assert not (tmp_path / "s").exists()
 
 
