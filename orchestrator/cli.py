@@ -55,6 +55,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.cfg:
         return _print_config(overrides, search_dirs, args.cfg, args.resolve)
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
+    if not args.dry_run:  # what this machine cannot take, said before seconds of predicting (the scheduler later)
+        lifecycle.check({c.cell_id: c.typed for c in plan.cells if c.typed.cluster.backend == "local"})
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     if args.dry_run:
         return preview.preview(plan, ask_scheduler=not args.planning)

@@ -60,17 +60,37 @@ def check_local_gpus(configs: Mapping[str, Config], device_count: Callable[[], i
     if not wanted:
         return
     if device_count is None:
-        import torch
-
-        device_count = torch.cuda.device_count
+        device_count = cuda_device_count
     have = device_count()
     short = {cid: n for cid, n in wanted.items() if n > have}
     if short:
         names = ", ".join(f"{cid} ({cells.label(configs[cid])})" for cid in list(short)[:5])
+        if have == 0:  # num_gpus=0 is no value: a cell has one GPU at least
+            raise SubmissionRefused(
+                f"{len(short)} local cell(s) need a GPU, and this machine shows none to CUDA: {names}; on this "
+                "machine use gpu=cpu, or submit them with cluster=slurm"
+            )
         raise SubmissionRefused(
             f"{len(short)} local cell(s) ask for more GPUs than this machine shows ({have} visible to CUDA): "
-            f"{names}; on this machine use gpu=cpu or num_gpus={have} or less, or submit them with cluster=slurm"
+            f"{names}; on this machine use num_gpus={have} or less, or gpu=cpu, or submit them with cluster=slurm"
         )
+
+
+NVIDIA_DEVICES = "/dev/nvidia[0-9]*"
+"""The device files NVIDIA's driver makes, one a GPU: none means no GPU for CUDA to show."""
+
+
+def cuda_device_count(environ: Mapping[str, str] | None = None, devices_glob: str = NVIDIA_DEVICES) -> int:
+    """How many CUDA devices this process sees; 0 at once, without importing torch (seconds), where the machine
+    has no NVIDIA device file or ``CUDA_VISIBLE_DEVICES`` hides every device."""
+    import glob
+
+    env = os.environ if environ is None else environ
+    if env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not glob.glob(devices_glob):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
