@@ -17,7 +17,12 @@ def show_plan(plan: Any, predictions: bool) -> None:
     for line in getattr(plan, "notes", ()):
         console.out(line)
     if predictions:
-        console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
+        from analysis.predict import PREDICTOR
+
+        console.out(
+            f"predicted by the {PREDICTOR}, with 90% intervals (wide where 'uncalibrated': no record of that GPU "
+            "type yet); `gpudays budget` and `shortest` use the layout model, so their GPU-hours differ:"
+        )
         c.print(console.plan_table(plan))
         if (offered := prediction.layout_offers(plan)) is not None:
             c.print(offered)

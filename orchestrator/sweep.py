@@ -376,14 +376,22 @@ def refuse_unfit(p: Plan, margin: float) -> None:
     for cell in p.cells:
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
-            usable = cell.typed.gpu.memory_gib * (1 - margin)
+            micro = cell.prediction.get("predicted_micro_batch_size")
+            # The probe's own limit where the cell sets one, as the predictor judged it (and as the probe will).
+            limit = cell.typed.probe.memory_limit_gib
+            usable = (
+                f"{limit:.3g} GiB usable (probe.memory_limit_gib)"
+                if limit
+                else f"{cell.typed.gpu.memory_gib * (1 - margin):.1f} GiB usable ({margin:.0%} margin)"
+            )
+            fixed = cell.typed.method.micro_batch_size
+            smaller = "method.micro_batch_size=auto (a smaller micro-batch), " if str(fixed) not in ("auto", "1") else ""
             shard = engine_spec(cell.typed.method.engine).not_fit_advice
             cell.refusals.append(
                 Refusal(
                     "prediction",
-                    f"predicted not to fit: about {peak:.1f} GiB per GPU at micro-batch 1, {usable:.1f} GiB usable "
-                    f"({margin:.0%} margin); try more GPUs, {shard} or activation checkpointing, "
-                    "or run it anyway (--run-unfit)",
+                    f"predicted not to fit: about {peak:.3g} GiB per GPU at micro-batch {micro:.0f}, {usable}; "
+                    f"try {smaller}more GPUs, {shard} or activation checkpointing, or run it anyway (--run-unfit)",
                 )
             )
             p.skipped.append(cell)
