@@ -385,7 +385,9 @@ def refuse_unfit(p: Plan, margin: float) -> None:
                 else f"{cell.typed.gpu.memory_gib * (1 - margin):.1f} GiB usable ({margin:.0%} margin)"
             )
             fixed = cell.typed.method.micro_batch_size
-            smaller = "method.micro_batch_size=auto (a smaller micro-batch), " if str(fixed) not in ("auto", "1") else ""
+            smaller = (
+                "method.micro_batch_size=auto (a smaller micro-batch), " if str(fixed) not in ("auto", "1") else ""
+            )
             shard = engine_spec(cell.typed.method.engine).not_fit_advice
             cell.refusals.append(
                 Refusal(

@@ -142,3 +142,18 @@ def test_plan_costs_gpus_past_one_node_on_any_cluster_in_one_try(capsys) -> None
     # A sweep on this machine still refuses, and names in one message what would run.
     (skipped,) = plan(argv).skipped
     assert "use num_gpus=8 or fewer, or cluster=slurm num_nodes=8" in str(skipped.refusals[0])
+
+
+def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches() -> None:
+    # mb=16 was refused as "about 0.0 GiB per GPU at micro-batch 1, 3.6 GiB usable (10% margin)": neither the
+    # micro-batch nor the memory the probe is held to (probe.memory_limit_gib), which the auto cell was judged by.
+    from orchestrator import prediction
+
+    p = plan(["method.micro_batch_size=auto,16", "probe.memory_limit_gib=0.01"])
+    prediction.predict(p)
+    (fixed,) = p.skipped
+    (auto,) = p.cells
+    said = str(fixed.refusals[0])
+    assert "at micro-batch 16, 0.01 GiB usable (probe.memory_limit_gib)" in said, said
+    assert "method.micro_batch_size=auto" in said
+    assert auto.prediction["predicted_peak_memory_gib"] <= 0.01 < fixed.prediction["predicted_peak_memory_gib"]
