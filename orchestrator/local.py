@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -155,7 +157,8 @@ def submit_local(
         write_intents(paths, [intent])
         if before_start is not None:
             before_start(cid)
-        job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
+        with _stderr_to(paths.jobs_dir / "controllers.log"):
+            job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
         faults.point("local-started")
         sub = replace(intent, job_id=str(job.job_id), started=_start_time(int(job.job_id)))
         append_attempt(paths, sub)
@@ -178,6 +181,23 @@ def submit_local(
         if on_done is not None:
             on_done(cid)
     return out
+
+
+@contextmanager
+def _stderr_to(log: Path) -> Iterator[None]:
+    """Standard error of what starts in here goes to ``log``: submitit's job controller, a process of its own that
+    shares this terminal, would otherwise print its KeyboardInterrupt traceback under gpudays' own line on
+    Ctrl-C. The job's ranks write to their own logs whatever this is."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _start_time(pid: int) -> float | None:
