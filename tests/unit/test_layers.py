@@ -79,6 +79,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.console": COMMAND,
     "orchestrator.budget_cli": COMMAND,
     "orchestrator.prediction": COMMAND,
+    "orchestrator.preview": COMMAND,
 }
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {
