@@ -48,10 +48,36 @@ def run(
         raise SlurmUnavailable(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
 
 
+NO_CONFIG_MARKERS = ("resolve_ctls_from_dns_srv", "Could not establish a configuration source", "fetch_config")
+"""What SLURM's commands print when they find no slurm.conf (SLURM_CONF unset, none in /etc/slurm): seven lines
+of DNS lookups that say nothing of the cause."""
+CONTROLLER_DOWN_MARKERS = ("Unable to contact slurm controller", "Connection refused", "connect failure")
+"""What they print when slurm.conf names a controller that does not answer."""
+
+
+def explain_failure(cmd: str, returncode: int, stderr: str) -> str:
+    """One line for a SLURM command that failed: SLURM's own words, or, where it found no configuration, what to do."""
+    if any(marker in stderr for marker in NO_CONFIG_MARKERS):
+        return (
+            f"`{cmd}` finds no SLURM configuration (SLURM_CONF is not set, and this machine has no "
+            "/etc/slurm/slurm.conf): for the local cluster run `eval $(gpudays cluster env)` first; for another "
+            "cluster, run gpudays where its commands work (a login node) or set SLURM_CONF"
+        )
+    said = " ".join(line.strip() for line in stderr.splitlines() if line.strip())
+    return f"`{cmd}` failed ({returncode}): {said[:300]}"
+
+
+def controller_down(message: str) -> bool:
+    """Whether a SLURM command's failure says the controller could not be reached (or found at all)."""
+    return any(
+        marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "finds no SLURM configuration", "did not answer")
+    )
+
+
 def _checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
     result = run(cmd, timeout_s=timeout_s)
     if result.returncode != 0 and not any(e in result.stderr for e in ok_errors):
-        raise SlurmUnavailable(f"`{cmd[0]}` failed ({result.returncode}): {result.stderr.strip()[:300]}")
+        raise SlurmUnavailable(explain_failure(cmd[0], result.returncode, result.stderr))
     return result.stdout
 
 
@@ -318,6 +344,17 @@ def limit_end(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
         return None
 
 
+def was_cancelled(job_id: str, timeout_s: float = 5) -> bool:
+    """Whether the controller says this job was cancelled (``scancel`` sets JobState=CANCELLED before its
+    SIGTERM reaches the job); False when it says otherwise or cannot be asked."""
+    try:
+        out = run(["scontrol", "show", "job", "-o", job_id], timeout_s=timeout_s).stdout
+    except SlurmUnavailable:
+        return False
+    found = re.search(r"\bJobState=(\S+)", out)
+    return found is not None and normalize_slurm_state(found.group(1)) == "CANCELLED"
+
+
 # ---- acting on jobs -------------------------------------------------------------------------------------------
 
 
@@ -408,4 +445,7 @@ def sbatch_test_only(script: str) -> str | None:
     result = run(["sbatch", "--test-only"], stdin=script)
     if result.returncode == 0:
         return None
+    said = explain_failure("sbatch", result.returncode, result.stderr)
+    if controller_down(said):
+        raise SlurmUnavailable(said)  # not the cells' fault: the scheduler could not be asked
     return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip()) or f"exit {result.returncode}"
