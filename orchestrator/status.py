@@ -268,6 +268,8 @@ def _from_scheduler(
         held = held_action(job.reason)
         base = replace(base, held=held)
         reasons.append(f"held ({job.reason}): {_held_advice(held, jid)}")
+    elif state is State.PENDING and job.reason:
+        reasons.append(f"waiting: {job.reason}")  # squeue's reason: Resources, Priority, JobArrayTaskLimit...
     elif state not in ACTIVE:
         reasons.append(
             f"SLURM state {job.raw_state or job.state}" + (f", exit code {job.exit_code}" if job.exit_code else "")

@@ -87,7 +87,8 @@ def test_probe_failure_statuses_are_failed_with_the_status_in_the_reason() -> No
 
 def test_a_requeued_job_names_its_earlier_runs() -> None:
     state = classify(submission(), acct=sacct("40_3|43|NODE_FAIL|0:0|None", "40_3|43|PENDING|0:0|BeginTime"))
-    assert state.state == "pending" and state.reason == "requeued: earlier run(s) of this job ended NODE_FAIL"
+    assert state.state == "pending"
+    assert state.reason == "waiting: BeginTime; requeued: earlier run(s) of this job ended NODE_FAIL"
     assert state.history == ("NODE_FAIL",)
 
 
@@ -140,6 +141,16 @@ def test_a_held_job_is_held_with_what_resume_does(reason: str, action: HeldActio
     assert held.state == "held" and held.held is action and reason in (held.reason or "")
     assert classify(submission(job_id="36_1"), acct=acct).state == "pending"
     assert status.needs_rerun(held.state) and status.is_done([held])
+
+
+@pytest.mark.parametrize("reason", ["Resources", "Priority", "JobArrayTaskLimit"])
+def test_a_pending_job_says_why_it_waits_as_squeue_does(reason: str) -> None:
+    # status and show left the reason blank while squeue said (Resources) or (Priority).
+    acct = sacct("36_[1-2]|36|PENDING|0:0|None")
+    acct.merge(slurm.parse_squeue(f"36_1|PENDING|{reason}\n36_2|PENDING|None\n"), prefer_other=True)
+    waiting = classify(submission(job_id="36_1"), acct=acct)
+    assert waiting.state == "pending" and waiting.reason == f"waiting: {reason}"
+    assert classify(submission(job_id="36_2"), acct=acct).reason is None
 
 
 def test_a_damaged_record_is_corrupt_unless_the_latest_attempt_is_still_queued_or_running() -> None:
