@@ -97,8 +97,14 @@ def check(configs: Mapping[str, Config]) -> None:
             local.local_parameters(launch.resources(cfg))
         local.check_local_gpus(here)
         admission.check_slurm(slurm)
+    except launch.SchedulerUnreachable as e:
+        raise LifecycleError(f"the scheduler could not be asked; nothing was submitted: {e}", Exit.SCHEDULER) from e
     except launch.SubmissionRefused as e:
         raise LifecycleError(str(e)) from e
+
+
+def _say_waiting(paths: SweepPaths, holder: str) -> None:
+    console.note(f"{paths.root} is being submitted into by another gpudays command ({holder}); waiting for it")
 
 
 def in_sweep_already(paths: SweepPaths, cell_id: str) -> bool:
@@ -167,7 +173,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
     paths = SweepPaths(plan.sweep_dir)
     check({c.cell_id: c.typed for c in plan.cells})
-    with intents.sweep_lock(paths):
+    with intents.sweep_lock(paths, on_wait=lambda who: _say_waiting(paths, who)):
         append_jsonl(
             paths.sweep_log,
             {
@@ -215,7 +221,7 @@ def resume(
     interval_s: float = 5.0,
 ) -> Exit:
     """``gpudays resume``: resubmit the cells that need it (not ok, not does_not_fit, not pending or running)."""
-    with intents.sweep_lock(paths):
+    with intents.sweep_lock(paths, on_wait=lambda who: _say_waiting(paths, who)):
         # States are read inside the lock: cells a concurrent resume has just resubmitted are pending by now.
         try:
             states = status.cell_states(paths, holding_lock=True)
@@ -228,6 +234,8 @@ def resume(
         todo, held_said = status.settle_held(todo)
         for line in held_said:
             console.out(f"  {line}")
+        if held_said:  # a released cell is pending now: what follows (and --wait) waits for it
+            states = status.cell_states(paths, holding_lock=True)
         if not todo:
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
             if wait and not status.is_done(states):

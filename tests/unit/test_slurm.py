@@ -100,3 +100,35 @@ def test_a_missing_command_is_unavailable_with_the_reason(monkeypatch: pytest.Mo
         slurm.sacct([JobId(1, 2)])
     assert slurm.max_array_size() is None
     assert slurm.sacctmgr_names(["show", "qos"]) is None
+
+
+NO_CONFIG = """sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host
+sinfo: error: fetch_config: DNS SRV lookup failed
+sinfo: error: _establish_config_source: failed to fetch config
+sinfo: fatal: Could not establish a configuration source
+"""
+
+
+def test_slurm_without_a_configuration_is_one_line_naming_cluster_env() -> None:
+    # Forgetting `eval $(gpudays cluster env)` gave seven lines of resolve_ctls_from_dns_srv errors and no hint.
+    said = slurm.explain_failure("sinfo", 1, NO_CONFIG)
+    assert "eval $(gpudays cluster env)" in said and "resolve_ctls" not in said and "\n" not in said
+    assert slurm.controller_down(said)
+    down = slurm.explain_failure(
+        "sinfo", 1, "slurm_load_partitions: Unable to contact slurm controller (connect failure)\n"
+    )
+    assert slurm.controller_down(down) and "Unable to contact slurm controller" in down
+    assert not slurm.controller_down(slurm.explain_failure("sbatch", 1, "sbatch: error: invalid partition specified"))
+
+
+def test_a_sweep_the_scheduler_cannot_be_asked_about_exits_as_the_readme_says(monkeypatch, make_typed) -> None:
+    # A sweep while the controller is down exited 2 (bad input); the README gives it 3 (the scheduler).
+    from orchestrator import lifecycle
+
+    def down() -> list[str]:
+        raise slurm.SlurmUnavailable(slurm.explain_failure("sinfo", 1, "Unable to contact slurm controller\n"))
+
+    monkeypatch.setattr(slurm, "partitions", down)
+    with pytest.raises(lifecycle.LifecycleError) as info:
+        lifecycle.check({"c1": make_typed("cluster=slurm", "gpu=cpu", "model=pythia-tiny")})
+    assert info.value.code == lifecycle.Exit.SCHEDULER and "could not be asked" in str(info.value)
