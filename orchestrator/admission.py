@@ -20,6 +20,7 @@ from orchestrator.launch import (
     submission_environment,
 )
 from orchestrator.schema import Config
+from orchestrator.slurm_errors import controller_down
 
 
 def scheduler_max_array_size() -> int | None:
@@ -37,7 +38,7 @@ def _partitions() -> list[str]:
 def _unavailable(e: slurm.SlurmUnavailable) -> SubmissionRefused:
     """A controller that does not answer (or that SLURM cannot find) is the scheduler's; SLURM's commands missing
     here, or one that refused, is this setup's (bad input)."""
-    return SchedulerUnreachable(str(e)) if slurm.controller_down(str(e)) else SubmissionRefused(str(e))
+    return SchedulerUnreachable(str(e)) if controller_down(str(e)) else SubmissionRefused(str(e))
 
 
 def _user() -> str:

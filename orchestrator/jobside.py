@@ -335,6 +335,8 @@ class CellJob(submitit.helpers.Checkpointable):
         max_timeouts = typed.cluster.max_requeue_on_timeout
         fallback_end = time.time() + limit_s  # the job started a moment before this process
         job_id = os.environ.get("SLURM_JOB_ID")
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        task_id = f"{array}_{task}" if array and task else None  # sacct's -j names a task so, not by its raw id
 
         def requeue_now(why: str, signum: int, frame: FrameType | None) -> None:
             global _requeuing
@@ -384,7 +386,7 @@ class CellJob(submitit.helpers.Checkpointable):
             # One scontrol call first: SLURM kills the job KillWait after this signal (30 s by default, 2 s on the
             # local cluster), and the record must be written before.
             global _time_limit_signal
-            cancelled = _time_limit_signal is None and job_id is not None and slurm.was_cancelled(job_id)
+            cancelled = _time_limit_signal is None and job_id is not None and slurm.was_cancelled(task_id or job_id)
             if cancelled:
                 _time_limit_signal = TimeSignal("SIGTERM", time.time(), cancelled=True)
             elif _time_limit_signal is None and seconds_to_limit(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:

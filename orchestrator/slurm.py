@@ -18,9 +18,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.slurm_errors import controller_down, explain_failure
 from orchestrator.states import normalize_slurm_state
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -46,32 +48,6 @@ def run(
         ) from e
     except subprocess.TimeoutExpired as e:
         raise SlurmUnavailable(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
-
-
-NO_CONFIG_MARKERS = ("resolve_ctls_from_dns_srv", "Could not establish a configuration source", "fetch_config")
-"""What SLURM's commands print when they find no slurm.conf (SLURM_CONF unset, none in /etc/slurm): seven lines
-of DNS lookups that say nothing of the cause."""
-CONTROLLER_DOWN_MARKERS = ("Unable to contact slurm controller", "Connection refused", "connect failure")
-"""What they print when slurm.conf names a controller that does not answer."""
-
-
-def explain_failure(cmd: str, returncode: int, stderr: str) -> str:
-    """One line for a SLURM command that failed: SLURM's own words, or, where it found no configuration, what to do."""
-    if any(marker in stderr for marker in NO_CONFIG_MARKERS):
-        return (
-            f"`{cmd}` finds no SLURM configuration (SLURM_CONF is not set, and this machine has no "
-            "/etc/slurm/slurm.conf): for the local cluster run `eval $(gpudays cluster env)` first; for another "
-            "cluster, run gpudays where its commands work (a login node) or set SLURM_CONF"
-        )
-    said = " ".join(line.strip() for line in stderr.splitlines() if line.strip())
-    return f"`{cmd}` failed ({returncode}): {said[:300]}"
-
-
-def controller_down(message: str) -> bool:
-    """Whether a SLURM command's failure says the controller could not be reached (or found at all)."""
-    return any(
-        marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "finds no SLURM configuration", "did not answer")
-    )
 
 
 def _checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
@@ -344,15 +320,32 @@ def limit_end(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
         return None
 
 
-def was_cancelled(job_id: str, timeout_s: float = 5) -> bool:
-    """Whether the controller says this job was cancelled (``scancel`` sets JobState=CANCELLED before its
-    SIGTERM reaches the job); False when it says otherwise or cannot be asked."""
+def was_cancelled(job_id: str, timeout_s: float = 5, tries: int = 3, pause_s: float = 0.2) -> bool:
+    """Whether the scheduler says this job was cancelled (``scancel``), asked when its SIGTERM comes.
+
+    ``scancel`` sets the job CANCELLED before SLURM signals it, but ``scontrol`` shows a job being killed as
+    COMPLETING (a flag over its state), whatever ended it; accounting (``sacct``) names the state under the flag,
+    once slurmctld has sent it (a moment later: asked ``tries`` times). False when neither says CANCELLED, or when
+    they cannot be asked."""
     try:
-        out = run(["scontrol", "show", "job", "-o", job_id], timeout_s=timeout_s).stdout
+        shown = run(["scontrol", "show", "job", "-o", job_id], timeout_s=timeout_s).stdout
     except SlurmUnavailable:
         return False
-    found = re.search(r"\bJobState=(\S+)", out)
-    return found is not None and normalize_slurm_state(found.group(1)) == "CANCELLED"
+    found = re.search(r"\bJobState=(\S+)", shown)
+    state = normalize_slurm_state(found.group(1)) if found else ""
+    if state != "COMPLETING":
+        return state == "CANCELLED"
+    for attempt in range(tries):
+        try:
+            out = run(["sacct", "-n", "-P", "-X", "-o", "State", "-j", job_id], timeout_s=timeout_s).stdout
+        except SlurmUnavailable:
+            return False
+        states = [normalize_slurm_state(line) for line in out.splitlines() if line.strip()]
+        if states and states[-1] not in ("RUNNING", "PENDING", "REQUEUED"):
+            return states[-1] == "CANCELLED"
+        if attempt + 1 < tries:
+            time.sleep(pause_s)
+    return False
 
 
 # ---- acting on jobs -------------------------------------------------------------------------------------------

@@ -55,6 +55,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.attempts": CORE,
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
+    "orchestrator.slurm_errors": CORE,
     "orchestrator.sweep": RUNTIME,
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,
