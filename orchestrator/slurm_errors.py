@@ -16,7 +16,7 @@ def explain_failure(cmd: str, returncode: int, stderr: str) -> str:
     """One line for a SLURM command that failed: SLURM's own words, or, where it found no configuration, what to do."""
     if any(marker in stderr for marker in NO_CONFIG_MARKERS):
         return (
-            f"`{cmd}` finds no SLURM configuration (SLURM_CONF is not set, and this machine has no "
+            "SLURM's commands find no configuration (SLURM_CONF is not set, and this machine has no "
             "/etc/slurm/slurm.conf): for the local cluster run `eval $(gpudays cluster env)` first; for another "
             "cluster, run gpudays where its commands work (a login node) or set SLURM_CONF"
         )
@@ -27,5 +27,5 @@ def explain_failure(cmd: str, returncode: int, stderr: str) -> str:
 def controller_down(message: str) -> bool:
     """Whether a SLURM command's failure says the controller could not be reached (or found at all)."""
     return any(
-        marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "finds no SLURM configuration", "did not answer")
+        marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "find no configuration", "did not answer")
     )

@@ -104,7 +104,7 @@ def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]
             live = slurm.squeue(unsure)
         except slurm.SlurmUnavailable as e:
             if note is not None:
-                raise SchedulerUnavailable(f"{note}; {e}") from e
+                raise SchedulerUnavailable(note if str(e) == note else f"{note}; {e}") from e
         else:
             # squeue lists every queued job; one accounting still calls pending but squeue does not list was
             # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
