@@ -78,6 +78,17 @@ def test_a_record_of_an_older_attempt_never_masks_the_new_attempts_job() -> None
     assert classify(submission(attempt=2), old, acct=sacct("40_3|43|TIMEOUT|0:0|None")).state == "timeout"
 
 
+@pytest.mark.parametrize("written", ["timeout", "failed", "compile_error"])
+def test_a_failure_or_timeout_the_scheduler_says_was_a_cancel_is_cancelled(written: str) -> None:
+    # scancel's SIGTERM killed a compiler; the probe wrote timeout (then failed) before it could ask the scheduler.
+    rec = record(written, reason="ninja died with <Signals.SIGTERM: 15>")
+    state = classify(submission(), rec=rec, acct=sacct("40_3|43|CANCELLED by 0|0:0|None"))
+    assert state.state == "cancelled" and state.reason is not None
+    assert state.reason.startswith("the scheduler cancelled job 40_3 (sacct: CANCELLED by 0); the record said")
+    assert classify(submission(), rec=rec, acct=sacct("40_3|43|TIMEOUT|0:0|None")).state != "cancelled"
+    assert classify(submission(), rec=record("ok"), acct=sacct("40_3|43|CANCELLED by 0|0:0|None")).state == "ok"
+
+
 def test_probe_failure_statuses_are_failed_with_the_status_in_the_reason() -> None:
     state = classify(submission(), record("comm_error", reason="rank 1 gone"))
     assert state.state == "failed" and state.reason == "comm_error: rank 1 gone"
