@@ -288,8 +288,9 @@ def optimal_for_budget(
     """Part (b): the compute-optimal model for the budget on ``gpu``, and its cheapest and fastest configurations.
 
     C is sized with the best model-FLOPs utilisation found (a first pass at ``efficiency``), so the cheapest
-    configuration that ends within ``max_days`` spends about the whole budget; the fastest is the quickest that spends at most ``overrun_pct``
-    percent more (``budget_used_pct`` says how much each uses).
+    configuration (the fewest GPU-hours among those that end within ``max_days``) spends about the whole budget and
+    never more than the best it can; the fastest is the quickest that spends at most ``overrun_pct`` percent more
+    (``budget_used_pct`` says how much each uses).
     """
     base: Row = {"gpu": gpu.name, "source": "predicted"}
     grant = allowance(budget, gpu, network.gpus_per_node)
@@ -332,14 +333,14 @@ def optimal_for_budget(
         where = note or f"; no layout of {model.name} fits up to {max_gpus} GPUs"
         return [{**common, "reason": grant.reason + where}]
 
-    # The cheapest ends within max_days where any configuration can; among those within 1% of the fewest
-    # GPU-hours, the one with the most GPUs: as cheap, and sooner.
+    # The cheapest ends within max_days where any configuration can, and needs the fewest GPU-hours of those;
+    # of two that need the same GPU-hours (to rounding), the one with more GPUs, which ends sooner. A
+    # configuration that costs even 1% more is not the cheapest: it is a faster one.
     def days(e: LayoutEstimate) -> float:
         return run_tokens / e.tokens_per_s_per_gpu / e.layout.num_gpus / 86_400.0
 
     timely = [e for e in curve if days(e) <= max_days] or curve
-    best_rate = max(e.tokens_per_s_per_gpu for e in timely)
-    cheapest = max((e for e in timely if e.tokens_per_s_per_gpu >= best_rate / 1.01), key=lambda e: e.layout.num_gpus)
+    cheapest = max(timely, key=lambda e: (round(e.tokens_per_s_per_gpu, 6), e.layout.num_gpus))
     # The fastest spends more than the budget (its layouts are less efficient) by at most the allowed overrun.
     most_hours = hours * (1.0 + overrun_pct / 100.0)
     affordable = [e for e in curve if run_tokens / e.tokens_per_s_per_gpu / 3600.0 <= most_hours] or [cheapest]

@@ -39,6 +39,10 @@ from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activatio
 from orchestrator.models import flops_per_token, language_family, num_parameters
 from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
+PREDICTOR = "layout model (analysis/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+"""What ``budget`` and ``shortest`` predict with, named beside their figures: ``plan`` predicts a cell with another
+model (:data:`analysis.predict.PREDICTOR`), so the GPU-hours of the two differ for the same model and GPUs."""
+
 # DEFAULT_EFFICIENCY, the achieved share of the dense bf16 peak in the matrix products when nothing is measured,
 # is the predictor's uncalibrated figure (set by the H100 records); Megatron-LM reached 44-52% on A100s for
 # 18B-1T models (Narayanan et al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience 2022).

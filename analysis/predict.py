@@ -29,6 +29,13 @@ from analysis.uncertainty import Spread, bounds, prior_spread
 from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set, sharding_keys
 
+PREDICTOR = (
+    "step-time model (analysis/predict.py: the engine's memory and step-time terms of the cell, calibrated per GPU "
+    "type on records where there are any)"
+)
+"""What ``plan``, ``sweep`` and ``report`` predict with, named beside their figures (``budget`` and ``shortest``
+use :data:`analysis.parallelism.PREDICTOR`, whose GPU-hours differ)."""
+
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",
     "calibrate", "flat_cell", "plan", "predict_cell", "predict_frame", "prediction_detail",

@@ -11,8 +11,16 @@ import os
 from collections.abc import Mapping, Sequence
 
 from orchestrator import cells, slurm
-from orchestrator.launch import Resources, SubmissionRefused, group_by_resources, slurm_executor, submission_environment
+from orchestrator.launch import (
+    Resources,
+    SchedulerUnreachable,
+    SubmissionRefused,
+    group_by_resources,
+    slurm_executor,
+    submission_environment,
+)
 from orchestrator.schema import Config
+from orchestrator.slurm_errors import controller_down
 
 
 def scheduler_max_array_size() -> int | None:
@@ -24,7 +32,13 @@ def _partitions() -> list[str]:
     try:
         return slurm.partitions()
     except slurm.SlurmUnavailable as e:
-        raise SubmissionRefused(str(e)) from e
+        raise _unavailable(e) from e
+
+
+def _unavailable(e: slurm.SlurmUnavailable) -> SubmissionRefused:
+    """A controller that does not answer (or that SLURM cannot find) is the scheduler's; SLURM's commands missing
+    here, or one that refused, is this setup's (bad input)."""
+    return SchedulerUnreachable(str(e)) if controller_down(str(e)) else SubmissionRefused(str(e))
 
 
 def _user() -> str:
@@ -91,7 +105,7 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
             with submission_environment():
                 said = slurm.sbatch_test_only(script)
         except slurm.SlurmUnavailable as e:
-            raise SubmissionRefused(str(e)) from e
+            raise _unavailable(e) from e
         if said is not None:
             problems.append(f"{who}: the cluster refuses {describe_request(res)}: {said[:400]}")
     if problems:

@@ -215,6 +215,15 @@ def _machine(form: str, tables: dict[str, pd.DataFrame]) -> None:
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
 
 
+def _predictor_note() -> str:
+    from analysis.parallelism import PREDICTOR
+
+    return (
+        f"predicted rows: the {PREDICTOR}; `gpudays plan` predicts a cell with the step-time model "
+        "(analysis/predict.py, calibrated on records), so the two give different GPU-hours for the same GPUs"
+    )
+
+
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
     if out:
         path = Path(out) / name
@@ -242,7 +251,7 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
         parse_budget,
         tokens_for_budget,
     )
-    from analysis.parallelism import network_for
+    from analysis.parallelism import PREDICTOR, network_for
     from orchestrator.models import num_parameters
 
     max_days = DEFAULT_MAX_DAYS if args.max_days is None else args.max_days
@@ -256,7 +265,9 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
     for gpu in gpus:
         network = network_for(gpu, cluster)
         efficiency, source = _efficiency(args, records, gpu)
-        tags: Row = {"efficiency": efficiency, "efficiency_source": source, "network": network.source}
+        tags: Row = {
+            "efficiency": efficiency, "efficiency_source": source, "network": network.source, "predictor": PREDICTOR,
+        }  # fmt: skip
         for row in optimal_for_budget(gpu, budget, network, efficiency, overrun_pct=overrun_pct, max_days=max_days):
             optimal_rows.append({**row, **tags})
         for model in models:
@@ -269,6 +280,7 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
     else:
         _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
         _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
+        console.print(_predictor_note(), highlight=False)
     _write(models_frame, args.out, "budget_models.csv", console)
     _write(optimal_frame, args.out, "budget_optimal.csv", console)
     return 0
@@ -278,7 +290,7 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
     import pandas as pd
 
     from analysis.estimates import parse_token_budget, train_tokens
-    from analysis.parallelism import network_for
+    from analysis.parallelism import PREDICTOR, network_for
     from analysis.shortest import MAX_GPUS, shortest_training
     from orchestrator.models import num_parameters
 
@@ -315,11 +327,12 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
                     "train_steps": run.train_steps, "days": run.days, "gpu_hours": run.gpu_hours,
                     "cloud_cost_usd": run.gpu_hours * rate if run.gpu_hours and rate else None, "reason": run.reason,
                 })  # fmt: skip
-    frame = pd.DataFrame(rows)
+    frame = pd.DataFrame(rows).assign(predictor=PREDICTOR) if rows else pd.DataFrame(rows)
     if args.format != "table":
         _machine(args.format, {"shortest": frame})
     else:
         _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
+        console.print(_predictor_note(), highlight=False)
     _write(frame, args.out, "shortest.csv", console)
     return 0
 

@@ -209,19 +209,32 @@ def typed_cell(container: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
     return typed, [str(r) for r in check_values(typed)]
 
 
-def check_runnable(cell: Config) -> list[Refusal]:
-    """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first."""
+def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
+    """Reasons this well-formed cell cannot run; empty when it can. Call ``check_values`` first.
+
+    Not ``submitting`` (``gpudays plan``): what only a submission needs of the cluster config (one node on
+    ``cluster=local``) is not asked, since a plan costs the cell and runs nothing."""
     m, gpu, model, cluster = cell.method, cell.gpu, cell.model, cell.cluster
     num_gpus, num_nodes = cell.num_gpus, cell.num_nodes
     out: list[Refusal] = []
     on_cuda = gpu.accelerator == "cuda"
 
-    if m.precision == "bf16" and not gpu.supports_bf16:
+    no_bf16 = m.precision == "bf16" and not gpu.supports_bf16
+    no_tf32 = m.tf32 and on_cuda and not gpu.supports_tf32
+    if no_bf16 and no_tf32:  # the defaults on a V100: one message with both changes, not one try for each
+        out.append(
+            Refusal(
+                "method.precision",
+                f"{gpu.name} has neither bf16 nor TF32 (Ampere or newer); use method.precision=fp16 "
+                "method.tf32=false (or method.precision=fp32 method.tf32=false)",
+            )
+        )
+    elif no_bf16:
         out.append(Refusal("method.precision", f"{gpu.name} has no bf16; use method.precision=fp16 or fp32"))
+    elif no_tf32:
+        out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.precision == "fp16" and not on_cuda:
         out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
-    if m.tf32 and on_cuda and not gpu.supports_tf32:
-        out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
     out.extend(check_engine_options(cell))
@@ -229,15 +242,21 @@ def check_runnable(cell: Config) -> list[Refusal]:
     if num_gpus % num_nodes:
         out.append(Refusal("num_gpus", f"{num_gpus} GPUs cannot be split evenly over {num_nodes} nodes"))
     elif num_gpus // num_nodes > cluster.gpus_per_node:
+        nodes = -(-num_gpus // cluster.gpus_per_node)
+        # On this machine more nodes are refused too: say at once what runs (one try, not two).
+        use = (
+            f"num_gpus={cluster.gpus_per_node} or fewer, or cluster=slurm num_nodes={nodes}"
+            if submitting and cluster.backend == "local"
+            else f"num_nodes={nodes} or more"
+        )
         out.append(
             Refusal(
                 "num_gpus",
                 f"{num_gpus // num_nodes} GPUs per node, but a node of this cluster has "
-                f"{cluster.gpus_per_node} (cluster.gpus_per_node); use num_nodes="
-                f"{-(-num_gpus // cluster.gpus_per_node)} or more",
+                f"{cluster.gpus_per_node} (cluster.gpus_per_node); use {use}",
             )
         )
-    if cluster.backend == "local" and num_nodes > 1:
+    if submitting and cluster.backend == "local" and num_nodes > 1:
         out.append(Refusal("num_nodes", "cluster=local runs on this machine only; use num_nodes=1 or cluster=slurm"))
 
     out.extend(_check_time_limit(cell))

@@ -50,7 +50,7 @@ def _version() -> str:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """``sweep`` and ``plan``: compose and judge the cells, predict them, then submit (or only show) them."""
-    from orchestrator import lifecycle, prediction
+    from orchestrator import lifecycle, prediction, preview
 
     overrides = list(args.overrides)
     if not overrides and not args.planning:
@@ -67,7 +67,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if adaptive_flags and not getattr(args, "adaptive", False):
         named = ", ".join("--" + f.replace("_", "-") for f in adaptive_flags)
         raise LifecycleError(f"{named}: only with --adaptive (measure part of the grid, predict the rest)")
-    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None)
+    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
+    if not args.dry_run:  # what this machine cannot take, said before seconds of predicting (the scheduler later)
+        lifecycle.check({c.cell_id: c.typed for c in plan.cells if c.typed.cluster.backend == "local"})
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
     goal = None
     if getattr(args, "adaptive", False):
@@ -75,8 +77,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         goal = adaptive.goal_from_flags(args.target_pct, args.budget_gpu_hours, args.round_cells, len(plan.cells))
     if args.dry_run:
-        return lifecycle.preview(plan, ask_scheduler=not args.planning)
-    lifecycle.show_plan(plan, predictions=False)
+        return preview.preview(plan, ask_scheduler=not args.planning)
+    preview.show_plan(plan, predictions=False)
     if not plan.cells:
         raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
     if goal is not None:

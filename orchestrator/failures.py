@@ -181,12 +181,14 @@ class CellFailed(Exception):
 
 @dataclass(frozen=True)
 class TimeSignal:
-    """SLURM's time-limit warning, or its SIGTERM at the limit, as it reached the job."""
+    """SLURM's time-limit warning, its SIGTERM at the limit, or the SIGTERM of a cancel, as it reached the job."""
 
     name: str
     """``SIGUSR2`` (the warning) or ``SIGTERM``."""
     at: float
     """When, as ``time.time()``."""
+    cancelled: bool = False
+    """The SIGTERM of ``scancel``: the scheduler said the job was cancelled when it came (not the time limit)."""
 
 
 UNFIXABLE_ERRORS = (
@@ -213,6 +215,7 @@ def decide_status(happened: Happened, time_signal: TimeSignal | None = None) -> 
 
     An answer (measured, nothing fits, out of memory) stands. SLURM's signals reach every process of the job, so
     a compiler or a collective dies of them and the probe reports that death as its own failure: a failure after
+    the SIGTERM of a cancel is ``cancelled`` (the scheduler said so when it came), one after
     SIGTERM at the limit is ``timeout`` (the job is out of time whatever failed), and so is one that names the
     time-limit warning (``ninja ... died with <Signals.SIGUSR2: 12>``); a failure of its own after the warning
     keeps its status. An exception that says the config cannot be built (UNFIXABLE_ERRORS) is ``invalid``.
@@ -223,6 +226,11 @@ def decide_status(happened: Happened, time_signal: TimeSignal | None = None) -> 
     if time_signal is not None and _caused_by(time_signal.name, happened):
         when = dt.datetime.fromtimestamp(time_signal.at, dt.timezone.utc).strftime("%H:%M:%S")
         what = f"{status.value}: {reason}" if reason else status.value
+        if time_signal.cancelled:
+            return (
+                RecordStatus.CANCELLED,
+                f"the job was cancelled (scancel): {time_signal.name} at {when} UTC; the probe then ended ({what})",
+            )
         return (
             RecordStatus.TIMEOUT,
             f"SLURM's time limit: {time_signal.name} at {when} UTC; the probe then ended ({what})",

@@ -20,7 +20,11 @@ from __future__ import annotations
 
 import datetime as dt
 import fcntl
-from collections.abc import Iterator, Mapping, Sequence
+import os
+import shlex
+import socket
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -39,24 +43,50 @@ from orchestrator.record import BadCellConfig, read_cell_config
 
 
 @contextmanager
-def sweep_lock(paths: SweepPaths, wait: bool = True) -> Iterator[bool]:
+def sweep_lock(paths: SweepPaths, wait: bool = True, on_wait: Callable[[str], None] | None = None) -> Iterator[bool]:
     """Only one command submits into a sweep folder at a time, so no cell is submitted twice. Yields True once
     held; with ``wait=False``, False at once where another command holds it.
 
     An flock on ``.submit.lock`` in the folder: held by the process, so a crashed command leaves no stale lock; on
-    NFS, Linux turns it into a lock the server holds (NFSv4, or v3 with lockd), which submit hosts share.
+    NFS, Linux turns it into a lock the server holds (NFSv4, or v3 with lockd), which submit hosts share. The
+    holder writes who it is into the file; a command that has to wait is told (``on_wait``) whom it waits for.
     """
     paths.root.mkdir(parents=True, exist_ok=True)
     with open(paths.lock, "a+") as f:
         try:
-            fcntl.flock(f, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            yield False
-            return
+            if not wait:
+                yield False
+                return
+            if on_wait is not None:
+                on_wait(lock_holder(paths))
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(_whoami())
+            f.flush()
+        except OSError:  # who holds it is a courtesy to the next command; the lock itself is what matters
+            pass
         try:
             yield True
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _whoami() -> str:
+    since = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"process {os.getpid()} on {socket.gethostname()} since {since}: {shlex.join(sys.argv)}\n"
+
+
+def lock_holder(paths: SweepPaths) -> str:
+    """Who holds the sweep folder's lock, as the holder wrote it; a plain word where it did not say."""
+    try:
+        said = paths.lock.read_text(errors="replace").strip()
+    except OSError:
+        said = ""
+    return said[:300] or "another gpudays command"
 
 
 @dataclass

@@ -132,6 +132,10 @@ def sleep_probe(sleep_s: float) -> ProbeOutcome:
     return outcome_of(Happened(Ending.COMPLETED, "probe.kind=sleep: nothing measured"), time_signal=time_limit_signal())
 
 
+class JobCancelled(Exception):
+    """Raised in the probe by the SIGTERM of a cancel: the probe ends and its record says ``cancelled``."""
+
+
 class InjectedFailure(RuntimeError):
     """What ``probe.kind=fail`` raises: a real failure of a job, for checking how failures are handled."""
 
@@ -331,6 +335,8 @@ class CellJob(submitit.helpers.Checkpointable):
         max_timeouts = typed.cluster.max_requeue_on_timeout
         fallback_end = time.time() + limit_s  # the job started a moment before this process
         job_id = os.environ.get("SLURM_JOB_ID")
+        array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+        task_id = f"{array}_{task}" if array and task else None  # sacct's -j names a task so, not by its raw id
 
         def requeue_now(why: str, signum: int, frame: FrameType | None) -> None:
             global _requeuing
@@ -374,12 +380,22 @@ class CellJob(submitit.helpers.Checkpointable):
 
         def on_terminate(signum: int, frame: FrameType | None) -> None:
             # SLURM's SIGTERM at the time limit (submitit's own handler only logs it): what dies of it now, a
-            # compiler or a peer, is the time limit's doing. A SIGTERM long before the limit is a cancellation.
+            # compiler or a peer, is the time limit's doing. Before the limit, the scheduler is asked: a cancel
+            # (scancel) has set the job CANCELLED by now, and the probe is ended at once, so that its record says
+            # `cancelled` before SLURM's kill (KillWait later) leaves none.
+            # One scontrol call first: SLURM kills the job KillWait after this signal (30 s by default, 2 s on the
+            # local cluster), and the record must be written before.
             global _time_limit_signal
-            if _time_limit_signal is None and seconds_to_limit(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
+            cancelled = _time_limit_signal is None and job_id is not None and slurm.was_cancelled(task_id or job_id)
+            if cancelled:
+                _time_limit_signal = TimeSignal("SIGTERM", time.time(), cancelled=True)
+            elif _time_limit_signal is None and seconds_to_limit(job_id, fallback_end) < SLURM_CHECK_INTERVAL_S:
                 _time_limit_signal = TimeSignal("SIGTERM", time.time())
             if callable(submitit_terminate):
                 submitit_terminate(signum, frame)
+            if cancelled and not _probe_done:
+                _say(f"job {job_id} was cancelled: cell {self.cell_id} ends here")
+                raise JobCancelled(f"the scheduler cancelled job {job_id} (scancel)")
 
         submitit_terminate = signal.getsignal(signal.SIGTERM)
         signal.signal(warning, on_warning)

@@ -287,6 +287,11 @@ class SubmissionRefused(Exception):
     """The scheduler would not accept some cells as configured; nothing was submitted. The message says why."""
 
 
+class SchedulerUnreachable(SubmissionRefused):
+    """The scheduler could not be asked whether it would accept the cells (its controller is down, or SLURM finds
+    no configuration): not the cells' fault; nothing was submitted."""
+
+
 # ---- submission ----------------------------------------------------------------------------------------------
 
 

@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import admission, cells, console, intents, launch, local, prediction, status
+from orchestrator import admission, cells, console, intents, launch, local, status
 from orchestrator.attempts import read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
@@ -98,45 +98,19 @@ def check(configs: Mapping[str, Config]) -> None:
             local.local_parameters(launch.resources(cfg))
         local.check_local_gpus(here)
         admission.check_slurm(slurm)
+    except launch.SchedulerUnreachable as e:
+        raise LifecycleError(f"the scheduler could not be asked; nothing was submitted: {e}", Exit.SCHEDULER) from e
     except launch.SubmissionRefused as e:
         raise LifecycleError(str(e)) from e
 
 
-def show_plan(plan: Any, predictions: bool) -> None:
-    """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
-    c = console.make_console()
-    c.print(console.plan_summary(plan))
-    if predictions:
-        console.out("predicted, with 90% intervals (wide where 'uncalibrated': no record of that GPU type yet):")
-        console.table_out(console.plan_table(plan))
-        if (offered := prediction.layout_offers(plan)) is not None:
-            c.print(offered)
+def _say_waiting(paths: SweepPaths, holder: str) -> None:
+    console.note(f"{paths.root} is being submitted into by another gpudays command ({holder}); waiting for it")
 
 
-def preview(plan: Any, ask_scheduler: bool) -> Exit:
-    """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
-
-    A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config
-    cannot request is bad input either way.
-    """
-    show_plan(plan, predictions=True)
-    configs = {c.cell_id: c.typed for c in plan.cells}
-    if ask_scheduler:
-        if not plan.cells:
-            raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
-        check(configs)
-        if script := launch.first_job_script(configs, SweepPaths(plan.sweep_dir).submitit_folder()):
-            console.out(script)
-        console.out(f"dry run: {len(plan.cells)} cell(s) would be submitted; nothing was")
-        return Exit.OK
-    try:
-        launch.check_gpu_types(configs)
-    except launch.SubmissionRefused as e:
-        raise LifecycleError(str(e)) from e
-    console.out(f"plan: {len(plan.cells)} cell(s) would be submitted; nothing was, and no scheduler was asked")
-    if not plan.cells:
-        console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")
-    return Exit.OK
+def in_sweep_already(paths: SweepPaths, cell_id: str) -> bool:
+    """A cell ``sweep`` submitted before (it has attempts): ``sweep`` leaves it to ``resume``."""
+    return paths.attempts(cell_id).is_file()
 
 
 def submit_cells(
@@ -200,7 +174,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
     paths = SweepPaths(plan.sweep_dir)
     check({c.cell_id: c.typed for c in plan.cells})
-    with intents.sweep_lock(paths):
+    with intents.sweep_lock(paths, on_wait=lambda who: _say_waiting(paths, who)):
         append_jsonl(
             paths.sweep_log,
             {
@@ -226,7 +200,7 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
         intents.reconcile(paths, {c.cell_id: read_attempts(paths, c.cell_id) for c in plan.cells}, holding_lock=True)
         new: dict[str, Config] = {}
         for cell in plan.cells:
-            already = paths.attempts(cell.cell_id).is_file()
+            already = in_sweep_already(paths, cell.cell_id)
             launch.write_cell(paths, cell.cell_id, cell.typed)
             if not already:
                 new[cell.cell_id] = cell.typed
@@ -248,7 +222,7 @@ def resume(
     interval_s: float = 5.0,
 ) -> Exit:
     """``gpudays resume``: resubmit the cells that need it (not ok, not does_not_fit, not pending or running)."""
-    with intents.sweep_lock(paths):
+    with intents.sweep_lock(paths, on_wait=lambda who: _say_waiting(paths, who)):
         # States are read inside the lock: cells a concurrent resume has just resubmitted are pending by now.
         try:
             states = status.cell_states(paths, holding_lock=True)
@@ -261,6 +235,8 @@ def resume(
         todo, held_said = status.settle_held(todo)
         for line in held_said:
             console.out(f"  {line}")
+        if held_said:  # a released cell is pending now: what follows (and --wait) waits for it
+            states = status.cell_states(paths, holding_lock=True)
         if not todo:
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
             if wait and not status.is_done(states):

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -60,17 +62,37 @@ def check_local_gpus(configs: Mapping[str, Config], device_count: Callable[[], i
     if not wanted:
         return
     if device_count is None:
-        import torch
-
-        device_count = torch.cuda.device_count
+        device_count = cuda_device_count
     have = device_count()
     short = {cid: n for cid, n in wanted.items() if n > have}
     if short:
         names = ", ".join(f"{cid} ({cells.label(configs[cid])})" for cid in list(short)[:5])
+        if have == 0:  # num_gpus=0 is no value: a cell has one GPU at least
+            raise SubmissionRefused(
+                f"{len(short)} local cell(s) need a GPU, and this machine shows none to CUDA: {names}; on this "
+                "machine use gpu=cpu, or submit them with cluster=slurm"
+            )
         raise SubmissionRefused(
             f"{len(short)} local cell(s) ask for more GPUs than this machine shows ({have} visible to CUDA): "
-            f"{names}; on this machine use gpu=cpu or num_gpus={have} or less, or submit them with cluster=slurm"
+            f"{names}; on this machine use num_gpus={have} or less, or gpu=cpu, or submit them with cluster=slurm"
         )
+
+
+NVIDIA_DEVICES = "/dev/nvidia[0-9]*"
+"""The device files NVIDIA's driver makes, one a GPU: none means no GPU for CUDA to show."""
+
+
+def cuda_device_count(environ: Mapping[str, str] | None = None, devices_glob: str = NVIDIA_DEVICES) -> int:
+    """How many CUDA devices this process sees; 0 at once, without importing torch (seconds), where the machine
+    has no NVIDIA device file or ``CUDA_VISIBLE_DEVICES`` hides every device."""
+    import glob
+
+    env = os.environ if environ is None else environ
+    if env.get("CUDA_VISIBLE_DEVICES", None) in ("", "-1") or not glob.glob(devices_glob):
+        return 0
+    import torch
+
+    return int(torch.cuda.device_count())
 
 
 def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
@@ -135,7 +157,8 @@ def submit_local(
         write_intents(paths, [intent])
         if before_start is not None:
             before_start(cid)
-        job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
+        with _stderr_to(paths.jobs_dir / "controllers.log"):
+            job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
         faults.point("local-started")
         sub = replace(intent, job_id=str(job.job_id), started=_start_time(int(job.job_id)))
         append_attempt(paths, sub)
@@ -158,6 +181,23 @@ def submit_local(
         if on_done is not None:
             on_done(cid)
     return out
+
+
+@contextmanager
+def _stderr_to(log: Path) -> Iterator[None]:
+    """Standard error of what starts in here goes to ``log``: submitit's job controller, a process of its own that
+    shares this terminal, would otherwise print its KeyboardInterrupt traceback under gpudays' own line on
+    Ctrl-C. The job's ranks write to their own logs whatever this is."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(log, "ab") as f:
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def _start_time(pid: int) -> float | None:

@@ -18,9 +18,11 @@ from __future__ import annotations
 import datetime as dt
 import re
 import subprocess
+import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.slurm_errors import controller_down, explain_failure
 from orchestrator.states import normalize_slurm_state
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -51,7 +53,7 @@ def run(
 def _checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
     result = run(cmd, timeout_s=timeout_s)
     if result.returncode != 0 and not any(e in result.stderr for e in ok_errors):
-        raise SlurmUnavailable(f"`{cmd[0]}` failed ({result.returncode}): {result.stderr.strip()[:300]}")
+        raise SlurmUnavailable(explain_failure(cmd[0], result.returncode, result.stderr))
     return result.stdout
 
 
@@ -318,6 +320,34 @@ def limit_end(job_id: str, timeout_s: float = 10) -> dt.datetime | None:
         return None
 
 
+def was_cancelled(job_id: str, timeout_s: float = 5, tries: int = 3, pause_s: float = 0.2) -> bool:
+    """Whether the scheduler says this job was cancelled (``scancel``), asked when its SIGTERM comes.
+
+    ``scancel`` sets the job CANCELLED before SLURM signals it, but ``scontrol`` shows a job being killed as
+    COMPLETING (a flag over its state), whatever ended it; accounting (``sacct``) names the state under the flag,
+    once slurmctld has sent it (a moment later: asked ``tries`` times). False when neither says CANCELLED, or when
+    they cannot be asked."""
+    try:
+        shown = run(["scontrol", "show", "job", "-o", job_id], timeout_s=timeout_s).stdout
+    except SlurmUnavailable:
+        return False
+    found = re.search(r"\bJobState=(\S+)", shown)
+    state = normalize_slurm_state(found.group(1)) if found else ""
+    if state != "COMPLETING":
+        return state == "CANCELLED"
+    for attempt in range(tries):
+        try:
+            out = run(["sacct", "-n", "-P", "-X", "-o", "State", "-j", job_id], timeout_s=timeout_s).stdout
+        except SlurmUnavailable:
+            return False
+        states = [normalize_slurm_state(line) for line in out.splitlines() if line.strip()]
+        if states and states[-1] not in ("RUNNING", "PENDING", "REQUEUED"):
+            return states[-1] == "CANCELLED"
+        if attempt + 1 < tries:
+            time.sleep(pause_s)
+    return False
+
+
 # ---- acting on jobs -------------------------------------------------------------------------------------------
 
 
@@ -408,4 +438,7 @@ def sbatch_test_only(script: str) -> str | None:
     result = run(["sbatch", "--test-only"], stdin=script)
     if result.returncode == 0:
         return None
+    said = explain_failure("sbatch", result.returncode, result.stderr)
+    if controller_down(said):
+        raise SlurmUnavailable(said)  # not the cells' fault: the scheduler could not be asked
     return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip()) or f"exit {result.returncode}"

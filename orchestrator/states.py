@@ -138,6 +138,8 @@ class RecordStatus(str, Enum):
     """Building a native op or compiling the model failed."""
     TIMEOUT = "timeout"
     """SLURM's time limit came (its warning or its kill) before the probe ended, whatever it was doing."""
+    CANCELLED = "cancelled"
+    """The scheduler says the job was cancelled (``scancel``) before the probe ended, whatever it was doing."""
     INVALID = "invalid"
     """The cell's config cannot be built; a rerun cannot fix it."""
 
@@ -153,6 +155,7 @@ _STATE_OF_RECORD = {
     RecordStatus.COMM_ERROR: State.FAILED,
     RecordStatus.COMPILE_ERROR: State.FAILED,
     RecordStatus.TIMEOUT: State.TIMEOUT,
+    RecordStatus.CANCELLED: State.CANCELLED,
     RecordStatus.INVALID: State.INVALID,
 }
 

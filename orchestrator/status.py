@@ -104,7 +104,7 @@ def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]
             live = slurm.squeue(unsure)
         except slurm.SlurmUnavailable as e:
             if note is not None:
-                raise SchedulerUnavailable(f"{note}; {e}") from e
+                raise SchedulerUnavailable(note if str(e) == note else f"{note}; {e}") from e
         else:
             # squeue lists every queued job; one accounting still calls pending but squeue does not list was
             # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
@@ -152,7 +152,10 @@ def cell_states(
     slurm_ids = [
         a[-1].job_id
         for cid, a in attempts.items()
-        if a and a[-1].backend == "slurm" and a[-1].job_id and not _record_decides(records[cid], a)
+        if a
+        and a[-1].backend == "slurm"
+        and a[-1].job_id
+        and not _record_decides(records[cid], a, scheduler_may_correct=False)
     ]
     acct: slurm.Accounting | None = None
     note = None
@@ -173,10 +176,21 @@ def cell_states(
     return out
 
 
-def _record_decides(record: Record | BadRecord | None, attempts: Sequence[Attempt]) -> bool:
-    """A record of the latest attempt (or a later one) says how the cell ended, whatever the scheduler says."""
+CANCEL_MAY_CORRECT = frozenset({State.FAILED, State.TIMEOUT})
+"""Records whose state the scheduler's CANCELLED overrides: a probe that died of a cancel's SIGTERM before it
+could ask the scheduler wrote one of these (``resume --time-factor`` must not take a cancel for a timeout)."""
+
+
+def _record_decides(
+    record: Record | BadRecord | None, attempts: Sequence[Attempt], scheduler_may_correct: bool = True
+) -> bool:
+    """A record of the latest attempt (or a later one) says how the cell ended, whatever the scheduler says;
+    not ``scheduler_may_correct``: except a failure or timeout, which the scheduler is asked about (a cancel)."""
     latest = attempts[-1].attempt if attempts else 0
-    return isinstance(record, Record) and record.attempt >= latest
+    decides = isinstance(record, Record) and record.attempt >= latest
+    if decides and not scheduler_may_correct and isinstance(record, Record):
+        return record.state not in CANCEL_MAY_CORRECT or record.attempt > latest
+    return decides
 
 
 def _cut_short(base: CellState, never_submitted: str | None, unsure: str | None) -> CellState:
@@ -218,7 +232,8 @@ def classify(
                 )
         return replace(base, state=State.CORRUPT, reason=record.reason)
     if record is not None and record.attempt >= base.attempt:
-        return replace(base, state=record.state, reason=_record_reason(record), record=record)
+        decided = replace(base, state=record.state, reason=_record_reason(record), record=record)
+        return _cancelled_after_all(decided, latest, acct)
     if latest is None:
         return replace(base, reason="written into the sweep, never submitted")
     if latest.intent_only:
@@ -233,6 +248,27 @@ def classify(
     if acct is None:
         return replace(base, state=State.UNKNOWN, reason="no record yet, and the scheduler was not asked")
     return _from_scheduler(base, latest, acct, note, now)
+
+
+def _cancelled_after_all(decided: CellState, latest: Attempt | None, acct: slurm.Accounting | None) -> CellState:
+    """A failure or timeout the scheduler says was a cancel (sacct's CANCELLED for the record's own job)."""
+    if decided.state not in CANCEL_MAY_CORRECT or acct is None or latest is None or not latest.job_id:
+        return decided
+    if decided.record is None or decided.record.attempt != latest.attempt:
+        return decided
+    try:
+        job = acct.jobs.get(slurm.JobId.parse(latest.job_id))
+    except ValueError:
+        return decided
+    if job is None or job.state != "CANCELLED":
+        return decided
+    said = f"; the record said {decided.state.value}: {decided.reason}" if decided.reason else ""
+    return replace(
+        decided,
+        state=State.CANCELLED,
+        reason=f"the scheduler cancelled job {latest.job_id} (sacct: {job.raw_state or job.state}){said}",
+        scheduler_state=job.raw_state or job.state,
+    )
 
 
 def _record_reason(record: Record) -> str | None:
@@ -268,6 +304,8 @@ def _from_scheduler(
         held = held_action(job.reason)
         base = replace(base, held=held)
         reasons.append(f"held ({job.reason}): {_held_advice(held, jid)}")
+    elif state is State.PENDING and job.reason:
+        reasons.append(f"waiting: {job.reason}")  # squeue's reason: Resources, Priority, JobArrayTaskLimit...
     elif state not in ACTIVE:
         reasons.append(
             f"SLURM state {job.raw_state or job.state}" + (f", exit code {job.exit_code}" if job.exit_code else "")

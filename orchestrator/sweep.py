@@ -20,7 +20,7 @@ import copy
 import os
 from collections import OrderedDict
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -81,6 +81,8 @@ class Plan:
     cells: list[Cell]
     skipped: list[Cell]
     duplicates: int = 0
+    notes: list[str] = field(default_factory=list)
+    """What planning changed to cost a cell, said with the plan (e.g. the nodes it spread the GPUs over)."""
 
 
 def _first_choice(override: Override) -> str:
@@ -292,8 +294,31 @@ def expand(composer: Composer, overrides: Sequence[str], sweeper_params: dict[st
     return [list(cell) for cell in batches[0]]
 
 
-def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: Path | None = None) -> Plan:
-    """Compose and judge every cell the overrides describe. Raises SweepError on bad input."""
+def _spread_over_nodes(typed: Config, container: Container) -> tuple[Config, str | None]:
+    """For ``gpudays plan``: a cell with more GPUs than a node holds, on one node, costed on the nodes it needs.
+
+    A plan submits nothing, so it costs what the user asked where a sweep would refuse it; the note says what a
+    sweep would need. The cell is then another cell (its id names its nodes), as the sweep of that command is."""
+    per_node = typed.cluster.gpus_per_node
+    if typed.num_nodes != 1 or typed.num_gpus <= per_node or typed.num_gpus % per_node:
+        return typed, None
+    nodes = typed.num_gpus // per_node
+    container["num_nodes"] = nodes
+    note = (
+        f"{cells_mod.label(typed)}: costed on {nodes} nodes of {per_node} GPUs (cluster.gpus_per_node); "
+        f"a sweep needs num_nodes={nodes}"
+    )
+    return replace(typed, num_nodes=nodes), note
+
+
+def plan(
+    overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: Path | None = None, costing: bool = False
+) -> Plan:
+    """Compose and judge every cell the overrides describe. Raises SweepError on bad input.
+
+    ``costing`` (``gpudays plan``, which submits nothing): a cell is costed on whatever cluster it names, so what
+    only a submission needs (a multi-node cell on ``cluster=local``) is not refused, and GPUs past one node are
+    spread over the nodes they need rather than refused."""
     overrides = list(overrides) or list(DEMO_OVERRIDES)
     register_schemas()
     GlobalHydra.instance().clear()
@@ -305,6 +330,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
         cell_overrides = expand(composer, overrides, sweeper_params)
 
         errors: list[str] = []
+        notes: list[str] = []
         by_id: dict[str, Cell] = {}
         duplicates = 0
         for ov in cell_overrides:
@@ -322,11 +348,14 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
             if bad:
                 errors.extend(f"in the cell {' '.join(ov)}: {r} ({composer.origin(ov, r.key)})" for r in bad)
                 continue
+            if costing:
+                typed, note = _spread_over_nodes(typed, container)
+                notes += [note] if note else []
             cid = cells_mod.cell_id(typed)
             if cid in by_id:
                 duplicates += 1
                 continue
-            by_id[cid] = Cell(ov, container, typed, cid, cells_mod.check_runnable(typed))
+            by_id[cid] = Cell(ov, container, typed, cid, cells_mod.check_runnable(typed, submitting=not costing))
     GlobalHydra.instance().clear()
     if errors:
         unique = list(dict.fromkeys(errors))
@@ -336,7 +365,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
     runnable = [c for c in by_id.values() if not c.refusals]
     skipped = [c for c in by_id.values() if c.refusals]
     name = runnable[0].typed.name if runnable else (skipped[0].typed.name if skipped else "gpudays")
-    return Plan(root, name, list(overrides), runnable, skipped, duplicates)
+    return Plan(root, name, list(overrides), runnable, skipped, duplicates, notes)
 
 
 def refuse_unfit(p: Plan, margin: float) -> None:
@@ -347,14 +376,24 @@ def refuse_unfit(p: Plan, margin: float) -> None:
     for cell in p.cells:
         if cell.prediction.get("predicted_fits") is False:
             peak = cell.prediction.get("predicted_peak_memory_gib")
-            usable = cell.typed.gpu.memory_gib * (1 - margin)
+            micro = cell.prediction.get("predicted_micro_batch_size")
+            # The probe's own limit where the cell sets one, as the predictor judged it (and as the probe will).
+            limit = cell.typed.probe.memory_limit_gib
+            usable = (
+                f"{limit:.3g} GiB usable (probe.memory_limit_gib)"
+                if limit
+                else f"{cell.typed.gpu.memory_gib * (1 - margin):.1f} GiB usable ({margin:.0%} margin)"
+            )
+            fixed = cell.typed.method.micro_batch_size
+            smaller = (
+                "method.micro_batch_size=auto (a smaller micro-batch), " if str(fixed) not in ("auto", "1") else ""
+            )
             shard = engine_spec(cell.typed.method.engine).not_fit_advice
             cell.refusals.append(
                 Refusal(
                     "prediction",
-                    f"predicted not to fit: about {peak:.1f} GiB per GPU at micro-batch 1, {usable:.1f} GiB usable "
-                    f"({margin:.0%} margin); try more GPUs, {shard} or activation checkpointing, "
-                    "or run it anyway (--run-unfit)",
+                    f"predicted not to fit: about {peak:.3g} GiB per GPU at micro-batch {micro:.0f}, {usable}; "
+                    f"try {smaller}more GPUs, {shard} or activation checkpointing, or run it anyway (--run-unfit)",
                 )
             )
             p.skipped.append(cell)

@@ -8,6 +8,12 @@ import sys
 from orchestrator.cluster.layout import DEFAULT_STATE_DIR, STATE_DIR_ENV, ClusterError
 from orchestrator.cluster.lifecycle import LocalCluster
 
+EXIT_BAD_INPUT = 2
+EXIT_SCHEDULER = 3
+"""gpudays' exit codes (``orchestrator.lifecycle.Exit``, which this layer may not import; a test keeps them equal):
+a bad option value is bad input; a cluster that cannot be started or stopped (packages missing, a daemon that
+does not come up), or ``status`` of one that is not up, is the scheduler that cannot be asked."""
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -24,7 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--timeout-s", type=float, default=60, help="give up after this many seconds (default 60)")
     down = sub.add_parser("down", help="cancel every job and stop exactly what `up` started")
     down.add_argument("--purge", action="store_true", help="also delete the state folder (accounting, logs)")
-    sub.add_parser("status", help="each daemon with its pid, alive or dead, and sinfo; exit status 1 when not up")
+    sub.add_parser(
+        "status", help=f"each daemon with its pid, alive or dead, and sinfo; exit status {EXIT_SCHEDULER} when not up"
+    )
     sub.add_parser("env", help="print `export SLURM_CONF=...`; use as: eval $(gpudays cluster env)")
     return parser
 
@@ -43,9 +51,12 @@ def main(argv: list[str]) -> int:
                 print(f"export {key}={value}")
         else:
             return _print_status(cluster.status())
-    except (ClusterError, ValueError) as error:
+    except ClusterError as error:
         print(f"gpudays cluster {args.command}: {error}", file=sys.stderr)
-        return 1
+        return EXIT_SCHEDULER
+    except ValueError as error:
+        print(f"gpudays cluster {args.command}: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     return 0
 
 
@@ -58,4 +69,4 @@ def _print_status(status: dict[str, object]) -> int:
         print(f"  {daemon['name']:<14} pid {daemon['pid']:<8} {'alive' if daemon['alive'] else 'dead'}")
     if status["sinfo"]:
         print(str(status["sinfo"]).rstrip())
-    return 0 if status["up"] else 1
+    return 0 if status["up"] else EXIT_SCHEDULER

@@ -68,3 +68,28 @@ def test_two_sweeps_at_once_into_one_folder_submit_each_cell_once(tmp_path: Path
     paths = SweepPaths(sweep_dir)
     for c in paths.cell_ids():
         assert len(read_attempts(paths, c)) == 1
+
+
+def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_path: Path) -> None:
+    # Exit 130 and `gpudays: error: interrupted`, then submitit's controller printed its KeyboardInterrupt traceback.
+    import signal
+    import time
+
+    sweep_dir = tmp_path / "s"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "sweep", "--dir", str(sweep_dir), "probe.kind=sleep",
+         "probe.sleep_s=120", "--no-report"],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # a terminal's Ctrl-C, not ignored
+    )  # fmt: skip
+    paths = SweepPaths(sweep_dir)
+    deadline = time.monotonic() + 120
+    while not any(a.job_id for c in (paths.cell_ids() if sweep_dir.exists() else []) for a in read_attempts(paths, c)):
+        assert time.monotonic() < deadline and proc.poll() is None, "the cell did not start"
+        time.sleep(0.2)
+    time.sleep(1.0)  # the job's controller is up and waiting on the probe
+    os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches every process of the terminal's group
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "gpudays: error: interrupted" in out and "Traceback" not in out and "KeyboardInterrupt" not in out, out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -93,7 +94,7 @@ def test_a_sweep_of_only_impossible_cells_is_an_error(tmp_path: Path, capsys: py
     code = cli.main(["sweep", "gpu=v100-32gb", "model=pythia-70m", "--dir", str(tmp_path / "s")])
     out = capsys.readouterr()
     assert code == cli.EXIT_BAD_INPUT
-    assert "v100-32gb has no bf16" in out.out and "nothing was submitted" in out.err
+    assert "v100-32gb has neither bf16 nor TF32" in out.out and "nothing was submitted" in out.err
     assert not (tmp_path / "s").exists()
 
 
@@ -114,3 +115,49 @@ def test_plan_prints_every_cell_with_its_prediction_and_writes_nothing(tmp_path:
     assert "pythia-1b on 8 × A100-80GB: " in out and "pythia-12b on 8 × A100-80GB: no answer yet" in out
     assert "1 cell(s) would be submitted" in out
     assert not sweep_dir.exists()
+
+
+def test_plan_on_a_sweep_folder_does_not_count_cells_already_in_it(tmp_path: Path, capsys) -> None:
+    # `plan --dir` said "4 would be submitted" where 3 were: a cell already submitted is left to `resume`.
+    from orchestrator import sweep
+    from orchestrator.paths import SweepPaths
+
+    argv = ["gpu=a100-80gb", "model=pythia-160m,pythia-410m", "num_gpus=8"]
+    cells = sweep.plan(argv, sweep_dir=tmp_path / "s").cells
+    assert len(cells) == 2
+    attempts = SweepPaths(tmp_path / "s").attempts(cells[0].cell_id)
+    attempts.parent.mkdir(parents=True)
+    attempts.write_text('{"attempt": 1, "backend": "slurm", "job_id": "7_0"}\n')
+    assert cli.main(["plan", *argv, "--dir", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "plan: 1 cell(s) would be submitted (1 already in" in out
+
+
+def test_plan_costs_gpus_past_one_node_on_any_cluster_in_one_try(capsys) -> None:
+    # `plan num_gpus=64` said "use num_nodes=8"; doing so said "cluster=local runs on this machine only".
+    argv = ["model=pythia-1b", "gpu=a100-80gb", "num_gpus=64"]
+    outs = []
+    for extra in ([], ["num_nodes=8"]):
+        assert cli.main(["plan", *argv, *extra]) == 0
+        outs.append(capsys.readouterr().out)
+        assert re.search(r"pythia-1b\s+a100-80gb\s+64\s+8\s", outs[-1]), outs[-1]  # gpus, then nodes
+        assert "plan: 1 cell(s) would be submitted" in outs[-1]
+    assert "costed on 8 nodes of 8 GPUs (cluster.gpus_per_node); a sweep needs num_nodes=8" in outs[0]
+    # A sweep on this machine still refuses, and names in one message what would run.
+    (skipped,) = plan(argv).skipped
+    assert "use num_gpus=8 or fewer, or cluster=slurm num_nodes=8" in str(skipped.refusals[0])
+
+
+def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches() -> None:
+    # mb=16 was refused as "about 0.0 GiB per GPU at micro-batch 1, 3.6 GiB usable (10% margin)": neither the
+    # micro-batch nor the memory the probe is held to (probe.memory_limit_gib), which the auto cell was judged by.
+    from orchestrator import prediction
+
+    p = plan(["method.micro_batch_size=auto,16", "probe.memory_limit_gib=0.01"])
+    prediction.predict(p)
+    (fixed,) = p.skipped
+    (auto,) = p.cells
+    said = str(fixed.refusals[0])
+    assert "at micro-batch 16, 0.01 GiB usable (probe.memory_limit_gib)" in said, said
+    assert "method.micro_batch_size=auto" in said
+    assert auto.prediction["predicted_peak_memory_gib"] <= 0.01 < fixed.prediction["predicted_peak_memory_gib"]

@@ -22,7 +22,7 @@ from orchestrator.failures import (
     short_traceback,
 )
 from orchestrator.record import Metrics
-from orchestrator.states import RecordStatus
+from orchestrator.states import RecordStatus, State, state_of_record
 
 
 def _raised(exc: BaseException, cause: BaseException | None = None) -> BaseException:
@@ -157,6 +157,23 @@ def test_a_failure_after_the_time_limit_signal_is_a_timeout_whatever_failed() ->
     assert decide_status(Happened(OOM, "x"), _now("SIGUSR2"))[0] is RecordStatus.OOM
     assert decide_status(Happened(Ending.NOTHING_FITS, "x"), _now("SIGTERM"))[0] is RecordStatus.DOES_NOT_FIT
     assert decide_status(NINJA)[0] is RecordStatus.COMPILE_ERROR
+
+
+def test_a_failure_after_the_sigterm_of_a_cancel_is_cancelled_not_failed_nor_timeout() -> None:
+    # scancel 8 s into a 60-minute limit: the compiler died of the SIGTERM, and the record said timeout, then failed.
+    cancel = TimeSignal("SIGTERM", time.time(), cancelled=True)
+    status, reason = decide_status(NINJA, cancel)
+    assert status is RecordStatus.CANCELLED and state_of_record(status) is State.CANCELLED
+    assert (
+        reason is not None
+        and reason.startswith("the job was cancelled (scancel): SIGTERM")
+        and "compile_error" in reason
+    )
+    assert (
+        decide_status(Happened(RAISED, "JobCancelled: the scheduler cancelled job 7"), cancel)[0]
+        is RecordStatus.CANCELLED
+    )
+    assert decide_status(Happened(Ending.COMPLETED), cancel)[0] is RecordStatus.OK  # an answer stands
 
 
 def test_a_config_that_cannot_be_built_is_invalid_with_its_whole_reason() -> None:

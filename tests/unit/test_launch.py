@@ -174,3 +174,16 @@ def test_each_rank_gets_its_cpus_and_a_wckey_only_when_the_site_has_one(make_typ
     assert "export SRUN_CPUS_PER_TASK=6" in text and "export OMP_NUM_THREADS=6" in text
     keyed = _sbatch_text(make_typed("cluster=slurm", "num_gpus=2", "cluster.wckey=lab42"))
     assert "#SBATCH --wckey=lab42" in keyed
+
+
+def test_with_no_gpu_the_advice_names_only_accepted_values_and_comes_without_torch(make_typed, tmp_path) -> None:
+    # It said "use gpu=cpu or num_gpus=0 or less" (num_gpus=0 is refused) after 7.9 s of importing torch.
+    cells = {"one": make_typed("cluster=local", "gpu=h100-80gb", "model=pythia-70m")}
+    with pytest.raises(launch.SubmissionRefused) as info:
+        local.check_local_gpus(cells, device_count=lambda: 0)
+    assert "use gpu=cpu, or submit them with cluster=slurm" in str(info.value)
+    assert "num_gpus=0" not in str(info.value)
+    # No NVIDIA device file, or every device hidden: 0 without asking torch (which would take seconds).
+    assert local.cuda_device_count({}, str(tmp_path / "nvidia[0-9]*")) == 0
+    (tmp_path / "nvidia0").touch()
+    assert local.cuda_device_count({"CUDA_VISIBLE_DEVICES": ""}, str(tmp_path / "nvidia[0-9]*")) == 0

@@ -56,6 +56,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.adaptive_state": CORE,
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
+    "orchestrator.slurm_errors": CORE,
     "orchestrator.sweep": RUNTIME,
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,
@@ -84,6 +85,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.tabular": COMMAND,
     "orchestrator.answers": COMMAND,
     "orchestrator.adaptive": COMMAND,
+    "orchestrator.preview": COMMAND,
 }
 
 ALLOWED_UPWARD: dict[tuple[str, str], str] = {

@@ -4,6 +4,7 @@ tests/integration/test_local_concurrency.py."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import cloudpickle
@@ -63,3 +64,31 @@ def test_resume_refuses_bad_flags_naming_what_is_accepted(tmp_path: Path, capsys
 def test_status_of_a_folder_that_is_not_a_sweep_says_so(tmp_path: Path, capsys) -> None:
     assert cli.main(["status", str(tmp_path)]) == cli.EXIT_BAD_INPUT
     assert "not a sweep folder" in capsys.readouterr().err
+
+
+def test_a_command_waiting_for_the_sweep_lock_says_so_and_for_whom(tmp_path: Path) -> None:
+    # A second `sweep` on a locked folder waited about 75 s in silence.
+    import threading
+
+    from orchestrator import intents
+
+    paths = SweepPaths(tmp_path / "s")
+    held, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with intents.sweep_lock(paths):
+            held.set()
+            release.wait(10)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    assert held.wait(10)
+    said: list[str] = []
+    threading.Timer(0.3, release.set).start()
+    with intents.sweep_lock(paths, on_wait=said.append) as mine:
+        assert mine
+    thread.join()
+    assert len(said) == 1 and said[0].startswith(f"process {os.getpid()} on ") and " since " in said[0], said
+    with intents.sweep_lock(paths, on_wait=said.append):  # a free lock: nothing to say
+        pass
+    assert len(said) == 1

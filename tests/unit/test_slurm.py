@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import slurm
+from orchestrator import slurm, slurm_errors
 from orchestrator.slurm import JobId
 
 
@@ -100,3 +100,62 @@ def test_a_missing_command_is_unavailable_with_the_reason(monkeypatch: pytest.Mo
         slurm.sacct([JobId(1, 2)])
     assert slurm.max_array_size() is None
     assert slurm.sacctmgr_names(["show", "qos"]) is None
+
+
+NO_CONFIG = """sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host
+sinfo: error: fetch_config: DNS SRV lookup failed
+sinfo: error: _establish_config_source: failed to fetch config
+sinfo: fatal: Could not establish a configuration source
+"""
+
+
+def test_slurm_without_a_configuration_is_one_line_naming_cluster_env() -> None:
+    # Forgetting `eval $(gpudays cluster env)` gave seven lines of resolve_ctls_from_dns_srv errors and no hint.
+    said = slurm_errors.explain_failure("sinfo", 1, NO_CONFIG)
+    assert "eval $(gpudays cluster env)" in said and "resolve_ctls" not in said and "\n" not in said
+    assert slurm_errors.controller_down(said)
+    down = slurm_errors.explain_failure(
+        "sinfo", 1, "slurm_load_partitions: Unable to contact slurm controller (connect failure)\n"
+    )
+    assert slurm_errors.controller_down(down) and "Unable to contact slurm controller" in down
+    assert not slurm_errors.controller_down(
+        slurm_errors.explain_failure("sbatch", 1, "sbatch: error: invalid partition specified")
+    )
+
+
+def test_a_sweep_the_scheduler_cannot_be_asked_about_exits_as_the_readme_says(monkeypatch, make_typed) -> None:
+    # A sweep while the controller is down exited 2 (bad input); the README gives it 3 (the scheduler).
+    from orchestrator import lifecycle
+
+    def down() -> list[str]:
+        raise slurm.SlurmUnavailable(slurm_errors.explain_failure("sinfo", 1, "Unable to contact slurm controller\n"))
+
+    monkeypatch.setattr(slurm, "partitions", down)
+    with pytest.raises(lifecycle.LifecycleError) as info:
+        lifecycle.check({"c1": make_typed("cluster=slurm", "gpu=cpu", "model=pythia-tiny")})
+    assert info.value.code == lifecycle.Exit.SCHEDULER and "could not be asked" in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("shown", "accounted", "cancelled"),
+    [
+        ("JobState=CANCELLED Reason=None", [], True),
+        ("JobState=RUNNING Reason=None", [], False),
+        # A job being killed shows COMPLETING in scontrol, whatever ended it: accounting names the state under it.
+        ("JobState=COMPLETING Reason=None", ["RUNNING", "CANCELLED by 0"], True),
+        ("JobState=COMPLETING Reason=None", ["TIMEOUT"], False),
+    ],
+)
+def test_a_cancel_is_told_by_the_scheduler_even_while_the_job_is_completing(
+    monkeypatch: pytest.MonkeyPatch, shown: str, accounted: list[str], cancelled: bool
+) -> None:
+    import subprocess
+
+    answers = iter(accounted)
+
+    def run(cmd, stdin=None, timeout_s=0.0):  # noqa: ANN001, ANN202 - stands in for slurm.run
+        out = f"JobId=7 {shown}\n" if cmd[0] == "scontrol" else f"{next(answers)}\n"
+        return subprocess.CompletedProcess(cmd, 0, out, "")
+
+    monkeypatch.setattr(slurm, "run", run)
+    assert slurm.was_cancelled("7_0", pause_s=0.0) is cancelled

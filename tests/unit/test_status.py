@@ -78,6 +78,17 @@ def test_a_record_of_an_older_attempt_never_masks_the_new_attempts_job() -> None
     assert classify(submission(attempt=2), old, acct=sacct("40_3|43|TIMEOUT|0:0|None")).state == "timeout"
 
 
+@pytest.mark.parametrize("written", ["timeout", "failed", "compile_error"])
+def test_a_failure_or_timeout_the_scheduler_says_was_a_cancel_is_cancelled(written: str) -> None:
+    # scancel's SIGTERM killed a compiler; the probe wrote timeout (then failed) before it could ask the scheduler.
+    rec = record(written, reason="ninja died with <Signals.SIGTERM: 15>")
+    state = classify(submission(), rec=rec, acct=sacct("40_3|43|CANCELLED by 0|0:0|None"))
+    assert state.state == "cancelled" and state.reason is not None
+    assert state.reason.startswith("the scheduler cancelled job 40_3 (sacct: CANCELLED by 0); the record said")
+    assert classify(submission(), rec=rec, acct=sacct("40_3|43|TIMEOUT|0:0|None")).state != "cancelled"
+    assert classify(submission(), rec=record("ok"), acct=sacct("40_3|43|CANCELLED by 0|0:0|None")).state == "ok"
+
+
 def test_probe_failure_statuses_are_failed_with_the_status_in_the_reason() -> None:
     state = classify(submission(), record("comm_error", reason="rank 1 gone"))
     assert state.state == "failed" and state.reason == "comm_error: rank 1 gone"
@@ -87,7 +98,8 @@ def test_probe_failure_statuses_are_failed_with_the_status_in_the_reason() -> No
 
 def test_a_requeued_job_names_its_earlier_runs() -> None:
     state = classify(submission(), acct=sacct("40_3|43|NODE_FAIL|0:0|None", "40_3|43|PENDING|0:0|BeginTime"))
-    assert state.state == "pending" and state.reason == "requeued: earlier run(s) of this job ended NODE_FAIL"
+    assert state.state == "pending"
+    assert state.reason == "waiting: BeginTime; requeued: earlier run(s) of this job ended NODE_FAIL"
     assert state.history == ("NODE_FAIL",)
 
 
@@ -140,6 +152,16 @@ def test_a_held_job_is_held_with_what_resume_does(reason: str, action: HeldActio
     assert held.state == "held" and held.held is action and reason in (held.reason or "")
     assert classify(submission(job_id="36_1"), acct=acct).state == "pending"
     assert status.needs_rerun(held.state) and status.is_done([held])
+
+
+@pytest.mark.parametrize("reason", ["Resources", "Priority", "JobArrayTaskLimit"])
+def test_a_pending_job_says_why_it_waits_as_squeue_does(reason: str) -> None:
+    # status and show left the reason blank while squeue said (Resources) or (Priority).
+    acct = sacct("36_[1-2]|36|PENDING|0:0|None")
+    acct.merge(slurm.parse_squeue(f"36_1|PENDING|{reason}\n36_2|PENDING|None\n"), prefer_other=True)
+    waiting = classify(submission(job_id="36_1"), acct=acct)
+    assert waiting.state == "pending" and waiting.reason == f"waiting: {reason}"
+    assert classify(submission(job_id="36_2"), acct=acct).reason is None
 
 
 def test_a_damaged_record_is_corrupt_unless_the_latest_attempt_is_still_queued_or_running() -> None:

@@ -21,7 +21,7 @@ from analysis.budget import (
     sized_model,
     tokens_for_budget,
 )
-from analysis.parallelism import network_for
+from analysis.parallelism import PREDICTOR, network_for
 from orchestrator.budget_cli import main
 from orchestrator.models import num_parameters
 from orchestrator.schema import GpuConfig, ModelConfig
@@ -170,3 +170,34 @@ def test_help_quotes_the_defaults_the_analysis_uses() -> None:
         "efficiency": DEFAULT_EFFICIENCY, "max_days": DEFAULT_MAX_DAYS, "overrun_pct": DEFAULT_OVERRUN_PCT,
         "max_gpus": MAX_GPUS,
     }  # fmt: skip
+
+
+def test_the_cheapest_configuration_needs_the_fewest_gpu_hours() -> None:
+    # 1e4 A100-hours: 8 or 16 GPUs spend the budget within 90 days; 128 GPUs were picked at 101% of it.
+    a100 = _gpu("a100-80gb")
+    budget = parse_budget(gpu_hours=1e4)
+    rows = optimal_for_budget(a100, budget, network_for(a100))
+    cheapest = next(r for r in rows if r["choice"] == "cheapest")
+    assert cheapest["budget_used_pct"] <= 100.0 + 1e-6
+    assert cheapest["days"] <= 90.0
+    # No count of GPUs that ends within 90 days trains the same tokens for fewer GPU-hours.
+    for n in (8, 16, 32, 64, 128):
+        (other,) = [r for r in optimal_for_budget(a100, parse_budget(num_gpus=n, days=1e4 / n / 24), network_for(a100))
+                    if r["choice"] == "cheapest"]  # fmt: skip
+        if other["model"] == cheapest["model"]:
+            assert cheapest["gpu_hours"] <= other["gpu_hours"] * (1 + 1e-9)
+
+
+def test_budget_shortest_and_plan_each_name_the_model_behind_their_gpu_hours(capsys, tmp_path: Path) -> None:
+    # pythia-1b on A100: 3,471 GPU-hours in `plan`, 3,218 at 256 GPUs in `shortest`, with no word of two models.
+    from orchestrator import cli
+
+    argv = ["shortest", "--model", "pythia-1b", "--gpu", "a100-80gb", "--out", str(tmp_path), "--width", "400"]
+    assert main(argv) == 0
+    assert "the layout model (analysis/parallelism.py" in capsys.readouterr().out
+    assert set(pd.read_csv(tmp_path / "shortest.csv")["predictor"]) == {PREDICTOR}
+    assert main(["budget", "--gpu-hours", "1e4", "--gpu", "a100-80gb", "--model", "pythia-1b", "--width", "400"]) == 0
+    assert "step-time model (analysis/predict.py" in capsys.readouterr().out
+    assert cli.main(["plan", "model=pythia-1b", "gpu=a100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert "predicted by the step-time model (analysis/predict.py" in out and "use the layout model" in out

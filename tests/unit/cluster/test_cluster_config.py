@@ -216,7 +216,22 @@ def test_status_of_a_cluster_never_started_says_down(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     monkeypatch.setenv("GPUDAYS_CLUSTER_DIR", str(tmp_path))
-    assert main(["status"]) == 1
+    assert main(["status"]) == 3  # the scheduler cannot be asked (README's exit codes)
     assert "cluster:      down" in capsys.readouterr().out
     assert LocalCluster().status()["daemons"] == []
     assert not LocalCluster().is_up()
+
+
+def test_cluster_up_with_packages_missing_exits_as_the_readme_says(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # It exited 1, which the README gives to "a cell needs a rerun": a cluster that cannot start is the scheduler's 3.
+    from orchestrator.cluster import cli as cluster_cli
+    from orchestrator.cluster import lifecycle as cluster_lifecycle
+    from orchestrator.lifecycle import Exit
+
+    assert (cluster_cli.EXIT_SCHEDULER, cluster_cli.EXIT_BAD_INPUT) == (Exit.SCHEDULER, Exit.BAD_INPUT)
+    monkeypatch.setenv("GPUDAYS_CLUSTER_DIR", str(tmp_path))
+    monkeypatch.setattr(cluster_lifecycle, "missing_packages", lambda: ["slurmdbd"])
+    assert main(["up"]) == Exit.SCHEDULER
+    assert "slurmdbd" in capsys.readouterr().err
