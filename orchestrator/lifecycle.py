@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import admission, cells, console, intents, launch, local, prediction, status
+from orchestrator import admission, cells, console, intents, launch, local, prediction, quota, status
 from orchestrator.attempts import read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
@@ -140,15 +140,17 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
 
 def _submit(
     paths: SweepPaths, configs: Mapping[str, Config], before_start: Callable[[str], None] | None = None
-) -> bool:
-    """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM.
+) -> quota.Waves:
+    """Submit SLURM cells within the per-user job limits (orchestrator.quota: some may be held back), run local
+    ones here (inside the caller's lock).
 
     ``before_start`` is called with each cell id once its job is accepted (SLURM) or about to start (local)."""
     slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
+    waves = quota.Waves(paths, before_start)
     if slurm:
         try:
-            subs = launch.submit_slurm(paths, slurm, admission.scheduler_max_array_size(), before_start)
+            subs = waves.submit(slurm)
         except WriteFailed:
             raise
         except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
@@ -162,11 +164,10 @@ def _submit(
                 "they were.",
                 Exit.SCHEDULER,
             ) from e
-        arrays = sorted({(s.job_id or "").split("_")[0] for s in subs}, key=lambda j: (len(j), j))
-        console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
+        console.out(waves.summary(subs))
     if here:
         run_local(paths, here, before_start)
-    return bool(slurm)
+    return waves
 
 
 def run_local(
@@ -186,12 +187,12 @@ def run_local(
         )
 
 
-def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: bool, interval_s: float) -> Exit:
-    if submitted_to_slurm and not wait:
+def _follow(paths: SweepPaths, waves: quota.Waves, wait: bool, report: bool, interval_s: float) -> Exit:
+    if waves.to_slurm and not wait:
         console.out(f"follow it with: {shell_hint('gpudays', 'status', paths.root)}")
         return Exit.OK
-    if wait and not status.is_done(states_or_records(paths)):
-        wait_for(paths, interval_s)
+    if wait and (waves.held or not status.is_done(states_or_records(paths))):
+        wait_for(paths, interval_s, waves)
     return finish(paths, report)
 
 
@@ -234,8 +235,8 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
             console.out(
                 f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)"
             )
-        submitted_to_slurm = _submit(paths, new)
-    return _follow(paths, submitted_to_slurm, wait, report, interval_s)
+        waves = _submit(paths, new)
+    return _follow(paths, waves, wait, report, interval_s)
 
 
 def resume(
@@ -264,7 +265,7 @@ def resume(
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
             if wait and not status.is_done(states):
                 # --wait waits for every active cell of the sweep, whoever submitted it.
-                return _follow(paths, False, True, True, interval_s)
+                return _follow(paths, quota.Waves(paths), True, True, interval_s)
             return Exit.OK
         configs = {s.cell_id: _rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
         by_id = {s.cell_id: s for s in todo}
@@ -273,8 +274,8 @@ def resume(
         # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
         # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
         # inside _submit, so theirs are moved just before each starts.
-        submitted_to_slurm = _submit(paths, configs, before_start=lambda cid: _archive_record(paths, by_id[cid]))
-    return _follow(paths, submitted_to_slurm, wait, True, interval_s)
+        waves = _submit(paths, configs, before_start=lambda cid: _archive_record(paths, by_id[cid]))
+    return _follow(paths, waves, wait, True, interval_s)
 
 
 def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
@@ -328,13 +329,15 @@ def states_or_records(paths: SweepPaths) -> list[Any]:
         return status.cell_states(paths, query_scheduler=False)
 
 
-def wait_for(paths: SweepPaths, interval_s: float = 5.0) -> None:
-    """Block until no cell is pending or running, showing the counts as they change."""
+def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: quota.Waves | None = None) -> None:
+    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts."""
     states = states_or_records(paths)
     with console.WaitProgress(len(states)) as progress:
-        while not status.is_done(states):
+        while not status.is_done(states) or (waves is not None and waves.held):
             progress.update(states)
             time.sleep(interval_s)
+            if waves is not None and (subs := waves.refill()):
+                console.out(waves.summary(subs))
             states = states_or_records(paths)
         progress.update(states)
 

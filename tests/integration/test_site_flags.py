@@ -136,3 +136,38 @@ def test_exclusive_cells_never_share_a_node(slurm_cluster, tmp_path: Path, capsy
     for i, (node, start, end) in enumerate(spans):
         for other, other_start, other_end in spans[i + 1 :]:
             assert node != other or end <= other_start or other_end <= start, spans
+
+
+def test_a_sweep_larger_than_a_qos_per_user_job_limit_ends_with_every_cell_ok(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = slurm_cluster.run_client
+    enforce = next(
+        line for line in run(["scontrol", "show", "config"]).splitlines() if "AccountingStorageEnforce" in line
+    )
+    assert "limits" in enforce, f"a cluster started by an older gpudays enforces no limits ({enforce}): restart it"
+    qos = "gpudays-limited"
+    run(["sacctmgr", "-i", "add", "qos", qos, "MaxSubmitJobsPerUser=2"], check=False)
+    run(["sacctmgr", "-i", "modify", "qos", qos, "set", "MaxSubmitJobsPerUser=2"])
+    run(["sacctmgr", "-i", "modify", "user", "root", "set", f"qos+={qos}"])
+    try:
+        # The limit is real, and counts array tasks: a 3-task array is refused outright.
+        refused = run(["sbatch", f"--qos={qos}", "--array=0-2", "--wrap=true", "--output=/dev/null"], check=False)
+        assert "Submitted" not in refused
+        sweep_dir = tmp_path / "limited"
+        code = cli.main(
+            [
+                "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
+                "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=1", "model.seq_length=32,33,34,35,36", "cluster.cpus_per_gpu=1",
+                "cluster.time_limit_min=5", f"cluster.qos={qos}", "--wait",
+            ]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "3 cell(s) held back" in out and f"QOS {qos!r} allows 2 queued jobs per user" in out, out
+        paths = SweepPaths(sweep_dir)
+        records = [json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()]
+        assert len(records) == 5 and all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
+    finally:
+        run(["sacctmgr", "-i", "modify", "user", "root", "set", f"qos-={qos}"], check=False)
+        run(["sacctmgr", "-i", "delete", "qos", qos], check=False)

@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.sweep": RUNTIME,
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,
+    "orchestrator.quota": RUNTIME,
     "orchestrator.admission": RUNTIME,
     "orchestrator.probe_data": RUNTIME,
     "orchestrator.local": RUNTIME,
