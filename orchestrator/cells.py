@@ -72,6 +72,27 @@ so a probe must be done by the limit minus this."""
 STARTUP_ALLOWANCE_S = 120
 """Time a measuring probe needs besides its timing budget: process start, imports, engine build, micro-batch
 search and warm-up. A floor for planning, not a promise: a first DeepSpeed op build or a compile adds to it."""
+TIME_LIMIT_MARGIN = 2.0
+"""A derived time limit is this many times what the probe needs by plan: the rest is for what the plan cannot see
+(a first op build, a slow shared file system, a busy node). A cell that still times out requeues once
+(``cluster.max_requeue_on_timeout``), and ``resume --time-factor`` raises its limit."""
+MIN_TIME_LIMIT_MIN = 10
+"""The shortest derived time limit, in minutes."""
+
+
+def probe_needs_s(cell: Config) -> float:
+    """Seconds a cell's job needs by plan: the probe's budget (a sleep or fail probe's sleep), start-up, and the
+    warning before the limit."""
+    budget_s = cell.probe.time_budget_s if cell.probe.kind == "deepspeed" else cell.probe.sleep_s
+    return budget_s + STARTUP_ALLOWANCE_S + TIME_LIMIT_WARNING_S
+
+
+def time_limit_min(cell: Config) -> int:
+    """The cell's ``--time`` in minutes: ``cluster.time_limit_min``, or (``null``) ``TIME_LIMIT_MARGIN`` times what
+    the probe needs, at least ``MIN_TIME_LIMIT_MIN``."""
+    if cell.cluster.time_limit_min is not None:
+        return int(cell.cluster.time_limit_min)
+    return max(MIN_TIME_LIMIT_MIN, math.ceil(TIME_LIMIT_MARGIN * probe_needs_s(cell) / 60))
 
 
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
@@ -268,8 +289,8 @@ def _check_time_limit(cell: Config) -> list[Refusal]:
     """
     if cell.probe.kind != "deepspeed":
         return []
-    limit_s = 60 * cell.cluster.time_limit_min
-    needed_s = cell.probe.time_budget_s + STARTUP_ALLOWANCE_S + TIME_LIMIT_WARNING_S
+    limit_s = 60 * time_limit_min(cell)
+    needed_s = probe_needs_s(cell)
     if needed_s <= limit_s:
         return []
     budget_fits_s = limit_s - STARTUP_ALLOWANCE_S - TIME_LIMIT_WARNING_S
@@ -277,7 +298,7 @@ def _check_time_limit(cell: Config) -> list[Refusal]:
     return [
         Refusal(
             "cluster.time_limit_min",
-            f"{cell.cluster.time_limit_min} min cannot hold the probe: probe.time_budget_s={cell.probe.time_budget_s:g}"
+            f"{time_limit_min(cell)} min cannot hold the probe: probe.time_budget_s={cell.probe.time_budget_s:g}"
             f" plus about {STARTUP_ALLOWANCE_S} s of start-up and the {TIME_LIMIT_WARNING_S} s warning before the "
             f"limit need {needed_s:g} s; use cluster.time_limit_min={math.ceil(needed_s / 60)} or more{lower}",
         )

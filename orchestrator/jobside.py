@@ -327,7 +327,7 @@ class CellJob(submitit.helpers.Checkpointable):
         typed, _ = cells.typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
         if typed is None:
             return  # not a cell: run_cell records it as invalid at once, with no time limit to guard
-        limit_s = 60.0 * float(typed.cluster.time_limit_min)
+        limit_s = 60.0 * cells.time_limit_min(typed)
         max_timeouts = typed.cluster.max_requeue_on_timeout
         fallback_end = time.time() + limit_s  # the job started a moment before this process
         job_id = os.environ.get("SLURM_JOB_ID")

@@ -100,7 +100,7 @@ def resources(cell: Config) -> Resources:
         partition=cluster.partition_by_gpu.get(gpu.name, cluster.partition),
         account=cluster.account_by_gpu.get(gpu.name, cluster.account),
         qos=cluster.qos_by_gpu.get(gpu.name, cluster.qos),
-        time_limit_min=cluster.time_limit_min,
+        time_limit_min=cells.time_limit_min(cell),
         cpus_per_task=cluster.cpus_per_gpu,
         mem_gb=mem * per_node if mem else None,
         array_parallelism=cluster.array_parallelism,

@@ -293,7 +293,7 @@ def _rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor
     if refusals:
         raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(refusals))
     if s.state == "timeout" and (time_limit or time_factor):
-        old = cfg.cluster.time_limit_min
+        old = cells.time_limit_min(cfg)
         new = max(time_limit or int(round(old * (time_factor or 1))), 1)
         cfg = replace(cfg, cluster=replace(cfg.cluster, time_limit_min=new))
         console.out(f"  {s.cell_id}: time limit {old} -> {new} min")

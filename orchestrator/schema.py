@@ -197,7 +197,10 @@ class ClusterConfig:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     """A SLURM constraint added to every job (``--constraint``)."""
-    time_limit_min: int = field(default=60, metadata=domain(ge=1, integer=True))
+    time_limit_min: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Each cell's ``--time``. ``null``: derived from the probe (orchestrator.cells.time_limit_min): twice its
+    budget plus start-up and the time-limit warning, at least 10 minutes (17 for the default probe), so short
+    probes backfill and fit short QOS limits; a number overrides it."""
     gpus_per_node: int = field(default=8, metadata=domain(ge=1, integer=True))
     """Most GPUs one node of this cluster has; a cell asking for more per node is refused."""
     cpus_per_gpu: int = field(default=4, metadata=domain(ge=1, integer=True))

@@ -15,7 +15,7 @@
 #SBATCH --qos=normal
 #SBATCH --requeue
 #SBATCH --signal=USR2@90
-#SBATCH --time=120
+#SBATCH --time=17
 
 # setup
 # gpudays: environment for the probe
