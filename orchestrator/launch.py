@@ -195,8 +195,9 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         # The time-limit warning CellJob acts on (see orchestrator.jobside).
         "signal_delay_s": SIGNAL_DELAY_S,
         # From SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task: without this each rank gets one CPU,
-        # and CPU Adam, data loading and host-bound steps are timed on it.
-        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", *res.srun_args],
+        # and CPU Adam, data loading and host-bound steps are timed on it. A rank that ends its cell badly has
+        # recorded it and exits non-zero (orchestrator.jobside): srun then ends its peers at once.
+        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", "--kill-on-bad-exit=1", *res.srun_args],
         # submitit's default wckey ("submitit") is rejected by sites that enforce wckeys: none unless configured.
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue

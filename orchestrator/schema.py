@@ -261,6 +261,9 @@ class ProbeConfig:
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost; ``fail`` sleeps ``sleep_s`` and then
     raises, to check how failures are recorded and rerun (the record is ``failed``, with its traceback)."""
     sleep_s: float = field(default=0.0, metadata=domain(ge=0))
+    fail_rank: Optional[int] = field(default=None, metadata=domain(ge=0, integer=True, optional=True))
+    """With ``kind: fail``, only this rank fails; the others wait as a peer in a collective would (up to
+    ``GPUDAYS_DIST_TIMEOUT_S``, 600 s), to check that one crashed rank ends its cell at once."""
 
     step_timing: str = field(default="composed", metadata=domain(choices=STEP_TIMINGS))
     """``composed``: time micro-steps and the boundary step (reduction, optimizer) apart and compose a step as

@@ -75,7 +75,7 @@ def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
     assert code == 0, out
     assert "#SBATCH --partition=debug,urgent" in out and "#SBATCH --comment=dry" in out
     srun = next(line for line in out.splitlines() if line.startswith("srun "))
-    assert "--cpus-per-task=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
+    assert "--cpus-per-task=1 --kill-on-bad-exit=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
     assert not (tmp_path / "dry" / "cells").exists() or not any((tmp_path / "dry" / "cells").iterdir())
 
     code = cli.main([*common, *site, "cluster.partition='debug,nosuch'"])
@@ -171,3 +171,29 @@ def test_a_sweep_larger_than_a_qos_per_user_job_limit_ends_with_every_cell_ok(
     finally:
         run(["sacctmgr", "-i", "modify", "user", "root", "set", f"qos-={qos}"], check=False)
         run(["sacctmgr", "-i", "delete", "qos", qos], check=False)
+
+
+def test_one_crashed_rank_ends_its_cell_at_once_with_a_classified_record(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    sweep_dir = tmp_path / "crash"
+    started = time.monotonic()
+    code = cli.main(
+        [
+            "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "num_gpus=2", "probe.kind=fail", "probe.fail_rank=1", "probe.sleep_s=1", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=3", "--wait", "--interval", "1",
+        ]
+    )  # fmt: skip
+    took_s = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 1, out
+    paths = SweepPaths(sweep_dir)
+    (cell_id,) = paths.cell_ids()
+    record = json.loads(paths.record(cell_id).read_text())
+    assert record["status"] == "failed" and record["reason"].startswith("rank 1: InjectedFailure"), record["reason"]
+    assert record["environment"]["recorded_by_rank"] == 1
+    # Rank 0 waits 600 s for rank 1, as a collective would: srun --kill-on-bad-exit ends it when rank 1 exits.
+    assert took_s < 90, f"the cell took {took_s:.0f} s: rank 0 was left waiting"

@@ -42,6 +42,8 @@ def test_sbatch_extra_lands_among_the_directives_before_the_first_command(make_t
         ({"--job_name": "x"}, [], "cluster.sbatch_extra.--job_name", "name"),
         ({}, ["-c4"], "cluster.srun_args[0]", "cluster.cpus_per_gpu"),
         ({}, ["--output=x"], "cluster.srun_args[0]", "jobs/"),
+        ({}, ["-K0"], "cluster.srun_args[0]", "one rank that fails ends its cell"),
+        ({}, ["--kill-on-bad-exit=0"], "cluster.srun_args[0]", "one rank that fails ends its cell"),
     ],
 )
 def test_a_flag_gpudays_sets_cannot_be_passed_again(
@@ -74,7 +76,7 @@ def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None
     srun = next(
         line for line in executor._make_submission_file_text(command, "0").splitlines() if line.startswith("srun")
     )
-    assert "--cpus-per-task=8 --cpu-bind=cores " + wrapper in srun
+    assert "--cpus-per-task=8 --kill-on-bad-exit=1 --cpu-bind=cores " + wrapper in srun
 
 
 def test_planning_refuses_a_repeated_flag_before_submission(make_cell) -> None:
