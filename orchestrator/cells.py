@@ -202,9 +202,16 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
                 Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
             )
     errors.extend(passthrough_problems(cluster))
-    if not _TEMPLATE_NAME.match(str(cluster.template)):
+    template = str(cluster.template)
+    # A name, or the absolute path planning gives a template found in a -cd folder (orchestrator.sbatch_template).
+    name = template.rsplit("/", 1)[-1] if template.startswith("/") else template
+    if not _TEMPLATE_NAME.match(name) or any(ch in template for ch in "\n\r\0"):
         errors.append(
-            Refusal("cluster.template", f"{cluster.template!r}: use a file name under sbatch_templates/ ending in .j2")
+            Refusal(
+                "cluster.template",
+                f"{cluster.template!r}: use a file name ending in .j2 under sbatch_templates/ (the package's, or a "
+                "-cd folder's)",
+            )
         )
     return errors
 

@@ -162,18 +162,21 @@ def check_gpu_types(configs: Mapping[str, Config]) -> None:
 
 def render_setup(res: Resources) -> list[str]:
     """The sbatch preamble lines (modules, environment, exports) from the cluster's template."""
+    # An absolute path is a template planning found in a -cd folder (orchestrator.sbatch_template).
+    path = Path(res.template)
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FileSystemLoader(str(path.parent if path.is_absolute() else TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
     try:
-        template = env.get_template(res.template)
+        template = env.get_template(path.name if path.is_absolute() else res.template)
     except jinja2.TemplateNotFound as e:
         available = sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))
         raise SubmissionRefused(
-            f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
+            f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR} nor in a -cd folder's sbatch_templates/; "
+            f"available here: {', '.join(available)}"
         ) from e
     text = template.render(
         setup=list(res.setup), env=list(res.env), accelerator=res.accelerator, cpus_per_task=res.cpus_per_task

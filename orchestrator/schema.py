@@ -231,7 +231,8 @@ class ClusterConfig:
     """A SLURM workload characterisation key (``--wckey``) for sites that enforce them; none by default (submitit's
     own default, ``submitit``, is rejected where wckeys are enforced)."""
     template: str = "default.sh.j2"
-    """The sbatch preamble template under ``sbatch_templates/``."""
+    """The sbatch preamble template: a file name under a ``-cd`` folder's ``sbatch_templates/`` (found first; the
+    cell keeps its absolute path) or the package's ``sbatch_templates/``."""
     exclusive: Optional[bool] = None
     """Whether a cell's job holds its nodes alone (``--exclusive``). ``null`` (auto): exactly when a GPU cell uses
     fewer than a node's ``gpus_per_node`` GPUs, so that no other job (another user's, or another cell of the

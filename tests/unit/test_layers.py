@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "orchestrator.schema": CORE,
     "orchestrator.values": CORE,
     "orchestrator.passthrough": CORE,
+    "orchestrator.sbatch_template": CORE,
     "orchestrator.domains": CORE,
     "orchestrator.cells": CORE,
     "orchestrator.refusal": CORE,
