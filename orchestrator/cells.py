@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from orchestrator.domains import problems as domain_problems
@@ -78,6 +78,22 @@ TIME_LIMIT_MARGIN = 2.0
 (``cluster.max_requeue_on_timeout``), and ``resume --time-factor`` raises its limit."""
 MIN_TIME_LIMIT_MIN = 10
 """The shortest derived time limit, in minutes."""
+
+
+def for_its_gpu(cell: Config) -> Config:
+    """The cell with its GPU type's node settings (``cluster.gpus_per_node_by_gpu``, ``cpus_per_gpu_by_gpu``,
+    ``mem_gb_per_gpu_by_gpu``) in ``gpus_per_node``, ``cpus_per_gpu`` and ``mem_gb_per_gpu``, where the maps name
+    it: every later check, the job script and the job read the plain fields."""
+    c, gpu = cell.cluster, cell.gpu.name
+    return replace(
+        cell,
+        cluster=replace(
+            c,
+            gpus_per_node=c.gpus_per_node_by_gpu.get(gpu, c.gpus_per_node),
+            cpus_per_gpu=c.cpus_per_gpu_by_gpu.get(gpu, c.cpus_per_gpu),
+            mem_gb_per_gpu=c.mem_gb_per_gpu_by_gpu.get(gpu, c.mem_gb_per_gpu),
+        ),
+    )
 
 
 def probe_needs_s(cell: Config) -> float:
@@ -189,6 +205,10 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
                     "use letters, digits and _ . , : + = @ / % & | ! * ( ) [ ] -",
                 )
             )
+    for key in ("gpus_per_node_by_gpu", "cpus_per_gpu_by_gpu", "mem_gb_per_gpu_by_gpu"):
+        for gpu_name, count in getattr(cluster, key).items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                errors.append(Refusal(f"cluster.{key}.{gpu_name}", f"{count!r}: use an integer >= 1"))
     for name, value in cluster.env.items():
         if not _ENV_NAME.match(str(name)):
             errors.append(

@@ -216,6 +216,13 @@ class ClusterConfig:
     """GPU config name → QOS, where a site ties QOS to GPU types; a GPU not named here uses ``qos``."""
     account_by_gpu: dict[str, str] = field(default_factory=dict)
     """GPU config name → account, where a site bills GPU types to different accounts; otherwise ``account``."""
+    gpus_per_node_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → GPUs a node of that type has (``h100-80gb: 8`` beside 4-GPU A100 nodes); planning puts the
+    cell's value in ``gpus_per_node``, ``cpus_per_gpu`` and ``mem_gb_per_gpu`` (these three ``_by_gpu`` maps)."""
+    cpus_per_gpu_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → CPUs per GPU on nodes of that type; otherwise ``cpus_per_gpu``."""
+    mem_gb_per_gpu_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → host memory per GPU (GB) on nodes of that type; otherwise ``mem_gb_per_gpu``."""
     array_parallelism: int = field(default=16, metadata=domain(ge=1, integer=True))
     """At most this many tasks of one array job run at once."""
     max_array_size: int = field(default=1000, metadata=domain(ge=1, integer=True))

@@ -318,7 +318,7 @@ def plan(overrides: Sequence[str], search_dirs: Sequence[Path] = (), sweep_dir: 
                 errors.append(_explain(e, ov))
                 continue
             assert isinstance(container, dict)
-            typed = sbatch_template.resolved(to_config(container), search_dirs)
+            typed = cells_mod.for_its_gpu(sbatch_template.resolved(to_config(container), search_dirs))
             bad = cells_mod.check_values(typed)
             if bad:
                 errors.extend(f"in the cell {' '.join(ov)}: {r} ({composer.origin(ov, r.key)})" for r in bad)
