@@ -270,6 +270,14 @@ def check_runnable(cell: Config) -> list[Refusal]:
         out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
     if m.tf32 and on_cuda and not gpu.supports_tf32:
         out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
+    if gpu.mig_profile and num_gpus > 1:
+        out.append(
+            Refusal(
+                "num_gpus",
+                f"{gpu.name} is a MIG instance ({gpu.mig_profile}): a process sees one instance, and NCCL runs no "
+                f"collective between instances, so {num_gpus} ranks cannot train together; use num_gpus=1",
+            )
+        )
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
     out.extend(check_engine_options(cell))

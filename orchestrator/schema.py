@@ -128,6 +128,12 @@ class GpuConfig:
     ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""
     pcie_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Host link of one GPU, both directions together, GB/s (PCIe x16: 32 gen 3, 64 gen 4, 128 gen 5)."""
+    mig_profile: Optional[str] = field(
+        default=None,
+        metadata=domain(pattern=r"[1-7]g\.[0-9]+gb", pattern_text="a MIG profile such as 3g.40gb", optional=True),
+    )
+    """The MIG profile (``3g.40gb``) where this GPU type is one Multi-Instance GPU slice of a card: a process sees
+    one instance, and NCCL runs no collective between instances, so its cells run on one GPU only."""
 
 
 @dataclass

@@ -154,3 +154,12 @@ def test_a_cell_yaml_with_an_unknown_key_is_named(make_cell) -> None:
     cell["method"]["zero_stag"] = 1
     with pytest.raises(ValueError, match="zero_stag.*accepted: .*zero_stage"):
         to_config(cell)
+
+
+def test_a_mig_instance_is_a_gpu_type_of_one_rank_cells(make_cell) -> None:
+    one = to_config(make_cell("cluster=slurm", "gpu=a100-80gb-mig-3g.40gb", "model=pythia-70m", "num_gpus=1"))
+    assert one.gpu.mig_profile == "3g.40gb" and one.gpu.memory_gib == 40
+    assert cells.check_values(one) == [] and cells.check_runnable(one) == []
+    two = to_config(make_cell("cluster=slurm", "gpu=a100-80gb-mig-3g.40gb", "model=pythia-70m", "num_gpus=2"))
+    (refusal,) = cells.check_runnable(two)
+    assert refusal.key == "num_gpus" and "MIG instance (3g.40gb)" in refusal.reason and "num_gpus=1" in refusal.reason
