@@ -66,6 +66,8 @@ REQUEUE_MARGIN_S = 15
 
 ENDS_QUIETLY = frozenset({RecordStatus.OK.value, RecordStatus.DOES_NOT_FIT.value})
 """Statuses every rank reaches together; any other ends the rank with a non-zero exit, and srun its peers."""
+MAX_NODE_JOBS = 20
+"""At most this many of a node's other jobs are listed in a record."""
 PEER_RECORD_DELAY_S = 2.0
 """A rank other than 0 that failed waits this long before claiming the record."""
 
@@ -132,6 +134,20 @@ def set_distributed_env(
     )
 
 
+def node_jobs() -> list[str] | None:
+    """The other jobs running on this job's nodes (``12_3 alice``), at most ``MAX_NODE_JOBS``; None where SLURM
+    cannot say (not a SLURM job, or squeue failed: a probe is never failed for it)."""
+    nodes, own = os.environ.get("SLURM_JOB_NODELIST"), os.environ.get("SLURM_JOB_ID")
+    if not nodes or not own:
+        return None
+    try:
+        jobs = slurm.jobs_on_nodes(nodes)
+    except slurm.SlurmUnavailable as e:
+        _say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
+        return None
+    return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]
+
+
 def sleep_probe(sleep_s: float) -> ProbeOutcome:
     """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
     time.sleep(sleep_s)
@@ -189,6 +205,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         },
     )
 
+    # Who else runs on the nodes while the cell is timed (another user's job, or another cell of the sweep).
+    jobs_at_start = node_jobs() if rank == 0 else None
     try:
         if typed is None or refusals:
             # The same config fails the same way on every rerun: nothing is built, and the record says invalid.
@@ -239,6 +257,10 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             }
         )
         environment["recorded_by_rank"] = rank
+        jobs_at_end = node_jobs() if rank == 0 else None
+        environment["node_jobs_at_start"], environment["node_jobs_at_end"] = jobs_at_start, jobs_at_end
+        known = jobs_at_start is not None and jobs_at_end is not None
+        environment["shared_node"] = bool(jobs_at_start or jobs_at_end) if known else None
         record = Record(
             cell_id=cell_id,
             sweep=typed.name if typed is not None else str(cell.get("name", "")),

@@ -339,6 +339,14 @@ def cancel(job_ids: Sequence[JobId]) -> None:
         _checked(["scancel", *map(str, job_ids)], ok_errors=("already completed", "Invalid job id"))
 
 
+def jobs_on_nodes(nodes: str, timeout_s: float = 10) -> list[tuple[str, str, str]]:
+    """The jobs running on ``nodes`` (a host list, ``node[1-2]``): (job id, the id as squeue shows it, user) each;
+    raises SlurmUnavailable when squeue fails."""
+    out = _checked(["squeue", "-h", "-t", "RUNNING", "-w", nodes, "-o", "%A|%i|%u"], timeout_s=timeout_s)
+    rows = [(line.split("|") + ["", ""])[:3] for line in out.splitlines() if line.strip()]
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
 def show_job(job_id: JobId) -> dict[str, str]:
     """``scontrol show job -o``: the job's fields (``JobState``, ``Reason``...) as a dict."""
     out = _checked(["scontrol", "show", "job", "-o", str(job_id)])

@@ -197,3 +197,28 @@ def test_one_crashed_rank_ends_its_cell_at_once_with_a_classified_record(
     assert record["environment"]["recorded_by_rank"] == 1
     # Rank 0 waits 600 s for rank 1, as a collective would: srun --kill-on-bad-exit ends it when rank 1 exits.
     assert took_s < 90, f"the cell took {took_s:.0f} s: rank 0 was left waiting"
+
+
+def test_cells_sharing_a_node_are_recorded_and_flagged_by_the_report(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = tmp_path / "shared"
+    code = cli.main(
+        [
+            "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "probe.kind=sleep", "probe.sleep_s=6", "model.seq_length=32,33", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=5", "cluster.exclusive=false", "+cluster.sbatch_extra.nodelist=node1", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    records = [json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()]
+    assert all(r["environment"]["shared_node"] is True for r in records), [r["environment"] for r in records]
+    jobs = {_job(r): r for r in records}
+    for job, record in jobs.items():
+        (other,) = set(jobs) - {job}
+        seen = {entry.split()[0] for entry in record["environment"]["node_jobs_at_start"]}
+        seen |= {entry.split()[0] for entry in record["environment"]["node_jobs_at_end"]}
+        assert other in seen, (job, record["environment"])
+    assert "measured on a node shared with other jobs" in (sweep_dir / "report.md").read_text()

@@ -125,3 +125,27 @@ def test_a_rank_that_ended_its_cell_badly_exits_non_zero_on_slurm(monkeypatch: p
     assert job() == "ok" and job() == "does_not_fit", "ranks that end together exit 0"
     monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
     assert job() == "comm_error", "no srun to end the peers: the status is returned"
+
+
+def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import slurm
+
+    queue = [[("7", "7", "me"), ("41", "40_1", "alice")], [("7", "7", "me")]]
+    monkeypatch.setattr(slurm, "jobs_on_nodes", lambda nodes: queue.pop(0))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    _, _, raw = job("probe.kind=sleep")
+    env = raw["environment"]
+    assert env["node_jobs_at_start"] == ["40_1 alice"] and env["node_jobs_at_end"] == []
+    assert env["shared_node"] is True, "a job beside it at the start is enough"
+
+    def broken(nodes: str) -> Any:
+        raise slurm.SlurmUnavailable("squeue did not answer")
+
+    monkeypatch.setattr(slurm, "jobs_on_nodes", broken)
+    status, _, raw = job("probe.kind=sleep")
+    assert status == "ok" and raw["environment"]["shared_node"] is None, "unknown, and the cell is not failed for it"
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    assert job("probe.kind=sleep")[2]["environment"]["node_jobs_at_start"] is None, "not a SLURM job"
