@@ -222,3 +222,22 @@ def test_cells_sharing_a_node_are_recorded_and_flagged_by_the_report(
         seen |= {entry.split()[0] for entry in record["environment"]["node_jobs_at_end"]}
         assert other in seen, (job, record["environment"])
     assert "measured on a node shared with other jobs" in (sweep_dir / "report.md").read_text()
+
+
+def test_bound_ranks_each_hold_their_cpus_per_gpu(slurm_cluster, tmp_path: Path, capsys) -> None:
+    # The local cluster binds tasks (task/affinity); a site's own binding comes through cluster.srun_args.
+    sweep_dir = tmp_path / "bound"
+    code = cli.main(
+        [
+            "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "num_gpus=2", "probe.kind=sleep", "probe.sleep_s=1", "cluster.cpus_per_gpu=1", "cluster.exclusive=true",
+            "cluster.time_limit_min=5", "cluster.srun_args=['--cpu-bind=cores']", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    (cell_id,) = paths.cell_ids()
+    rank_cpus = json.loads(paths.record(cell_id).read_text())["environment"]["rank_cpus"]
+    assert [len(cpus) for cpus in rank_cpus] == [1, 1], rank_cpus
+    assert rank_cpus[0] != rank_cpus[1], f"each rank on a CPU of its own: {rank_cpus}"
