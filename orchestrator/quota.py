@@ -110,6 +110,8 @@ class Waves:
         self.to_slurm = self.to_slurm or bool(configs)
         user = getpass.getuser()
         limits = read_limits(user)
+        if limits is not None and not limits.per_qos and limits.association is None:
+            limits = None  # accounting, but no per-user job limit: nothing to count
         try:
             queued = slurm.user_jobs_by_qos(user) if limits is not None else {}
         except slurm.SlurmUnavailable as e:
