@@ -166,6 +166,14 @@ def flatten_cell(
     row["torch_version"] = as_name(environment.get("torch"))
     row["deepspeed_version"] = as_name(environment.get("deepspeed"))
     row["slurm_job_id"] = scheduler_job_id(environment)
+    shared = environment.get("shared_node")
+    row["shared_node"] = shared if isinstance(shared, bool) else None
+    if shared is True:
+        others = [*(environment.get("node_jobs_at_start") or []), *(environment.get("node_jobs_at_end") or [])]
+        problems.append(
+            f"{where}: measured on a node shared with other jobs ({', '.join(dict.fromkeys(map(str, others)))}); "
+            "its timing may be theirs too (cluster.exclusive)"
+        )
     row["started_at"] = as_name(record.started_at) if record else None
     row["finished_at"] = as_name(record.finished_at) if record else None
 

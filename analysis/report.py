@@ -77,7 +77,8 @@ Predicted (see ``analysis/predict.py``; calibrated on the same report's ``ok`` r
 Provenance
 
 - ``hostnames`` (space-separated), ``device_name``, ``torch_version``, ``deepspeed_version``, ``slurm_job_id``,
-  ``started_at``, ``finished_at`` (ISO 8601).
+  ``started_at``, ``finished_at`` (ISO 8601); ``shared_node``: True where another job ran on the cell's nodes at its
+  start or end (squeue, on the job side; listed in the problems), False where none did, empty where unknown.
 
 The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
 ``cells_compared`` (measured cells of that model × GPU × count), ``cost_basis`` and ``cost_usd`` (the cost the
@@ -124,6 +125,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records", "answer",
     "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
+    "shared_node",
 )  # fmt: skip
 """Columns of cells.csv, in order (documented in this module's docstring); the engines' fields from the registry."""
 

@@ -148,7 +148,7 @@ def _rerun(
     configs = {s.cell_id: lifecycle.rerun_config(paths, s, time_limit_min, time_factor) for s in rerun}
     by_id = {s.cell_id: s for s in rerun}
     console.out(f"round {number}: rerunning " + ", ".join(f"{s.cell_id} ({s.state})" for s in rerun))
-    return lifecycle.submit_cells(paths, configs, lambda cid: lifecycle.archive_record(paths, by_id[cid]))
+    return lifecycle.submit_cells(paths, configs, lambda cid: lifecycle.archive_record(paths, by_id[cid])).to_slurm
 
 
 def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]) -> bool | None:
@@ -177,7 +177,7 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
         launch.write_cell(paths, cid, cfg)
     write_state(paths, state)  # before submission: a round submitted is a round recorded
     console.out(f"round {number}: measuring {len(chosen)} cell(s); {_standing(decision, len(grid))}")
-    return lifecycle.submit_cells(paths, chosen)
+    return lifecycle.submit_cells(paths, chosen).to_slurm
 
 
 def _spent_gpu_s(measured: pd.DataFrame, probe: ProbeSteps) -> float:

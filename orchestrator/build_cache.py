@@ -8,14 +8,18 @@ all spelt as the modules were imported (``os.path.abspath``, which keeps symboli
 reached through two spellings (a symlinked ``.venv`` in one checkout, the real directory in another, or a job
 started with another ``sys.executable``) gives two commands for one op, and runs that alternate between them rebuild
 it every time, each writer replacing the other's object files. The compiler (``$CXX``) is the other part of the
-command that differs between environments (a module loaded by a cluster's ``setup`` lines).
+command that differs between environments (a module loaded by a cluster's ``setup`` lines). The CPU is the third:
+DeepSpeed builds its CPU ops with ``-march=native`` and the SIMD width it finds, so an op built on a node with
+AVX-512 dies of SIGILL on one without it, and a cluster of mixed node types would rebuild it back and forth.
 
 So, before torch is imported, the probe:
 
 * resolves every ``sys.path`` entry to its real path, so that torch and DeepSpeed are imported, and their paths
   spelt, the same way however Python was started;
 * sets ``TORCH_EXTENSIONS_DIR`` (unless the user set it) to a fixed per-user folder named after the Python and torch
-  versions and, when ``$CXX`` is set, the compiler's real path, so that two compilers never thrash one build;
+  versions, the CPU's instruction set (its architecture and the SIMD and crypto extensions /proc/cpuinfo lists)
+  and, when ``$CXX`` is set, the compiler's real path, so that two compilers or two node types never share a
+  build;
 * sets ``TORCHINDUCTOR_CACHE_DIR`` (unless set) to a fixed per-user folder, so that compiled kernels and graphs
   (Inductor's FX-graph and AOTAutograd caches) serve every later cell and job of this user, not only this
   machine's ``/tmp``.
@@ -28,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import os
+import platform
 import shutil
 import sys
 from collections.abc import MutableMapping
@@ -45,14 +50,38 @@ def cache_root(environ: MutableMapping[str, str] | None = None) -> Path:
     return (Path(xdg) if xdg else Path.home() / ".cache") / "gpudays"
 
 
-def extensions_dir_name(environ: MutableMapping[str, str] | None = None) -> str:
-    """``py311-torch2.13.0+cpu``, and ``-cxx<hash>`` of the compiler's real path when ``$CXX`` names one."""
+ISA_FLAG_PREFIXES = ("sse", "ssse", "avx", "fma", "f16c", "amx", "bmi", "aes", "sha", "asimd", "sve", "bf16", "i8mm")
+"""The /proc/cpuinfo flags a ``-march=native`` build may use (x86's SIMD and crypto extensions, Arm's ``Features``);
+the others (``hypervisor``, ``constant_tsc``, microcode and bug flags) differ between nodes of one type."""
+
+
+def cpu_isa(cpuinfo: str | None = None) -> str:
+    """``x86_64-<hash>`` of the CPU's instruction-set extensions (from /proc/cpuinfo), or the architecture alone
+    where they cannot be read."""
+    if cpuinfo is None:
+        try:
+            cpuinfo = Path("/proc/cpuinfo").read_text(errors="replace")
+        except OSError:
+            cpuinfo = ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip().lower() in ("flags", "features"):
+            flags.update(f for f in value.split() if f.startswith(ISA_FLAG_PREFIXES))
+            break
+    arch = platform.machine() or "cpu"
+    return f"{arch}-{hashlib.sha256(' '.join(sorted(flags)).encode()).hexdigest()[:8]}" if flags else arch
+
+
+def extensions_dir_name(environ: MutableMapping[str, str] | None = None, cpuinfo: str | None = None) -> str:
+    """``py311-torch2.13.0+cpu-x86_64-<isa hash>``, and ``-cxx<hash>`` of the compiler's real path when ``$CXX``
+    names one."""
     env = os.environ if environ is None else environ
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "unknown"
-    name = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch_version}"
+    name = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch_version}-{cpu_isa(cpuinfo)}"
     cxx = env.get("CXX")
     if cxx:
         found = shutil.which(cxx.split()[0]) if cxx.split() else None

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from typing import Any
 
 from orchestrator.domains import problems as domain_problems
@@ -72,6 +72,43 @@ so a probe must be done by the limit minus this."""
 STARTUP_ALLOWANCE_S = 120
 """Time a measuring probe needs besides its timing budget: process start, imports, engine build, micro-batch
 search and warm-up. A floor for planning, not a promise: a first DeepSpeed op build or a compile adds to it."""
+TIME_LIMIT_MARGIN = 2.0
+"""A derived time limit is this many times what the probe needs by plan: the rest is for what the plan cannot see
+(a first op build, a slow shared file system, a busy node). A cell that still times out requeues once
+(``cluster.max_requeue_on_timeout``), and ``resume --time-factor`` raises its limit."""
+MIN_TIME_LIMIT_MIN = 10
+"""The shortest derived time limit, in minutes."""
+
+
+def for_its_gpu(cell: Config) -> Config:
+    """The cell with its GPU type's node settings (``cluster.gpus_per_node_by_gpu``, ``cpus_per_gpu_by_gpu``,
+    ``mem_gb_per_gpu_by_gpu``) in ``gpus_per_node``, ``cpus_per_gpu`` and ``mem_gb_per_gpu``, where the maps name
+    it: every later check, the job script and the job read the plain fields."""
+    c, gpu = cell.cluster, cell.gpu.name
+    return replace(
+        cell,
+        cluster=replace(
+            c,
+            gpus_per_node=c.gpus_per_node_by_gpu.get(gpu, c.gpus_per_node),
+            cpus_per_gpu=c.cpus_per_gpu_by_gpu.get(gpu, c.cpus_per_gpu),
+            mem_gb_per_gpu=c.mem_gb_per_gpu_by_gpu.get(gpu, c.mem_gb_per_gpu),
+        ),
+    )
+
+
+def probe_needs_s(cell: Config) -> float:
+    """Seconds a cell's job needs by plan: the probe's budget (a sleep or fail probe's sleep), start-up, and the
+    warning before the limit."""
+    budget_s = cell.probe.time_budget_s if cell.probe.kind == "deepspeed" else cell.probe.sleep_s
+    return budget_s + STARTUP_ALLOWANCE_S + TIME_LIMIT_WARNING_S
+
+
+def time_limit_min(cell: Config) -> int:
+    """The cell's ``--time`` in minutes: ``cluster.time_limit_min``, or (``null``) ``TIME_LIMIT_MARGIN`` times what
+    the probe needs, at least ``MIN_TIME_LIMIT_MIN``."""
+    if cell.cluster.time_limit_min is not None:
+        return int(cell.cluster.time_limit_min)
+    return max(MIN_TIME_LIMIT_MIN, math.ceil(TIME_LIMIT_MARGIN * probe_needs_s(cell) / 60))
 
 
 _MODEL_DEFAULTS = {f.name: f.default for f in fields(ModelConfig)}
@@ -168,6 +205,10 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
                     "use letters, digits and _ . , : + = @ / % & | ! * ( ) [ ] -",
                 )
             )
+    for key in ("gpus_per_node_by_gpu", "cpus_per_gpu_by_gpu", "mem_gb_per_gpu_by_gpu"):
+        for gpu_name, count in getattr(cluster, key).items():
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                errors.append(Refusal(f"cluster.{key}.{gpu_name}", f"{count!r}: use an integer >= 1"))
     for name, value in cluster.env.items():
         if not _ENV_NAME.match(str(name)):
             errors.append(
@@ -181,9 +222,16 @@ def check_scheduler_strings(cell: Config) -> list[Refusal]:
                 Refusal(f"cluster.setup[{i}]", "contains a newline or NUL; give each shell line as its own list item")
             )
     errors.extend(passthrough_problems(cluster))
-    if not _TEMPLATE_NAME.match(str(cluster.template)):
+    template = str(cluster.template)
+    # A name, or the absolute path planning gives a template found in a -cd folder (orchestrator.sbatch_template).
+    name = template.rsplit("/", 1)[-1] if template.startswith("/") else template
+    if not _TEMPLATE_NAME.match(name) or any(ch in template for ch in "\n\r\0"):
         errors.append(
-            Refusal("cluster.template", f"{cluster.template!r}: use a file name under sbatch_templates/ ending in .j2")
+            Refusal(
+                "cluster.template",
+                f"{cluster.template!r}: use a file name ending in .j2 under sbatch_templates/ (the package's, or a "
+                "-cd folder's)",
+            )
         )
     return errors
 
@@ -235,6 +283,14 @@ def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
         out.append(Refusal("method.tf32", f"{gpu.name} has no TF32 (Ampere or newer); use method.tf32=false"))
     if m.precision == "fp16" and not on_cuda:
         out.append(Refusal("method.precision", "fp16 runs on CUDA GPUs only; on gpu=cpu use bf16 or fp32"))
+    if gpu.mig_profile and num_gpus > 1:
+        out.append(
+            Refusal(
+                "num_gpus",
+                f"{gpu.name} is a MIG instance ({gpu.mig_profile}): a process sees one instance, and NCCL runs no "
+                f"collective between instances, so {num_gpus} ranks cannot train together; use num_gpus=1",
+            )
+        )
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
     out.extend(check_engine_options(cell))
@@ -287,8 +343,8 @@ def _check_time_limit(cell: Config) -> list[Refusal]:
     """
     if cell.probe.kind != "deepspeed":
         return []
-    limit_s = 60 * cell.cluster.time_limit_min
-    needed_s = cell.probe.time_budget_s + STARTUP_ALLOWANCE_S + TIME_LIMIT_WARNING_S
+    limit_s = 60 * time_limit_min(cell)
+    needed_s = probe_needs_s(cell)
     if needed_s <= limit_s:
         return []
     budget_fits_s = limit_s - STARTUP_ALLOWANCE_S - TIME_LIMIT_WARNING_S
@@ -296,7 +352,7 @@ def _check_time_limit(cell: Config) -> list[Refusal]:
     return [
         Refusal(
             "cluster.time_limit_min",
-            f"{cell.cluster.time_limit_min} min cannot hold the probe: probe.time_budget_s={cell.probe.time_budget_s:g}"
+            f"{time_limit_min(cell)} min cannot hold the probe: probe.time_budget_s={cell.probe.time_budget_s:g}"
             f" plus about {STARTUP_ALLOWANCE_S} s of start-up and the {TIME_LIMIT_WARNING_S} s warning before the "
             f"limit need {needed_s:g} s; use cluster.time_limit_min={math.ceil(needed_s / 60)} or more{lower}",
         )

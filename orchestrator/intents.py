@@ -229,7 +229,7 @@ def _rescue_pickle(paths: SweepPaths, a: Attempt) -> None:
     except BadCellConfig:
         return
     delayed = submitit.helpers.DelayedSubmission(CellJob(str(paths.root), a.cell_id, a.attempt))
-    delayed.set_timeout(typed.cluster.time_limit_min if typed else 60, REQUEUE_BACKSTOP)
+    delayed.set_timeout(cells.time_limit_min(typed) if typed else 60, REQUEUE_BACKSTOP)
     write_with(Path(target), lambda f: cloudpickle.dump(delayed, f))
 
 

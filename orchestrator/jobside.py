@@ -49,6 +49,7 @@ from orchestrator.durable import write_json_atomic
 from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.paths import SweepPaths
 from orchestrator.record import Record, read_cell_config, read_record, write_record
+from orchestrator.states import RecordStatus
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
 """Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
@@ -62,6 +63,13 @@ SLURM_CHECK_INTERVAL_S = 30
 """slurmctld checks time limits and sends warnings this often, so a warning may come this much early."""
 REQUEUE_MARGIN_S = 15
 """A timed-out cell asks to be requeued this long before its limit, so the requeue wins over the kill."""
+
+ENDS_QUIETLY = frozenset({RecordStatus.OK.value, RecordStatus.DOES_NOT_FIT.value})
+"""Statuses every rank reaches together; any other ends the rank with a non-zero exit, and srun its peers."""
+MAX_NODE_JOBS = 20
+"""At most this many of a node's other jobs are listed in a record."""
+PEER_RECORD_DELAY_S = 2.0
+"""A rank other than 0 that failed waits this long before claiming the record."""
 
 # Set just before submitit's handler requeues the job and exits: that SystemExit must end the process, not
 # become the cell's failure record.
@@ -126,6 +134,20 @@ def set_distributed_env(
     )
 
 
+def node_jobs() -> list[str] | None:
+    """The other jobs running on this job's nodes (``12_3 alice``), at most ``MAX_NODE_JOBS``; None where SLURM
+    cannot say (not a SLURM job, or squeue failed: a probe is never failed for it)."""
+    nodes, own = os.environ.get("SLURM_JOB_NODELIST"), os.environ.get("SLURM_JOB_ID")
+    if not nodes or not own:
+        return None
+    try:
+        jobs = slurm.jobs_on_nodes(nodes)
+    except slurm.SlurmUnavailable as e:
+        _say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
+        return None
+    return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]
+
+
 def sleep_probe(sleep_s: float) -> ProbeOutcome:
     """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
     time.sleep(sleep_s)
@@ -140,8 +162,13 @@ class InjectedFailure(RuntimeError):
     """What ``probe.kind=fail`` raises: a real failure of a job, for checking how failures are handled."""
 
 
-def fail_probe(sleep_s: float) -> NoReturn:
-    """No measurement: hold the allocation for ``sleep_s``, then fail the way a probe's bug would."""
+def fail_probe(sleep_s: float, rank: int = 0, fail_rank: int | None = None) -> NoReturn:
+    """No measurement: hold the allocation for ``sleep_s``, then fail the way a probe's bug would; with
+    ``fail_rank``, only that rank does, and the others wait for it as a collective would, then fail."""
+    if fail_rank is not None and rank != fail_rank:
+        wait_s = float(os.environ.get("GPUDAYS_DIST_TIMEOUT_S", "600"))
+        time.sleep(wait_s)
+        raise InjectedFailure(f"probe.fail_rank={fail_rank}: rank {rank} waited {wait_s:g} s for it, as a collective")
     time.sleep(sleep_s)
     raise InjectedFailure("probe.kind=fail: this cell fails on purpose (set probe.kind=sleep or deepspeed to fix it)")
 
@@ -182,6 +209,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         },
     )
 
+    # Who else runs on the nodes while the cell is timed (another user's job, or another cell of the sweep).
+    jobs_at_start = node_jobs() if rank == 0 else None
     try:
         if typed is None or refusals:
             # The same config fails the same way on every rerun: nothing is built, and the record says invalid.
@@ -190,7 +219,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
         elif typed.probe.kind == "sleep":
             result = sleep_probe(typed.probe.sleep_s)
         elif typed.probe.kind == "fail":
-            fail_probe(typed.probe.sleep_s)
+            fail_probe(typed.probe.sleep_s, rank, typed.probe.fail_rank)
         else:
             from orchestrator.probe import run_probe
 
@@ -204,7 +233,12 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     global _probe_done
     _probe_done = True
     signal.setitimer(signal.ITIMER_REAL, 0)  # a requeue armed for the time limit is not needed any more
-    if rank == 0:
+    quiet = result.status.value in ENDS_QUIETLY
+    if not quiet and rank != 0:
+        time.sleep(PEER_RECORD_DELAY_S)  # where every rank failed alike, rank 0's words are the record
+    # Rank 0 writes the record of a cell that ended well; the first rank to fail writes that of a failure, as its
+    # peers may be ended (srun --kill-on-bad-exit) before they could.
+    if (rank == 0 and quiet) or (not quiet and claim_record(rank_file.parent, attempt)):
         ranks = []
         for p in sorted(rank_file.parent.glob(f"attempt{attempt}-rank*.json")):
             try:
@@ -226,12 +260,17 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 "requeued_after_preemption": (requeues or {}).get("preemption", 0),
             }
         )
+        environment["recorded_by_rank"] = rank
+        jobs_at_end = node_jobs() if rank == 0 else None
+        environment["node_jobs_at_start"], environment["node_jobs_at_end"] = jobs_at_start, jobs_at_end
+        known = jobs_at_start is not None and jobs_at_end is not None
+        environment["shared_node"] = bool(jobs_at_start or jobs_at_end) if known else None
         record = Record(
             cell_id=cell_id,
             sweep=typed.name if typed is not None else str(cell.get("name", "")),
             attempt=attempt,
             status=result.status,
-            reason=result.reason,
+            reason=result.reason if rank == 0 or not result.reason else f"rank {rank}: {result.reason}",
             traceback=result.traceback,
             settings=cells.settings(typed) if typed is not None else {},
             config=cell,
@@ -244,6 +283,23 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             keep_earlier_record(paths, cell_id, attempt)
             write_record(paths.record(cell_id), record)
     return result.status.value
+
+
+def claim_record(ranks_dir: Path, attempt: int) -> bool:
+    """Whether this rank is the first of its run to claim the failure record (a requeued run claims anew)."""
+    claim = ranks_dir / f"attempt{attempt}-run{os.environ.get('SLURM_RESTART_COUNT', '0')}-recorded"
+    try:
+        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return False
+    except OSError as e:
+        _say(f"the record could not be claimed ({e}); this rank writes it")
+    return True
+
+
+class RankEnded(RuntimeError):
+    """A rank's cell ended badly and is recorded: the rank exits non-zero, so that srun (``--kill-on-bad-exit``)
+    ends its peers at once instead of leaving them in a collective until its timeout."""
 
 
 def superseded(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
@@ -307,7 +363,10 @@ class CellJob(submitit.helpers.Checkpointable):
             return "superseded"
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             self._guard_time_limit()
-        return run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))
+        status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))
+        if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and status not in ENDS_QUIETLY:
+            raise RankEnded(f"cell {self.cell_id} ended {status} on this rank (recorded); its peers are ended")
+        return status
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> submitit.helpers.DelayedSubmission:
         """Called by submitit's signal handler right before ``scontrol requeue``: the run to start next."""
@@ -331,7 +390,7 @@ class CellJob(submitit.helpers.Checkpointable):
         typed, _ = cells.typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
         if typed is None:
             return  # not a cell: run_cell records it as invalid at once, with no time limit to guard
-        limit_s = 60.0 * float(typed.cluster.time_limit_min)
+        limit_s = 60.0 * cells.time_limit_min(typed)
         max_timeouts = typed.cluster.max_requeue_on_timeout
         fallback_end = time.time() + limit_s  # the job started a moment before this process
         job_id = os.environ.get("SLURM_JOB_ID")

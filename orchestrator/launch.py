@@ -100,7 +100,7 @@ def resources(cell: Config) -> Resources:
         partition=cluster.partition_by_gpu.get(gpu.name, cluster.partition),
         account=cluster.account_by_gpu.get(gpu.name, cluster.account),
         qos=cluster.qos_by_gpu.get(gpu.name, cluster.qos),
-        time_limit_min=cluster.time_limit_min,
+        time_limit_min=cells.time_limit_min(cell),
         cpus_per_task=cluster.cpus_per_gpu,
         mem_gb=mem * per_node if mem else None,
         array_parallelism=cluster.array_parallelism,
@@ -162,18 +162,21 @@ def check_gpu_types(configs: Mapping[str, Config]) -> None:
 
 def render_setup(res: Resources) -> list[str]:
     """The sbatch preamble lines (modules, environment, exports) from the cluster's template."""
+    # An absolute path is a template planning found in a -cd folder (orchestrator.sbatch_template).
+    path = Path(res.template)
     env = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(TEMPLATES_DIR)),
+        loader=jinja2.FileSystemLoader(str(path.parent if path.is_absolute() else TEMPLATES_DIR)),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
     )
     env.filters["shquote"] = lambda v: shlex.quote(str(v))
     try:
-        template = env.get_template(res.template)
+        template = env.get_template(path.name if path.is_absolute() else res.template)
     except jinja2.TemplateNotFound as e:
         available = sorted(p.name for p in TEMPLATES_DIR.glob("*.j2"))
         raise SubmissionRefused(
-            f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR}; available: {', '.join(available)}"
+            f"cluster.template: {res.template!r} is not in {TEMPLATES_DIR} nor in a -cd folder's sbatch_templates/; "
+            f"available here: {', '.join(available)}"
         ) from e
     text = template.render(
         setup=list(res.setup), env=list(res.env), accelerator=res.accelerator, cpus_per_task=res.cpus_per_task
@@ -195,8 +198,9 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         # The time-limit warning CellJob acts on (see orchestrator.jobside).
         "signal_delay_s": SIGNAL_DELAY_S,
         # From SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task: without this each rank gets one CPU,
-        # and CPU Adam, data loading and host-bound steps are timed on it.
-        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", *res.srun_args],
+        # and CPU Adam, data loading and host-bound steps are timed on it. A rank that ends its cell badly has
+        # recorded it and exits non-zero (orchestrator.jobside): srun then ends its peers at once.
+        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", "--kill-on-bad-exit=1", *res.srun_args],
         # submitit's default wckey ("submitit") is rejected by sites that enforce wckeys: none unless configured.
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue

@@ -19,7 +19,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from orchestrator import admission, cells, console, intents, launch, local, status
+from orchestrator import admission, cells, console, intents, launch, local, quota, status
 from orchestrator.attempts import read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
@@ -115,15 +115,17 @@ def in_sweep_already(paths: SweepPaths, cell_id: str) -> bool:
 
 def submit_cells(
     paths: SweepPaths, configs: Mapping[str, Config], before_start: Callable[[str], None] | None = None
-) -> bool:
-    """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM.
+) -> quota.Waves:
+    """Submit SLURM cells within the per-user job limits (orchestrator.quota: some may be held back), run local
+    ones here (inside the caller's lock).
 
     ``before_start`` is called with each cell id once its job is accepted (SLURM) or about to start (local)."""
     slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
+    waves = quota.Waves(paths, before_start)
     if slurm:
         try:
-            subs = launch.submit_slurm(paths, slurm, admission.scheduler_max_array_size(), before_start)
+            subs = waves.submit(slurm)
         except WriteFailed:
             raise
         except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
@@ -137,11 +139,10 @@ def submit_cells(
                 "they were.",
                 Exit.SCHEDULER,
             ) from e
-        arrays = sorted({(s.job_id or "").split("_")[0] for s in subs}, key=lambda j: (len(j), j))
-        console.out(f"submitted {len(subs)} cell(s) to SLURM as {len(arrays)} array job(s): {', '.join(arrays)}")
+        console.out(waves.summary(subs))
     if here:
         run_local(paths, here, before_start)
-    return bool(slurm)
+    return waves
 
 
 def run_local(
@@ -161,12 +162,12 @@ def run_local(
         )
 
 
-def _follow(paths: SweepPaths, submitted_to_slurm: bool, wait: bool, report: bool, interval_s: float) -> Exit:
-    if submitted_to_slurm and not wait:
+def _follow(paths: SweepPaths, waves: quota.Waves, wait: bool, report: bool, interval_s: float) -> Exit:
+    if waves.to_slurm and not wait:
         console.out(f"follow it with: {shell_hint('gpudays', 'status', paths.root)}")
         return Exit.OK
-    if wait and not status.is_done(states_or_records(paths)):
-        wait_for(paths, interval_s)
+    if wait and (waves.held or not status.is_done(states_or_records(paths))):
+        wait_for(paths, interval_s, waves)
     return finish(paths, report)
 
 
@@ -209,8 +210,8 @@ def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
             console.out(
                 f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)"
             )
-        submitted_to_slurm = submit_cells(paths, new)
-    return _follow(paths, submitted_to_slurm, wait, report, interval_s)
+        waves = submit_cells(paths, new)
+    return _follow(paths, waves, wait, report, interval_s)
 
 
 def resume(
@@ -241,7 +242,7 @@ def resume(
             console.out(f"nothing to resume: {console.summary_line(states, markup=False)}")
             if wait and not status.is_done(states):
                 # --wait waits for every active cell of the sweep, whoever submitted it.
-                return _follow(paths, False, True, True, interval_s)
+                return _follow(paths, quota.Waves(paths), True, True, interval_s)
             return Exit.OK
         configs = {s.cell_id: rerun_config(paths, s, time_limit_min, time_factor) for s in todo}
         by_id = {s.cell_id: s for s in todo}
@@ -250,8 +251,8 @@ def resume(
         # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
         # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
         # inside submit_cells, so theirs are moved just before each starts.
-        submitted_to_slurm = submit_cells(paths, configs, before_start=lambda cid: archive_record(paths, by_id[cid]))
-    return _follow(paths, submitted_to_slurm, wait, True, interval_s)
+        waves = submit_cells(paths, configs, before_start=lambda cid: archive_record(paths, by_id[cid]))
+    return _follow(paths, waves, wait, True, interval_s)
 
 
 def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
@@ -269,7 +270,7 @@ def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor:
     if refusals:
         raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(refusals))
     if s.state == "timeout" and (time_limit or time_factor):
-        old = cfg.cluster.time_limit_min
+        old = cells.time_limit_min(cfg)
         new = max(time_limit or int(round(old * (time_factor or 1))), 1)
         cfg = replace(cfg, cluster=replace(cfg.cluster, time_limit_min=new))
         console.out(f"  {s.cell_id}: time limit {old} -> {new} min")
@@ -305,13 +306,15 @@ def states_or_records(paths: SweepPaths) -> list[Any]:
         return status.cell_states(paths, query_scheduler=False)
 
 
-def wait_for(paths: SweepPaths, interval_s: float = 5.0) -> None:
-    """Block until no cell is pending or running, showing the counts as they change."""
+def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: quota.Waves | None = None) -> None:
+    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts."""
     states = states_or_records(paths)
     with console.WaitProgress(len(states)) as progress:
-        while not status.is_done(states):
+        while not status.is_done(states) or (waves is not None and waves.held):
             progress.update(states)
             time.sleep(interval_s)
+            if waves is not None and (subs := waves.refill()):
+                console.out(waves.summary(subs))
             states = states_or_records(paths)
         progress.update(states)
 

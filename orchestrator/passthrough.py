@@ -54,6 +54,8 @@ SRUN_SET_BY_GPUDAYS: dict[str, str] = {
     "o": "gpudays (the sweep folder's jobs/)",
     "error": "gpudays (the sweep folder's jobs/)",
     "e": "gpudays (the sweep folder's jobs/)",
+    "kill-on-bad-exit": "gpudays (one rank that fails ends its cell, after recording it)",
+    "K": "gpudays (one rank that fails ends its cell, after recording it)",
     "unbuffered": "gpudays",
     "u": "gpudays",
 }

@@ -128,6 +128,12 @@ class GpuConfig:
     ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""
     pcie_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Host link of one GPU, both directions together, GB/s (PCIe x16: 32 gen 3, 64 gen 4, 128 gen 5)."""
+    mig_profile: Optional[str] = field(
+        default=None,
+        metadata=domain(pattern=r"[1-7]g\.[0-9]+gb", pattern_text="a MIG profile such as 3g.40gb", optional=True),
+    )
+    """The MIG profile (``3g.40gb``) where this GPU type is one Multi-Instance GPU slice of a card: a process sees
+    one instance, and NCCL runs no collective between instances, so its cells run on one GPU only."""
 
 
 @dataclass
@@ -197,7 +203,10 @@ class ClusterConfig:
     qos: Optional[str] = None
     constraint: Optional[str] = None
     """A SLURM constraint added to every job (``--constraint``)."""
-    time_limit_min: int = field(default=60, metadata=domain(ge=1, integer=True))
+    time_limit_min: Optional[int] = field(default=None, metadata=domain(ge=1, integer=True, optional=True))
+    """Each cell's ``--time``. ``null``: derived from the probe (orchestrator.cells.time_limit_min): twice its
+    budget plus start-up and the time-limit warning, at least 10 minutes (17 for the default probe), so short
+    probes backfill and fit short QOS limits; a number overrides it."""
     gpus_per_node: int = field(default=8, metadata=domain(ge=1, integer=True))
     """Most GPUs one node of this cluster has; a cell asking for more per node is refused."""
     cpus_per_gpu: int = field(default=4, metadata=domain(ge=1, integer=True))
@@ -213,6 +222,13 @@ class ClusterConfig:
     """GPU config name → QOS, where a site ties QOS to GPU types; a GPU not named here uses ``qos``."""
     account_by_gpu: dict[str, str] = field(default_factory=dict)
     """GPU config name → account, where a site bills GPU types to different accounts; otherwise ``account``."""
+    gpus_per_node_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → GPUs a node of that type has (``h100-80gb: 8`` beside 4-GPU A100 nodes); planning puts the
+    cell's value in ``gpus_per_node``, ``cpus_per_gpu`` and ``mem_gb_per_gpu`` (these three ``_by_gpu`` maps)."""
+    cpus_per_gpu_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → CPUs per GPU on nodes of that type; otherwise ``cpus_per_gpu``."""
+    mem_gb_per_gpu_by_gpu: dict[str, int] = field(default_factory=dict)
+    """GPU config name → host memory per GPU (GB) on nodes of that type; otherwise ``mem_gb_per_gpu``."""
     array_parallelism: int = field(default=16, metadata=domain(ge=1, integer=True))
     """At most this many tasks of one array job run at once."""
     max_array_size: int = field(default=1000, metadata=domain(ge=1, integer=True))
@@ -228,7 +244,8 @@ class ClusterConfig:
     """A SLURM workload characterisation key (``--wckey``) for sites that enforce them; none by default (submitit's
     own default, ``submitit``, is rejected where wckeys are enforced)."""
     template: str = "default.sh.j2"
-    """The sbatch preamble template under ``sbatch_templates/``."""
+    """The sbatch preamble template: a file name under a ``-cd`` folder's ``sbatch_templates/`` (found first; the
+    cell keeps its absolute path) or the package's ``sbatch_templates/``."""
     exclusive: Optional[bool] = None
     """Whether a cell's job holds its nodes alone (``--exclusive``). ``null`` (auto): exactly when a GPU cell uses
     fewer than a node's ``gpus_per_node`` GPUs, so that no other job (another user's, or another cell of the
@@ -258,6 +275,9 @@ class ProbeConfig:
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost; ``fail`` sleeps ``sleep_s`` and then
     raises, to check how failures are recorded and rerun (the record is ``failed``, with its traceback)."""
     sleep_s: float = field(default=0.0, metadata=domain(ge=0))
+    fail_rank: Optional[int] = field(default=None, metadata=domain(ge=0, integer=True, optional=True))
+    """With ``kind: fail``, only this rank fails; the others wait as a peer in a collective would (up to
+    ``GPUDAYS_DIST_TIMEOUT_S``, 600 s), to check that one crashed rank ends its cell at once."""
 
     step_timing: str = field(default="composed", metadata=domain(choices=STEP_TIMINGS))
     """``composed``: time micro-steps and the boundary step (reduction, optimizer) apart and compose a step as

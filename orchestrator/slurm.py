@@ -1,6 +1,6 @@
 """Every call to a SLURM command, and the parsing of what it prints, in one place.
 
-``sbatch --test-only``, ``sacct``, ``squeue``, ``sinfo``, ``scontrol`` (show, release, requeue), ``sacctmgr`` and
+``sbatch --test-only``, ``sacct``, ``squeue``, ``sinfo``, ``scontrol`` (show, release, requeue), ``sacctmgr`` (names, limits) and
 ``scancel`` run through :func:`run`, which turns a missing command or one that does not answer into
 :class:`SlurmUnavailable`. Job ids are parsed once, into :class:`JobId`: ``12`` (a job), ``12_3`` (task 3 of
 array 12), and the ranges that ``sacct`` and ``squeue`` print for array tasks not yet started, ``12_[4-7,9%2]``
@@ -369,6 +369,14 @@ def cancel(job_ids: Sequence[JobId]) -> None:
         _checked(["scancel", *map(str, job_ids)], ok_errors=("already completed", "Invalid job id"))
 
 
+def jobs_on_nodes(nodes: str, timeout_s: float = 10) -> list[tuple[str, str, str]]:
+    """The jobs running on ``nodes`` (a host list, ``node[1-2]``): (job id, the id as squeue shows it, user) each;
+    raises SlurmUnavailable when squeue fails."""
+    out = _checked(["squeue", "-h", "-t", "RUNNING", "-w", nodes, "-o", "%A|%i|%u"], timeout_s=timeout_s)
+    rows = [(line.split("|") + ["", ""])[:3] for line in out.splitlines() if line.strip()]
+    return [(row[0], row[1], row[2]) for row in rows]
+
+
 def show_job(job_id: JobId) -> dict[str, str]:
     """``scontrol show job -o``: the job's fields (``JobState``, ``Reason``...) as a dict."""
     out = _checked(["scontrol", "show", "job", "-o", str(job_id)])
@@ -422,15 +430,31 @@ def partition_summary() -> list[Partition]:
     return parse_sinfo(run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout)
 
 
-def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
-    """First column of a ``sacctmgr -n -P`` listing; None where accounting cannot be asked."""
+def sacctmgr_rows(args: Sequence[str]) -> list[list[str]] | None:
+    """The rows of a ``sacctmgr -n -P`` listing, split at ``|``; None where accounting cannot be asked."""
     try:
         result = run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
     except SlurmUnavailable:
         return None
     if result.returncode != 0:
         return None
-    return sorted({line.split("|")[0] for line in result.stdout.splitlines() if line.strip()})
+    return [line.split("|") for line in result.stdout.splitlines() if line.strip()]
+
+
+def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
+    """First column of a ``sacctmgr -n -P`` listing; None where accounting cannot be asked."""
+    rows = sacctmgr_rows(args)
+    return None if rows is None else sorted({row[0] for row in rows})
+
+
+def user_jobs_by_qos(user: str) -> dict[str, int]:
+    """How many jobs ``user`` has in the queue (pending, running, completing), by QOS, each array task counted
+    (``squeue -r``) as MaxSubmitJobsPerUser counts them; raises SlurmUnavailable when squeue fails."""
+    out = _checked(["squeue", "-h", "-r", "-u", user, "-o", "%q"])
+    counts: dict[str, int] = {}
+    for qos in out.split():
+        counts[qos] = counts.get(qos, 0) + 1
+    return counts
 
 
 def sbatch_test_only(script: str) -> str | None:

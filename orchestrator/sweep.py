@@ -34,6 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator import cells as cells_mod
+from orchestrator import sbatch_template
 from orchestrator.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint, register_schemas, remember
 from orchestrator.engines.registry import engine_spec
 from orchestrator.refusal import Refusal
@@ -343,7 +344,7 @@ def plan(
                 errors.append(_explain(e, ov))
                 continue
             assert isinstance(container, dict)
-            typed = to_config(container)
+            typed = cells_mod.for_its_gpu(sbatch_template.resolved(to_config(container), search_dirs))
             bad = cells_mod.check_values(typed)
             if bad:
                 errors.extend(f"in the cell {' '.join(ov)}: {r} ({composer.origin(ov, r.key)})" for r in bad)

@@ -15,7 +15,7 @@
 #SBATCH --qos=normal
 #SBATCH --requeue
 #SBATCH --signal=USR2@90
-#SBATCH --time=120
+#SBATCH --time=17
 
 # setup
 # gpudays: environment for the probe
@@ -31,4 +31,4 @@ export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err --cpus-per-task=8 python -u -m submitit.core._submit /sweeps/demo/jobs/%j
+srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err --cpus-per-task=8 --kill-on-bad-exit=1 python -u -m submitit.core._submit /sweeps/demo/jobs/%j

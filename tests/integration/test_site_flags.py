@@ -75,7 +75,7 @@ def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
     assert code == 0, out
     assert "#SBATCH --partition=debug,urgent" in out and "#SBATCH --comment=dry" in out
     srun = next(line for line in out.splitlines() if line.startswith("srun "))
-    assert "--cpus-per-task=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
+    assert "--cpus-per-task=1 --kill-on-bad-exit=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
     assert not (tmp_path / "dry" / "cells").exists() or not any((tmp_path / "dry" / "cells").iterdir())
 
     code = cli.main([*common, *site, "cluster.partition='debug,nosuch'"])
@@ -136,3 +136,108 @@ def test_exclusive_cells_never_share_a_node(slurm_cluster, tmp_path: Path, capsy
     for i, (node, start, end) in enumerate(spans):
         for other, other_start, other_end in spans[i + 1 :]:
             assert node != other or end <= other_start or other_end <= start, spans
+
+
+def test_a_sweep_larger_than_a_qos_per_user_job_limit_ends_with_every_cell_ok(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = slurm_cluster.run_client
+    enforce = next(
+        line for line in run(["scontrol", "show", "config"]).splitlines() if "AccountingStorageEnforce" in line
+    )
+    assert "limits" in enforce, f"a cluster started by an older gpudays enforces no limits ({enforce}): restart it"
+    qos = "gpudays-limited"
+    run(["sacctmgr", "-i", "add", "qos", qos, "MaxSubmitJobsPerUser=2"], check=False)
+    run(["sacctmgr", "-i", "modify", "qos", qos, "set", "MaxSubmitJobsPerUser=2"])
+    run(["sacctmgr", "-i", "modify", "user", "root", "set", f"qos+={qos}"])
+    try:
+        # The limit is real, and counts array tasks: a 3-task array is refused outright.
+        refused = run(["sbatch", f"--qos={qos}", "--array=0-2", "--wrap=true", "--output=/dev/null"], check=False)
+        assert "Submitted" not in refused
+        sweep_dir = tmp_path / "limited"
+        code = cli.main(
+            [
+                "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
+                "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=1", "model.seq_length=32,33,34,35,36", "cluster.cpus_per_gpu=1",
+                "cluster.time_limit_min=5", f"cluster.qos={qos}", "--wait",
+            ]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "3 cell(s) held back" in out and f"QOS {qos!r} allows 2 queued jobs per user" in out, out
+        paths = SweepPaths(sweep_dir)
+        records = [json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()]
+        assert len(records) == 5 and all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
+    finally:
+        run(["sacctmgr", "-i", "modify", "user", "root", "set", f"qos-={qos}"], check=False)
+        run(["sacctmgr", "-i", "delete", "qos", qos], check=False)
+
+
+def test_one_crashed_rank_ends_its_cell_at_once_with_a_classified_record(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import time
+
+    sweep_dir = tmp_path / "crash"
+    started = time.monotonic()
+    code = cli.main(
+        [
+            "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "num_gpus=2", "probe.kind=fail", "probe.fail_rank=1", "probe.sleep_s=1", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=3", "--wait", "--interval", "1",
+        ]
+    )  # fmt: skip
+    took_s = time.monotonic() - started
+    out = capsys.readouterr().out
+    assert code == 1, out
+    paths = SweepPaths(sweep_dir)
+    (cell_id,) = paths.cell_ids()
+    record = json.loads(paths.record(cell_id).read_text())
+    assert record["status"] == "failed" and record["reason"].startswith("rank 1: InjectedFailure"), record["reason"]
+    assert record["environment"]["recorded_by_rank"] == 1
+    # Rank 0 waits 600 s for rank 1, as a collective would: srun --kill-on-bad-exit ends it when rank 1 exits.
+    assert took_s < 90, f"the cell took {took_s:.0f} s: rank 0 was left waiting"
+
+
+def test_cells_sharing_a_node_are_recorded_and_flagged_by_the_report(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sweep_dir = tmp_path / "shared"
+    code = cli.main(
+        [
+            "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "probe.kind=sleep", "probe.sleep_s=6", "model.seq_length=32,33", "cluster.cpus_per_gpu=1",
+            "cluster.time_limit_min=5", "cluster.exclusive=false", "+cluster.sbatch_extra.nodelist=node1", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    records = [json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()]
+    assert all(r["environment"]["shared_node"] is True for r in records), [r["environment"] for r in records]
+    jobs = {_job(r): r for r in records}
+    for job, record in jobs.items():
+        (other,) = set(jobs) - {job}
+        seen = {entry.split()[0] for entry in record["environment"]["node_jobs_at_start"]}
+        seen |= {entry.split()[0] for entry in record["environment"]["node_jobs_at_end"]}
+        assert other in seen, (job, record["environment"])
+    assert "measured on a node shared with other jobs" in (sweep_dir / "report.md").read_text()
+
+
+def test_bound_ranks_each_hold_their_cpus_per_gpu(slurm_cluster, tmp_path: Path, capsys) -> None:
+    # The local cluster binds tasks (task/affinity); a site's own binding comes through cluster.srun_args.
+    sweep_dir = tmp_path / "bound"
+    code = cli.main(
+        [
+            "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
+            "num_gpus=2", "probe.kind=sleep", "probe.sleep_s=1", "cluster.cpus_per_gpu=1", "cluster.exclusive=true",
+            "cluster.time_limit_min=5", "cluster.srun_args=['--cpu-bind=cores']", "--wait",
+        ]
+    )  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0, out
+    paths = SweepPaths(sweep_dir)
+    (cell_id,) = paths.cell_ids()
+    rank_cpus = json.loads(paths.record(cell_id).read_text())["environment"]["rank_cpus"]
+    assert [len(cpus) for cpus in rank_cpus] == [1, 1], rank_cpus
+    assert rank_cpus[0] != rank_cpus[1], f"each rank on a CPU of its own: {rank_cpus}"

@@ -16,7 +16,7 @@ import pytest
 from analysis import synthetic
 from analysis.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_STALLED, STOP_TARGET, Goal, decide
 from analysis.inputs import flat_cell
-from orchestrator import adaptive, cli, lifecycle
+from orchestrator import adaptive, cli, lifecycle, quota
 from orchestrator.adaptive_state import AdaptiveState, BadAdaptiveState, Round, read_state, write_grid, write_state
 from orchestrator.attempts import Attempt, append_attempt, next_attempt
 from orchestrator.launch import write_cell
@@ -120,12 +120,14 @@ def test_goal_refuses_what_it_cannot_mean() -> None:
 
 def answering(
     paths: SweepPaths, truth: pd.DataFrame, configs_: Mapping[str, Container], fail: Callable[[str, int], bool]
-) -> Callable[..., bool]:
+) -> Callable[..., quota.Waves]:
     """A stand-in for lifecycle.submit_cells: every cell 'runs' here at once and leaves the record its truth says
     (or a failure where ``fail(cell, attempt)``)."""
     by_id = truth.set_index("cell_id")
 
-    def submit(p: SweepPaths, cells: Mapping[str, Config], before_start: Callable[[str], None] | None = None) -> bool:
+    def submit(
+        p: SweepPaths, cells: Mapping[str, Config], before_start: Callable[[str], None] | None = None
+    ) -> quota.Waves:
         for cid in cells:
             if before_start is not None:
                 before_start(cid)
@@ -138,7 +140,7 @@ def answering(
                 metrics = synthetic.metrics(config, float(row["step_time_s"]), int(row["micro_batch_size"]), 10.0)
                 rec = synthetic.record(cid, config, metrics_=metrics, attempt=attempt)
             write_record(paths.record(cid), rec, durable=False)
-        return False
+        return quota.Waves(p)  # nothing went to SLURM
 
     return submit
 

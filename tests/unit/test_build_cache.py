@@ -6,7 +6,13 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.build_cache import cache_root, canonical_sys_path, extensions_dir_name, pin_build_environment
+from orchestrator.build_cache import (
+    cache_root,
+    canonical_sys_path,
+    cpu_isa,
+    extensions_dir_name,
+    pin_build_environment,
+)
 
 
 def test_two_spellings_of_one_environment_become_one(tmp_path: Path) -> None:
@@ -45,3 +51,16 @@ def test_pinning_keeps_what_the_user_set(tmp_path: Path) -> None:
     again = pin_build_environment({"GPUDAYS_CACHE_DIR": str(tmp_path)})
     assert again["TORCH_EXTENSIONS_DIR"] == settings["TORCH_EXTENSIONS_DIR"], "the same folder every time"
     assert again["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "inductor")
+
+
+def test_the_extensions_folder_names_the_cpus_instruction_set() -> None:
+    skylake = "processor : 0\nflags : fpu sse sse2 avx avx2 fma avx512f avx512bw hypervisor constant_tsc\n"
+    same_type = "processor : 0\nflags : fpu sse sse2 avx avx2 fma avx512f avx512bw arch_perfmon\n"
+    zen2 = "processor : 0\nflags : fpu sse sse2 avx avx2 fma sha_ni\n"
+    assert cpu_isa(skylake) == cpu_isa(same_type), "flags no build uses do not split a node type"
+    assert cpu_isa(skylake) != cpu_isa(zen2), "an op built with AVX-512 is not run where there is none"
+    assert extensions_dir_name({}, skylake) != extensions_dir_name({}, zen2)
+    assert extensions_dir_name({}, skylake).endswith(cpu_isa(skylake))
+    graviton = "processor : 0\nFeatures : fp asimd evtstrm aes sve sve2 bf16 i8mm\n"
+    assert cpu_isa(graviton) != cpu_isa("processor : 0\nFeatures : fp asimd evtstrm aes\n")
+    assert "-" not in cpu_isa(""), "no flags: the architecture alone"

@@ -131,8 +131,38 @@ def test_a_probe_budget_the_time_limit_cannot_hold_names_both_ways_out(make_cell
     assert cells.check_runnable(to_config(sleeper)) == []
 
 
+@pytest.mark.parametrize(
+    ("overrides", "minutes"),
+    [
+        ((), 17),  # 2 x (300 s budget + 120 s start-up + 90 s warning) = 1,020 s
+        (("probe.time_budget_s=1200",), 47),  # 2 x 1,410 s = 2,820 s
+        (("probe=quick",), 10),  # 2 x 230 s = 460 s: the 10-minute floor
+        (("probe.kind=sleep", "probe.sleep_s=600"), 27),  # a sleep probe needs its sleep, not the budget
+        (("cluster.time_limit_min=45",), 45),  # a number overrides the derivation
+    ],
+)
+def test_the_time_limit_is_derived_from_the_probe_with_its_margin_unless_set(
+    make_cell, overrides: tuple[str, ...], minutes: int
+) -> None:
+    from orchestrator import launch
+
+    cell = to_config(make_cell("cluster=slurm", *overrides))
+    assert cells.time_limit_min(cell) == minutes
+    assert launch.resources(cell).time_limit_min == minutes, "what sbatch gets as --time"
+    assert cells.check_runnable(cell) == [], "a derived limit always holds the probe"
+
+
 def test_a_cell_yaml_with_an_unknown_key_is_named(make_cell) -> None:
     cell = make_cell()
     cell["method"]["zero_stag"] = 1
     with pytest.raises(ValueError, match="zero_stag.*accepted: .*zero_stage"):
         to_config(cell)
+
+
+def test_a_mig_instance_is_a_gpu_type_of_one_rank_cells(make_cell) -> None:
+    one = to_config(make_cell("cluster=slurm", "gpu=a100-80gb-mig-3g.40gb", "model=pythia-70m", "num_gpus=1"))
+    assert one.gpu.mig_profile == "3g.40gb" and one.gpu.memory_gib == 40
+    assert cells.check_values(one) == [] and cells.check_runnable(one) == []
+    two = to_config(make_cell("cluster=slurm", "gpu=a100-80gb-mig-3g.40gb", "model=pythia-70m", "num_gpus=2"))
+    (refusal,) = cells.check_runnable(two)
+    assert refusal.key == "num_gpus" and "MIG instance (3g.40gb)" in refusal.reason and "num_gpus=1" in refusal.reason

@@ -262,7 +262,7 @@ def test_resume_wait_with_nothing_to_resubmit_waits_for_the_running_cells(
     _cell(tmp_path, tiny_config, "ok")
     _running(tmp_path, tiny_config)
     waited: list[Path] = []
-    monkeypatch.setattr(lifecycle, "wait_for", lambda paths, interval_s=5.0: waited.append(paths.root))
+    monkeypatch.setattr(lifecycle, "wait_for", lambda paths, interval_s=5.0, waves=None: waited.append(paths.root))
     cli.main(["resume", str(tmp_path), "--wait"])
     assert waited == [tmp_path], "--wait waits for every active cell, whoever submitted it"
 

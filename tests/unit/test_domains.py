@@ -49,6 +49,9 @@ CHECKED_ELSEWHERE = {
     "cluster.srun_args": "orchestrator.passthrough.problems: none of the srun options gpudays sets",
     "cluster.exclusive": "OmegaConf: true, false or null (auto)",
     "cluster.python": "orchestrator.passthrough.problems: one non-empty command line",
+    "cluster.gpus_per_node_by_gpu": "orchestrator.cells.check_scheduler_strings: each value an integer >= 1",
+    "cluster.cpus_per_gpu_by_gpu": "check_scheduler_strings: each value an integer >= 1",
+    "cluster.mem_gb_per_gpu_by_gpu": "check_scheduler_strings: each value an integer >= 1",
 }
 """Fields whose rules are more than a domain, and the check that holds them."""
 

@@ -35,6 +35,8 @@ def job(tmp_path: Path, make_cell: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         cell = make_cell("model=pythia-tiny", "gpu=cpu", *overrides)
         paths.cell_dir("abc").mkdir(parents=True, exist_ok=True)
         (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
+        for claim in paths.cell_dir("abc").glob("ranks/*-recorded"):
+            claim.unlink()  # each call stands for a new job, whose first failing rank claims the record anew
         status = jobside.run_cell(str(tmp_path), "abc", 1)
         record = read_record(paths.record("abc"), "abc")
         assert isinstance(record, Record)
@@ -83,3 +85,67 @@ def test_an_exception_no_probe_caught_is_failed_or_after_sigterm_a_timeout(
     monkeypatch.setattr(jobside, "_time_limit_signal", TimeSignal("SIGTERM", time.time()))
     status, record, _ = job()
     assert status == "timeout" and record.reason is not None and "SLURM's time limit: SIGTERM" in record.reason
+
+
+def test_the_first_rank_to_fail_writes_the_record_and_a_peer_failing_after_it_does_not(
+    tmp_path: Path, make_cell: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = SimpleNamespace(global_rank=1, num_tasks=2, local_rank=1, num_nodes=1, job_id="7", hostnames=["here"])
+    monkeypatch.setattr(jobside.submitit, "JobEnvironment", lambda: fake)
+    monkeypatch.setattr(jobside, "set_distributed_env", lambda *args: None)
+    monkeypatch.setattr(jobside, "_time_limit_signal", None)
+    monkeypatch.setattr(jobside, "PEER_RECORD_DELAY_S", 0.0)
+    monkeypatch.setenv("GPUDAYS_DIST_TIMEOUT_S", "0")
+    for name in ("DS_ACCELERATOR", "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    paths = SweepPaths(tmp_path)
+    paths.cell_dir("abc").mkdir(parents=True)
+    cell = make_cell("model=pythia-tiny", "gpu=cpu", "probe.kind=fail", "probe.fail_rank=1", "num_gpus=2")
+    (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
+    assert jobside.run_cell(str(tmp_path), "abc", 1) == "failed"  # rank 1: the one that fails
+    record = read_record(paths.record("abc"), "abc")
+    assert isinstance(record, Record) and record.reason is not None
+    assert record.reason.startswith("rank 1: InjectedFailure: probe.kind=fail")
+    assert record.environment["recorded_by_rank"] == 1 and record.traceback and "fail_probe" in record.traceback
+    fake.global_rank, fake.local_rank = 0, 0  # rank 0 then fails too, as a peer left in a collective would
+    assert jobside.run_cell(str(tmp_path), "abc", 1) == "failed"
+    again = read_record(paths.record("abc"), "abc")
+    assert isinstance(again, Record) and again.reason == record.reason, "the first failure is the record"
+
+
+def test_a_rank_that_ended_its_cell_badly_exits_non_zero_on_slurm(monkeypatch: pytest.MonkeyPatch) -> None:
+    statuses = iter(["failed", "ok", "does_not_fit", "comm_error"])
+    monkeypatch.setattr(jobside, "run_cell", lambda *args: next(statuses))
+    monkeypatch.setattr(jobside, "superseded", lambda *args: False)
+    monkeypatch.setattr(jobside.CellJob, "_guard_time_limit", lambda self: None)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    job = jobside.CellJob("/sweep", "abc", 1)
+    with pytest.raises(jobside.RankEnded, match="ended failed on this rank"):
+        job()
+    assert job() == "ok" and job() == "does_not_fit", "ranks that end together exit 0"
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    assert job() == "comm_error", "no srun to end the peers: the status is returned"
+
+
+def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator import slurm
+
+    queue = [[("7", "7", "me"), ("41", "40_1", "alice")], [("7", "7", "me")]]
+    monkeypatch.setattr(slurm, "jobs_on_nodes", lambda nodes: queue.pop(0))
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    _, _, raw = job("probe.kind=sleep")
+    env = raw["environment"]
+    assert env["node_jobs_at_start"] == ["40_1 alice"] and env["node_jobs_at_end"] == []
+    assert env["shared_node"] is True, "a job beside it at the start is enough"
+
+    def broken(nodes: str) -> Any:
+        raise slurm.SlurmUnavailable("squeue did not answer")
+
+    monkeypatch.setattr(slurm, "jobs_on_nodes", broken)
+    status, _, raw = job("probe.kind=sleep")
+    assert status == "ok" and raw["environment"]["shared_node"] is None, "unknown, and the cell is not failed for it"
+    monkeypatch.delenv("SLURM_JOB_NODELIST")
+    assert job("probe.kind=sleep")[2]["environment"]["node_jobs_at_start"] is None, "not a SLURM job"

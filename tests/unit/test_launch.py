@@ -187,3 +187,30 @@ def test_with_no_gpu_the_advice_names_only_accepted_values_and_comes_without_tor
     assert local.cuda_device_count({}, str(tmp_path / "nvidia[0-9]*")) == 0
     (tmp_path / "nvidia0").touch()
     assert local.cuda_device_count({"CUDA_VISIBLE_DEVICES": ""}, str(tmp_path / "nvidia[0-9]*")) == 0
+
+
+def test_each_gpu_type_gets_its_nodes_gpus_cpus_and_memory() -> None:
+    from orchestrator.sweep import plan
+
+    p = plan(
+        [
+            "model=pythia-70m", "gpu=a100-80gb,h100-80gb", "num_gpus=8", "cluster=example-university",
+            "+cluster.gpus_per_node_by_gpu={h100-80gb: 8}", "+cluster.cpus_per_gpu_by_gpu={h100-80gb: 12}",
+            "+cluster.mem_gb_per_gpu_by_gpu={h100-80gb: 120}",
+        ]
+    )  # fmt: skip
+    (h100,) = [c.typed for c in p.cells]
+    (a100,) = [c for c in p.skipped]
+    assert h100.gpu.name == "h100-80gb" and h100.cluster.gpus_per_node == 8
+    res = launch.resources(h100)
+    assert (res.tasks_per_node, res.cpus_per_task, res.mem_gb, res.gres) == (8, 12, 960, "gpu:h100:8")
+    assert not res.exclusive, "8 of a node's 8 GPUs: the node is the cell's anyway"
+    assert any("4 (cluster.gpus_per_node)" in str(r) for r in a100.refusals), "A100 nodes keep 4 GPUs"
+
+
+def test_a_node_setting_per_gpu_type_must_be_a_positive_integer(make_typed) -> None:
+    from orchestrator import cells
+
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb")
+    cell.cluster.cpus_per_gpu_by_gpu = {"a100-80gb": 0}
+    assert [r.key for r in cells.check_values(cell)] == ["cluster.cpus_per_gpu_by_gpu.a100-80gb"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +43,8 @@ def test_sbatch_extra_lands_among_the_directives_before_the_first_command(make_t
         ({"--job_name": "x"}, [], "cluster.sbatch_extra.--job_name", "name"),
         ({}, ["-c4"], "cluster.srun_args[0]", "cluster.cpus_per_gpu"),
         ({}, ["--output=x"], "cluster.srun_args[0]", "jobs/"),
+        ({}, ["-K0"], "cluster.srun_args[0]", "one rank that fails ends its cell"),
+        ({}, ["--kill-on-bad-exit=0"], "cluster.srun_args[0]", "one rank that fails ends its cell"),
     ],
 )
 def test_a_flag_gpudays_sets_cannot_be_passed_again(
@@ -74,7 +77,7 @@ def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None
     srun = next(
         line for line in executor._make_submission_file_text(command, "0").splitlines() if line.startswith("srun")
     )
-    assert "--cpus-per-task=8 --cpu-bind=cores " + wrapper in srun
+    assert "--cpus-per-task=8 --kill-on-bad-exit=1 --cpu-bind=cores " + wrapper in srun
 
 
 def test_planning_refuses_a_repeated_flag_before_submission(make_cell) -> None:
@@ -135,3 +138,22 @@ def test_exclusive_is_not_passed_a_second_time(make_typed) -> None:
     cell.cluster.sbatch_extra = {"exclusive": ""}
     (refusal,) = [r for r in cells.check_values(cell) if r.key == "cluster.sbatch_extra.exclusive"]
     assert "cluster.exclusive" in refusal.reason
+
+
+def test_a_template_in_a_cd_folder_is_found_and_kept_as_its_path(tmp_path: Path) -> None:
+    from orchestrator.sweep import plan
+
+    (tmp_path / "cluster").mkdir()
+    (tmp_path / "sbatch_templates").mkdir()
+    (tmp_path / "cluster" / "my-site.yaml").write_text("backend: slurm\ntemplate: my-site.sh.j2\ncpus_per_gpu: 2\n")
+    (tmp_path / "sbatch_templates" / "my-site.sh.j2").write_text(
+        "module load site-cuda\nexport OMP_NUM_THREADS={{ cpus_per_task }}\n"
+    )
+    p = plan(["model=pythia-tiny", "gpu=cpu", "cluster=my-site"], search_dirs=[tmp_path])
+    (cell,) = p.cells
+    assert cell.typed.cluster.template == str(tmp_path.resolve() / "sbatch_templates" / "my-site.sh.j2")
+    # Rendered from that path, with no -cd folder needed any more (resume reads it from cell.yaml).
+    assert launch.render_setup(launch.resources(cell.typed)) == ["module load site-cuda", "export OMP_NUM_THREADS=2"]
+    missing = plan(["model=pythia-tiny", "gpu=cpu", "cluster=slurm", "cluster.template=nowhere.sh.j2"])
+    with pytest.raises(launch.SubmissionRefused, match="nor in a -cd folder's sbatch_templates/"):
+        launch.render_setup(launch.resources(missing.cells[0].typed))
