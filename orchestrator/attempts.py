@@ -144,14 +144,26 @@ def append_attempt(paths: SweepPaths, attempt: Attempt, durable: bool = True) ->
     return append_line(paths.attempts(attempt.cell_id), attempt.to_line(), durable)
 
 
-def write_intents(paths: SweepPaths, intents: Iterable[Attempt]) -> None:
+Written = list[tuple[str, int]]
+"""What :func:`write_intents` appended: each cell id with its attempts.jsonl's size before."""
+
+
+def write_intents(paths: SweepPaths, intents: Iterable[Attempt]) -> Written:
     """Append the intent of each attempt, all or none: when one cannot be written (a full disk), those already
-    written are taken back, every cell stays as it was, and WriteFailed names the file."""
-    written: list[tuple[str, int]] = []
+    written are taken back, every cell stays as it was, and WriteFailed names the file. Returns what
+    :func:`take_back` needs to undo them, should the scheduler never get the job."""
+    written: Written = []
     try:
         for intent in intents:
             written.append((intent.cell_id, append_attempt(paths, intent)))
     except BaseException:
-        for cell_id, size in written:
-            truncate_to(paths.attempts(cell_id), size)
+        take_back(paths, written)
         raise
+    return written
+
+
+def take_back(paths: SweepPaths, written: Written) -> None:
+    """Remove intents that surely never reached the scheduler (under the sweep's lock, so nothing was appended
+    after them): their cells are as they were before, not ``lost``."""
+    for cell_id, size in written:
+        truncate_to(paths.attempts(cell_id), size)

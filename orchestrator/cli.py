@@ -9,7 +9,6 @@ command does lives in ``orchestrator.lifecycle`` (submit, wait, finish, resume),
 from __future__ import annotations
 
 import argparse
-import errno
 import math
 import sys
 from importlib import metadata
@@ -18,14 +17,10 @@ from typing import Any
 
 from orchestrator import budget_cli, console
 from orchestrator import sweep as sweep_mod
-from orchestrator.durable import WriteFailed
+from orchestrator.durable import FULL_OR_BROKEN, WriteFailed
 from orchestrator.lifecycle import EXIT_MEANING, Exit, LifecycleError
 
 EXIT_BAD_INPUT = Exit.BAD_INPUT
-FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
-"""Errors of a write that no other folder would have avoided (a full disk, a quota, a failing or read-only file
-system): exit WRITE_FAILED. A folder that cannot be written for its own sake (a file in the way, no permission, a
-name too long) is bad input."""
 
 EPILOG = "exit codes:\n" + "\n".join(f"  {code.value:<4} {meaning}" for code, meaning in EXIT_MEANING.items())
 DESCRIPTION = (

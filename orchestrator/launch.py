@@ -15,6 +15,7 @@ Cells on this machine run through orchestrator.local.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 import shlex
@@ -28,9 +29,9 @@ import jinja2
 import submitit
 import yaml
 
-from orchestrator import cells, faults
-from orchestrator.attempts import Attempt, append_attempt, next_attempt, write_intents
-from orchestrator.durable import WriteFailed, write_text_atomic
+from orchestrator import cells, faults, slurm
+from orchestrator.attempts import Attempt, Written, append_attempt, next_attempt, take_back, write_intents
+from orchestrator.durable import WriteFailed, refused_write, write_text_atomic
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.passthrough import sbatch_options
 from orchestrator.paths import SweepPaths
@@ -321,12 +322,18 @@ def submit_slurm(
                 for i, cid in enumerate(chunk)
             ]  # fmt: skip
             faults.point("before-intent")
-            write_intents(paths, intents)
+            written = write_intents(paths, intents)
             faults.point("before-sbatch")
             faults.point("during-sbatch")
             executor.update_parameters(job_name=token)
-            with submission_environment(), executor.batch():
-                jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+            try:
+                with submission_environment(), executor.batch():
+                    jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+            except Exception as e:
+                refused = _unsubmitted(paths, written, token, e)
+                if refused is e:
+                    raise
+                raise refused from e
             faults.point("after-sbatch")
             for intent, job in zip(intents, jobs, strict=True):
                 sub = replace(intent, job_id=str(job.job_id), submitted_at=intent.submitted_at)
@@ -340,3 +347,17 @@ def submit_slurm(
                 out.append(sub)
             faults.point("after-attempt")
     return out
+
+
+def _unsubmitted(paths: SweepPaths, written: Written, token: str, error: Exception) -> BaseException:
+    """What to raise when a chunk's submission failed (submitit could not write its files, or sbatch refused):
+    where the scheduler surely has no job of the chunk's name, its intents are taken back, so every cell is as it
+    was (an ``ok`` cell stays ``ok``, not ``lost``); else they stay for the next command to reconcile. A write a
+    full disk refused becomes WriteFailed naming its file."""
+    try:
+        named = slurm.jobs_named([token], dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
+        if named.complete and token not in named.jobs:
+            take_back(paths, written)
+    except slurm.SlurmUnavailable:
+        pass
+    return refused_write(error, paths.jobs_dir, "nothing of it was submitted")

@@ -143,7 +143,7 @@ def _submit(
 ) -> bool:
     """Submit SLURM cells, run local ones here (inside the caller's lock); True if any went to SLURM.
 
-    ``before_start`` is called with each cell id once its job is accepted (SLURM) or about to start (local)."""
+    ``before_start`` is called with each cell id once its job is accepted (SLURM) or started (local)."""
     slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     if slurm:
@@ -272,7 +272,7 @@ def resume(
         console.out(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
         # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
         # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
-        # inside _submit, so theirs are moved just before each starts.
+        # inside _submit, so theirs are moved as each starts.
         submitted_to_slurm = _submit(paths, configs, before_start=lambda cid: _archive_record(paths, by_id[cid]))
     return _follow(paths, submitted_to_slurm, wait, True, interval_s)
 

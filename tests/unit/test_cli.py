@@ -278,6 +278,27 @@ def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, ti
     assert [p.name for p in paths.cell_dir(cid).glob("record*")] == ["record.json"]
 
 
+def test_a_local_job_a_full_disk_kept_from_starting_leaves_the_cell_as_it_was(
+    tmp_path: Path, tiny_config, capsys, monkeypatch
+) -> None:
+    import errno
+
+    import submitit
+
+    cid = _cell(tmp_path, tiny_config, "failed", reason="boom")
+    paths = SweepPaths(tmp_path)
+    record, attempts = paths.record(cid).read_bytes(), paths.attempts(cid).read_bytes()
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device", str(paths.jobs_dir / "x_submitted.pkl"))
+
+    monkeypatch.setattr(submitit.LocalExecutor, "submit", full)
+    assert cli.main(["resume", str(tmp_path)]) == Exit.WRITE_FAILED
+    assert "x_submitted.pkl: No space left on device; the cell was not started" in capsys.readouterr().err
+    assert paths.record(cid).read_bytes() == record, "the record is moved aside only once a job has started"
+    assert paths.attempts(cid).read_bytes() == attempts, "the intent of a job that never started is taken back"
+
+
 def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never_followed(
     tmp_path: Path, tiny_config, capsys
 ) -> None:
