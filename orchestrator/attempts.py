@@ -123,6 +123,21 @@ def read_attempts(paths: SweepPaths, cell_id: str) -> list[Attempt]:
     return merge_lines(_read_lines(paths, cell_id)[0])
 
 
+def damaged_lines(paths: SweepPaths) -> list[str]:
+    """Each cell whose attempts.jsonl holds lines that cannot be read (cut short by a crash mid-write, or not an
+    attempt), one line each: every reader skips them the same way, and ``status``, ``show``, ``resume`` and
+    ``report`` say so."""
+    out = []
+    for cell_id in paths.cell_ids():
+        damaged = _read_lines(paths, cell_id)[1]
+        if damaged:
+            out.append(
+                f"cells/{cell_id}/{paths.attempts(cell_id).name}: {damaged} line(s) cut short or unreadable, "
+                "skipped (their attempt numbers are not given again)"
+            )
+    return out
+
+
 def next_attempt(paths: SweepPaths, cell_id: str) -> int:
     """1 for a cell never submitted, else one more than its submissions so far (a damaged line counts: its job
     may have run, and its number is not given to another)."""

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import admission, cells, console, intents, launch, local, prediction, status
-from orchestrator.attempts import read_attempts
+from orchestrator.attempts import damaged_lines, read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
@@ -314,8 +314,9 @@ def _archive_record(paths: SweepPaths, s: Any) -> None:
 
 
 def say_damaged(paths: SweepPaths) -> None:
-    """Entries under cells/ that are not cells, on stderr: no cell leaves a sweep without a word."""
-    for line in paths.damaged_cells():
+    """Entries under cells/ that are not cells, and attempts.jsonl lines skipped, on stderr: nothing is dropped
+    from a sweep without a word."""
+    for line in [*paths.damaged_cells(), *damaged_lines(paths)]:
         console.note(f"{paths.root}: {line}")
 
 

@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from orchestrator import cli, console, launch, lifecycle, local
+from orchestrator.attempts import next_attempt, read_attempts
 from orchestrator.durable import append_jsonl
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths
@@ -319,6 +320,21 @@ def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never
     assert "cells/alias is a link" in capsys.readouterr().err
     assert (cells / good / "record.json").read_bytes() == before
     assert not (cells / good / "attempts.jsonl").read_text().count("alias")
+
+
+def test_a_torn_attempt_line_is_said_by_status_show_resume_and_report(tmp_path: Path, tiny_config, capsys) -> None:
+    from analysis.records import load_cells
+
+    cid = _cell(tmp_path, tiny_config, "ok")
+    paths = SweepPaths(tmp_path)
+    with open(paths.attempts(cid), "a") as f:
+        f.write('{"attempt": 2, "backend": "slurm", "tok')  # a crash mid-append
+    said = f"cells/{cid}/attempts.jsonl: 1 line(s) cut short or unreadable, skipped"
+    for argv in (["status", str(tmp_path)], ["show", str(tmp_path), cid], ["resume", str(tmp_path)]):
+        cli.main(argv)
+        assert said in capsys.readouterr().err, argv
+    assert any(said in p for p in load_cells([tmp_path]).problems)
+    assert [a.attempt for a in read_attempts(paths, cid)] == [1] and next_attempt(paths, cid) == 3
 
 
 def test_a_record_that_is_a_fifo_is_corrupt_and_never_waited_on(tmp_path: Path, tiny_config, capsys) -> None:
