@@ -202,8 +202,12 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue
         # where the cluster's JobRequeue is 0; then the site's own options (cluster.sbatch_extra).
+        # Held until gpudays has written the job ids and submitit has made the job's folder and pickle: a gpudays
+        # killed in between leaves a held job that the next command adopts and releases, never one that starts
+        # without the folder for its logs (SLURM fails it at once) or its pickle (submitit fails it after 60 s).
         "additional_parameters": {
             "requeue": True,
+            "hold": True,
             **({"exclusive": True} if res.exclusive else {}),
             **dict(res.sbatch_extra),
         },
@@ -345,6 +349,7 @@ def submit_slurm(
                 if on_submitted is not None:
                     on_submitted(sub.cell_id)
                 out.append(sub)
+            release_held([slurm.JobId.parse(str(job.job_id)) for job in jobs])
             faults.point("after-attempt")
     return out
 
@@ -361,3 +366,12 @@ def _unsubmitted(paths: SweepPaths, written: Written, token: str, error: Excepti
     except slurm.SlurmUnavailable:
         pass
     return refused_write(error, paths.jobs_dir, "nothing of it was submitted")
+
+
+def release_held(job_ids: Sequence[slurm.JobId]) -> None:
+    """Let jobs that were submitted held run (their arrays whole, one call); where SLURM refuses, they stay held,
+    and ``status`` shows them so (``resume`` releases a user's hold)."""
+    try:
+        slurm.release(sorted({slurm.JobId(j.job) for j in job_ids}, key=lambda j: j.job))
+    except slurm.SlurmUnavailable:
+        pass

@@ -203,11 +203,11 @@ def killed(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactory
         command, point = case
         args = sweep_args(folders[case], names[case]) if command == "sweep" else ["resume", str(folders[case])]
         cut = gpudays(args, fault=point, env_extra=during if point == "during-sbatch" else None)
-        cases[case] = Killed(folders[case], names[case], cut.returncode, intents(SweepPaths(folders[case])))
-    for k in cases.values():
-        paths = SweepPaths(k.folder)
-        if paths.cell_ids():
-            k.states_after = {s.cell_id: (s.state, s.reason) for s in status.cell_states(paths)}
+        k = cases[case] = Killed(folders[case], names[case], cut.returncode, intents(SweepPaths(folders[case])))
+        # The next command, at once (as the README's loop would): it adopts the job the killed one sent, and
+        # writes the pickle submitit had not moved into place, which the job waits a minute for when it starts.
+        if SweepPaths(k.folder).cell_ids():
+            k.states_after = {s.cell_id: (s.state, s.reason) for s in status.cell_states(SweepPaths(k.folder))}
     for folder, said in run_until_loops([k.folder for k in cases.values() if SweepPaths(k.folder).cell_ids()]).items():
         next(k for k in cases.values() if k.folder == folder).loop_output = said
     # A sweep killed before any cell was written is run again, as its user would.
