@@ -32,6 +32,7 @@ from analysis.catalog import Catalog
 from analysis.columns import as_int, as_name, as_number
 from orchestrator import states as vocab
 from orchestrator.adaptive_state import BadAdaptiveState, read_grid
+from orchestrator.attempts import damaged_lines
 from orchestrator.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
 from orchestrator.record import METRIC_KINDS, BadCellConfig, BadRecord, Metrics, Record, read_cell_config, read_record
 from orchestrator.values import Row
@@ -253,7 +254,7 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
         refused = read_skipped(paths, problems)
         skipped.extend(refused)
         cell_dirs = _cell_dirs(paths.cells_dir)
-        problems.extend(f"sweep {paths.root}: {line}" for line in paths.damaged_cells())
+        problems.extend(f"sweep {paths.root}: {line}" for line in [*paths.damaged_cells(), *damaged_lines(paths)])
         found = 0
         for cell_id, cell_dir in cell_dirs:
             where = f"cell {cell_id} (sweep {sweep})"

@@ -10,21 +10,29 @@ then, while it runs:
 - node2's slurmd is killed with its job steps, left down past SlurmdTimeout (its jobs end NODE_FAIL and are
   requeued), and started again.
 
+And gpudays itself is killed (``--kill-gpudays``, on by default): the sweep is SIGKILLed right after the sbatch of
+its second array returned, before that array's job ids were written (``GPUDAYS_FAULT=after-sbatch@2``), and the
+same ``gpudays sweep`` is run again, which adopts that array by its job name and submits the cells never sent;
+later the first ``gpudays resume`` is killed the same way after its first sbatch, and the next one adopts its job.
+
 Once the queue has drained, ``gpudays resume DIR --wait`` runs (again, a bounded number of times, while cells
 still need it), and the sweep is checked: every cell ``ok`` with exactly one record.json, written by its latest
-attempt; no attempt ran that attempts.jsonl does not list; no cell lost. Prints the time until the queue drained,
-the cells that needed a rerun and the number of reruns; exits 1 if a check failed.
+attempt; no attempt ran that attempts.jsonl does not list; exactly one job in ``sacct`` per attempt (each job of
+the sweep is found by its name, the token its intent wrote, and no attempt has two); no cell lost. Prints the time
+until the queue drained, the cells that needed a rerun and the number of reruns; exits 1 if a check failed.
 
-    python benchmarks/soak.py [--cells 300] [--seed 0] [--sleep-s 2] [--keep DIR]
+    python benchmarks/soak.py [--cells 300] [--seed 0] [--sleep-s 2] [--no-kill-gpudays] [--keep DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -37,7 +45,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from orchestrator import console, status  # noqa: E402
+from orchestrator import console, faults, status  # noqa: E402
+from orchestrator.attempts import read_attempts  # noqa: E402
 from orchestrator.cluster import LocalCluster, missing_packages, missing_packages_message  # noqa: E402
 from orchestrator.paths import SweepPaths  # noqa: E402
 from orchestrator.record import Record, read_record  # noqa: E402
@@ -65,6 +74,10 @@ class SoakSettings:
     drain_timeout_s: float = 1800.0
     resume_timeout_s: float = 600.0
     max_resumes: int = 3
+    kill_gpudays: bool = True
+    """SIGKILL the sweep after its second sbatch and the first resume after its first (see the module doc)."""
+    name: str = "soak"
+    """The sweep's name: its jobs are named ``gpudays-<name>-<token>``, which tells them from other jobs."""
 
     def __post_init__(self) -> None:
         if self.cells < 4:
@@ -108,6 +121,7 @@ def gpudays(args: list[str], env: dict[str, str], timeout_s: float) -> subproces
 def sweep_overrides(settings: SoakSettings) -> list[str]:
     return [
         "-m",
+        f"name={settings.name}",
         "cluster=slurm",
         "model=pythia-tiny",
         "gpu=cpu",
@@ -195,6 +209,60 @@ def inject_faults(
     return faults
 
 
+def killed_at(point: str, args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """Run a gpudays command that SIGKILLs itself at fault-injection ``point`` (``orchestrator.faults``)."""
+    return gpudays(args, {**env, faults.FAULT_ENV: point}, timeout_s)
+
+
+def since_arg(epoch_s: float) -> str:
+    """``sacct -S``: local time, as the controller reads it."""
+    return dt.datetime.fromtimestamp(epoch_s).strftime("%Y-%m-%dT%H:%M:%S")
+
+
+def sweep_jobs(cluster: LocalCluster, since_s: float, prefix: str) -> list[tuple[str, str, str]]:
+    """``(job id, job name, state)`` of every job since ``since_s`` whose name starts with ``prefix``, array tasks
+    one by one (``12_[3-5]``: tasks that never started)."""
+    out = cluster.run_client(
+        ["sacct", "-n", "-P", "-X", "-a", "-S", since_arg(since_s), "-o", "JobID,JobName,State"], check=False
+    )
+    rows = [line.split("|") for line in out.splitlines() if line.count("|") == 2]
+    return [(job, name, state) for job, name, state in rows if name.startswith(prefix)]
+
+
+def check_jobs(cluster: LocalCluster, paths: SweepPaths, since_s: float, prefix: str) -> list[str]:
+    """Exactly one job per attempt: every job of the sweep in ``sacct`` is an attempt's (its name is the token the
+    attempt's intent wrote before sbatch, its task the cell's index); no attempt has two; each cell's latest
+    attempt has its job."""
+    owner: dict[tuple[str, int | None], tuple[str, int]] = {}
+    for cell_id in paths.cell_ids():
+        for a in read_attempts(paths, cell_id):
+            if a.token:
+                owner[(a.token, a.index)] = (cell_id, a.attempt)
+    problems: list[str] = []
+    ran: dict[tuple[str, int], list[str]] = {}
+    for job_id, name, state in sweep_jobs(cluster, since_s, prefix):
+        if "[" in job_id:  # tasks that never started
+            if state.startswith("PENDING"):
+                problems.append(f"job {job_id} ({name}) is still queued")
+            continue
+        _, _, task = job_id.partition("_")
+        key = (name, int(task) if task else None)
+        if key not in owner:
+            problems.append(f"job {job_id} ({name}, {state}) is no attempt's: no intent names its name and task")
+            continue
+        ran.setdefault(owner[key], []).append(job_id)
+    for (cell_id, attempt), ids in sorted(ran.items()):
+        if len(ids) > 1:
+            problems.append(f"{cell_id}: attempt {attempt} has {len(ids)} jobs in sacct ({', '.join(ids)})")
+    for cell_id in paths.cell_ids():
+        tries = read_attempts(paths, cell_id)
+        if not tries:
+            problems.append(f"{cell_id}: never submitted")
+        elif (cell_id, tries[-1].attempt) not in ran:
+            problems.append(f"{cell_id}: its latest attempt ({tries[-1].attempt}) has no job in sacct")
+    return problems
+
+
 def check_sweep(paths: SweepPaths, settings: SoakSettings, states: list[status.CellState]) -> list[str]:
     """Every cell ok, once; records from the latest attempt; no attempt ran that was not submitted; none lost."""
     problems: list[str] = []
@@ -249,14 +317,26 @@ def run_soak(
     paths = SweepPaths(sweep_dir)
     os.environ.update(cluster.env())  # status, in this process, asks this cluster
     env = {**os.environ, **cluster.env(), "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    started = time.monotonic()
-    sweep = gpudays(["sweep", *sweep_overrides(settings), "--dir", str(sweep_dir)], env, timeout_s=600)
+    started, since_s = time.monotonic(), time.time() - 1
+    sweep_args = ["sweep", *sweep_overrides(settings), "--dir", str(sweep_dir)]
+    killed: list[str] = []
+    if settings.kill_gpudays:
+        # Killed after the second array's sbatch returned, before its job ids were written: the same command
+        # again must adopt that array (by its job name) and submit only the cells never sent.
+        first = killed_at("after-sbatch@2", sweep_args, env, timeout_s=600)
+        if first.returncode != -signal.SIGKILL:
+            raise RuntimeError(f"gpudays sweep was to be killed, but it exited {first.returncode}:\n{first.stdout}")
+        killed.append(f"killed gpudays sweep after its second sbatch, before the job ids were written "
+                      f"({sum(1 for a in attempts_by_cell(paths).values() if a)} cells had an intent)")  # fmt: skip
+    sweep = gpudays(sweep_args, env, timeout_s=600)
     if sweep.returncode != 0:
         raise RuntimeError(f"gpudays sweep failed ({sweep.returncode}):\n{sweep.stdout[-3000:]}{sweep.stderr[-3000:]}")
     arrays = array_ids(paths)
     log(f"submitted {settings.cells} cells as arrays {', '.join(arrays)} in {time.monotonic() - started:.1f} s")
     result = SoakResult(cells=settings.cells, drained_s=None, total_s=0.0)
-    result.faults = inject_faults(cluster, paths, settings, rng, log)
+    for line in killed:
+        log(f"  {line}")
+    result.faults = killed + inject_faults(cluster, paths, settings, rng, log)
 
     if wait_for(lambda: not queued_tasks(cluster, arrays), settings.drain_timeout_s, 2.0):
         result.drained_s = time.monotonic() - started
@@ -271,6 +351,14 @@ def run_soak(
     result.states_after_drain = status.counts(states)
     result.drained_state = {s.cell_id: s.state for s in states}
     log(f"after draining: {console.summary_line(states, markup=False)}")
+
+    if settings.kill_gpudays and any(status.needs_rerun(s.state) for s in states):
+        # The first resume dies right after its first sbatch: the next one adopts that job, never submits it again.
+        cut = killed_at("after-sbatch", ["resume", str(sweep_dir)], env, settings.resume_timeout_s)
+        how = f"exited {cut.returncode}" if cut.returncode != -signal.SIGKILL else "killed"
+        result.faults.append(f"gpudays resume {how} after its first sbatch, before the job ids were written")
+        log(f"  {result.faults[-1]}")
+        states = status.cell_states(paths)
 
     while any(status.needs_rerun(s.state) for s in states) and result.resumes < settings.max_resumes:
         result.resumes += 1
@@ -289,6 +377,7 @@ def run_soak(
         cell_id: len(attempts) - 1 for cell_id, attempts in attempts_by_cell(paths).items() if len(attempts) > 1
     }
     result.problems += check_sweep(paths, settings, states)
+    result.problems += check_jobs(cluster, paths, since_s, f"gpudays-{settings.name}-")
     return result
 
 
@@ -318,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--resume-timeout-s", type=float, default=600.0, help="give up on one `resume --wait` after this long"
     )
+    parser.add_argument(
+        "--no-kill-gpudays", action="store_true", help="do not SIGKILL the sweep and a resume mid-submission"
+    )
     parser.add_argument("--keep", help="keep the sweep folder here (default: a temporary folder, deleted)")
     args = parser.parse_args(argv)
     try:
@@ -328,6 +420,7 @@ def main(argv: list[str] | None = None) -> int:
             array_parallelism=args.parallelism,
             node_down_s=args.node_down_s,
             resume_timeout_s=args.resume_timeout_s,
+            kill_gpudays=not args.no_kill_gpudays,
         )
     except ValueError as error:
         parser.error(str(error))

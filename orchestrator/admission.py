@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from orchestrator import cells, slurm
+from orchestrator import cells, slurm, slurm_site
 from orchestrator.launch import (
     Resources,
     SchedulerUnreachable,
@@ -25,12 +25,12 @@ from orchestrator.slurm_errors import controller_down
 
 def scheduler_max_array_size() -> int | None:
     """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
-    return slurm.max_array_size()
+    return slurm_site.max_array_size()
 
 
 def _partitions() -> list[str]:
     try:
-        return slurm.partitions()
+        return slurm_site.partitions()
     except slurm.SlurmUnavailable as e:
         raise _unavailable(e) from e
 
@@ -49,13 +49,13 @@ def _user() -> str:
 
 def _sacctmgr_names(args: Sequence[str]) -> list[str] | None:
     """First column of a sacctmgr listing; None where accounting cannot be asked (then sbatch alone judges)."""
-    return slurm.sacctmgr_names(args)
+    return slurm_site.sacctmgr_names(args)
 
 
 def _what_the_cluster_has() -> str:
     """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
     try:
-        return "\n    ".join(p.describe() for p in slurm.partition_summary())
+        return "\n    ".join(p.describe() for p in slurm_site.partition_summary())
     except slurm.SlurmUnavailable as e:
         return f"(sinfo could not be asked: {e})"
 
@@ -103,7 +103,7 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
         script = executor._make_submission_file_text("true", "test-only")
         try:
             with submission_environment():
-                said = slurm.sbatch_test_only(script)
+                said = slurm_site.sbatch_test_only(script)
         except slurm.SlurmUnavailable as e:
             raise _unavailable(e) from e
         if said is not None:

@@ -18,15 +18,11 @@ from typing import Any
 
 from orchestrator import budget_cli, console
 from orchestrator import sweep as sweep_mod
-from orchestrator.durable import WriteFailed
+from orchestrator.durable import FULL_OR_BROKEN, WriteFailed
 from orchestrator.lifecycle import EXIT_MEANING, Exit, LifecycleError
 from orchestrator.tabular import FORMATS
 
 EXIT_BAD_INPUT = Exit.BAD_INPUT
-FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
-"""Errors of a write that no other folder would have avoided (a full disk, a quota, a failing or read-only file
-system): exit WRITE_FAILED. A folder that cannot be written for its own sake (a file in the way, no permission, a
-name too long) is bad input."""
 
 _FILE_IN_THE_WAY = frozenset({errno.EEXIST, errno.ENOTDIR})
 IN_THE_WAY = (

@@ -10,6 +10,7 @@ fails (no space left, a quota, a read-only file system) removes its temporary fi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -18,6 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
+
+FULL_OR_BROKEN = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EROFS, errno.EFBIG})
+"""Errors of a write that no other folder would have avoided (a full disk, a quota, a failing or read-only file
+system): the command line's exit 5. A folder that cannot be written for its own sake (a file in the way, no
+permission, a name too long) is bad input."""
 
 
 class WriteFailed(OSError):
@@ -30,6 +36,14 @@ class WriteFailed(OSError):
 
     def __str__(self) -> str:
         return f"cannot write {self.path}: {self.strerror}; {self.kept}"
+
+
+def refused_write(error: BaseException, where: Path, kept: str) -> BaseException:
+    """``error`` as WriteFailed (naming its file, else ``where``) when it is a write a full or broken file system
+    refused, such as one a library made for gpudays; else ``error`` itself."""
+    if isinstance(error, OSError) and not isinstance(error, WriteFailed) and error.errno in FULL_OR_BROKEN:
+        return WriteFailed(Path(error.filename or where), error, kept)
+    return error
 
 
 def fsync_dir(folder: Path) -> None:
@@ -126,6 +140,8 @@ def append_line(path: Path, line: str, durable: bool = True) -> int:
     except OSError as e:
         try:
             os.ftruncate(fd, size)
+            if created:  # an empty file would say a cell has a submission log, with nothing in it
+                path.unlink()
         except OSError:
             pass  # a reader skips a line cut short
         raise WriteFailed(path, e, "the line was not added") from e

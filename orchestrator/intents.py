@@ -37,7 +37,7 @@ from orchestrator import cells, slurm
 from orchestrator.attempts import Attempt, append_attempt
 from orchestrator.durable import WriteFailed, write_with
 from orchestrator.jobside import CellJob
-from orchestrator.launch import REQUEUE_BACKSTOP
+from orchestrator.launch import REQUEUE_BACKSTOP, release_held
 from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, read_cell_config
 
@@ -123,14 +123,17 @@ def reconcile(
             out.unsure = dict.fromkeys(pending, "being submitted by another gpudays command")
             return out
         adopted = {**_find_slurm(paths, pending, out), **_find_local(paths, pending, out)}
+        recorded = []
         for cid, a in adopted.items():
             try:
                 append_attempt(paths, a)
                 if a.backend == "slurm":
                     _rescue_pickle(paths, a)
+                    recorded.append(slurm.JobId.parse(a.job_id or ""))
             except WriteFailed:
-                pass  # adopted for this command; the next one writes it
+                pass  # adopted for this command; the next one writes it (and releases it)
             out.attempts[cid][-1] = a
+        release_held(recorded)  # submitted held: it runs now that its id, folder and pickle are in place
     return out
 
 

@@ -47,14 +47,10 @@ from orchestrator.attempts import current_attempt
 from orchestrator.cells import TIME_LIMIT_WARNING_S
 from orchestrator.durable import write_json_atomic
 from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
+from orchestrator.job_env import node_jobs, node_name, rendezvous, scheduler_ids, set_distributed_env
 from orchestrator.paths import SweepPaths
 from orchestrator.record import Record, read_cell_config, read_record, write_record
 from orchestrator.states import RecordStatus
-
-PORT_BASE, PORT_SPAN = 20_000, 12_000
-"""Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
-which the kernel hands to any process's outgoing connection or port-0 bind (as the probe's own collectives do), so
-that another job's connection cannot hold the port when rank 0 binds it (EADDRINUSE, seen at port 35970)."""
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
 """``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same
@@ -66,8 +62,6 @@ REQUEUE_MARGIN_S = 15
 
 ENDS_QUIETLY = frozenset({RecordStatus.OK.value, RecordStatus.DOES_NOT_FIT.value})
 """Statuses every rank reaches together; any other ends the rank with a non-zero exit, and srun its peers."""
-MAX_NODE_JOBS = 20
-"""At most this many of a node's other jobs are listed in a record."""
 PEER_RECORD_DELAY_S = 2.0
 """A rank other than 0 that failed waits this long before claiming the record."""
 
@@ -93,59 +87,6 @@ def _say(message: str) -> None:
 
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
-
-
-def rendezvous(job_id: str, hostnames: list[str]) -> tuple[str, int]:
-    """Address and port of rank 0, from the scheduler's environment."""
-    address = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or (hostnames[0] if hostnames else "127.0.0.1")
-    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
-    return address, PORT_BASE + int(digits) % PORT_SPAN
-
-
-def scheduler_ids() -> dict[str, str | None]:
-    keys = {
-        "slurm_job_id": "SLURM_JOB_ID",
-        "slurm_array_job_id": "SLURM_ARRAY_JOB_ID",
-        "slurm_array_task_id": "SLURM_ARRAY_TASK_ID",
-        "slurm_job_partition": "SLURM_JOB_PARTITION",
-        "slurm_job_nodelist": "SLURM_JOB_NODELIST",
-        "slurm_restart_count": "SLURM_RESTART_COUNT",
-    }
-    return {name: os.environ.get(var) for name, var in keys.items()}
-
-
-def node_name() -> str:
-    """The scheduler's name for this node (several SLURM nodes may share one host name)."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
-
-
-def set_distributed_env(
-    rank: int, world_size: int, local_rank: int, local_world_size: int, addr: str, port: int
-) -> None:
-    os.environ.update(
-        {
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_world_size),
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(port),
-        }
-    )
-
-
-def node_jobs() -> list[str] | None:
-    """The other jobs running on this job's nodes (``12_3 alice``), at most ``MAX_NODE_JOBS``; None where SLURM
-    cannot say (not a SLURM job, or squeue failed: a probe is never failed for it)."""
-    nodes, own = os.environ.get("SLURM_JOB_NODELIST"), os.environ.get("SLURM_JOB_ID")
-    if not nodes or not own:
-        return None
-    try:
-        jobs = slurm.jobs_on_nodes(nodes)
-    except slurm.SlurmUnavailable as e:
-        _say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
-        return None
-    return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]
 
 
 def sleep_probe(sleep_s: float) -> ProbeOutcome:

@@ -15,6 +15,7 @@ Cells on this machine run through orchestrator.local.
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import secrets
 import shlex
@@ -28,9 +29,9 @@ import jinja2
 import submitit
 import yaml
 
-from orchestrator import cells, faults
-from orchestrator.attempts import Attempt, append_attempt, next_attempt, write_intents
-from orchestrator.durable import WriteFailed, write_text_atomic
+from orchestrator import cells, faults, slurm
+from orchestrator.attempts import Attempt, Written, append_attempt, next_attempt, take_back, write_intents
+from orchestrator.durable import WriteFailed, refused_write, write_text_atomic
 from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
 from orchestrator.passthrough import sbatch_options
 from orchestrator.paths import SweepPaths
@@ -205,8 +206,12 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.jobside), which needs --requeue
         # where the cluster's JobRequeue is 0; then the site's own options (cluster.sbatch_extra).
+        # Held until gpudays has written the job ids and submitit has made the job's folder and pickle: a gpudays
+        # killed in between leaves a held job that the next command adopts and releases, never one that starts
+        # without the folder for its logs (SLURM fails it at once) or its pickle (submitit fails it after 60 s).
         "additional_parameters": {
             "requeue": True,
+            "hold": True,
             **({"exclusive": True} if res.exclusive else {}),
             **dict(res.sbatch_extra),
         },
@@ -330,12 +335,18 @@ def submit_slurm(
                 for i, cid in enumerate(chunk)
             ]  # fmt: skip
             faults.point("before-intent")
-            write_intents(paths, intents)
+            written = write_intents(paths, intents)
             faults.point("before-sbatch")
             faults.point("during-sbatch")
             executor.update_parameters(job_name=token)
-            with submission_environment(), executor.batch():
-                jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+            try:
+                with submission_environment(), executor.batch():
+                    jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+            except Exception as e:
+                refused = _unsubmitted(paths, written, token, e)
+                if refused is e:
+                    raise
+                raise refused from e
             faults.point("after-sbatch")
             for intent, job in zip(intents, jobs, strict=True):
                 sub = replace(intent, job_id=str(job.job_id), submitted_at=intent.submitted_at)
@@ -347,5 +358,29 @@ def submit_slurm(
                 if on_submitted is not None:
                     on_submitted(sub.cell_id)
                 out.append(sub)
+            release_held([slurm.JobId.parse(str(job.job_id)) for job in jobs])
             faults.point("after-attempt")
     return out
+
+
+def _unsubmitted(paths: SweepPaths, written: Written, token: str, error: Exception) -> BaseException:
+    """What to raise when a chunk's submission failed (submitit could not write its files, or sbatch refused):
+    where the scheduler surely has no job of the chunk's name, its intents are taken back, so every cell is as it
+    was (an ``ok`` cell stays ``ok``, not ``lost``); else they stay for the next command to reconcile. A write a
+    full disk refused becomes WriteFailed naming its file."""
+    try:
+        named = slurm.jobs_named([token], dt.datetime.now(dt.timezone.utc) - dt.timedelta(hours=1))
+        if named.complete and token not in named.jobs:
+            take_back(paths, written)
+    except slurm.SlurmUnavailable:
+        pass
+    return refused_write(error, paths.jobs_dir, "nothing of it was submitted")
+
+
+def release_held(job_ids: Sequence[slurm.JobId]) -> None:
+    """Let jobs that were submitted held run (their arrays whole, one call); where SLURM refuses, they stay held,
+    and ``status`` shows them so (``resume`` releases a user's hold)."""
+    try:
+        slurm.release(sorted({slurm.JobId(j.job) for j in job_ids}, key=lambda j: j.job))
+    except slurm.SlurmUnavailable:
+        pass

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import admission, cells, console, intents, launch, local, quota, status
-from orchestrator.attempts import read_attempts
+from orchestrator.attempts import damaged_lines, read_attempts
 from orchestrator.durable import WriteFailed, append_jsonl
 from orchestrator.paths import SweepPaths
 from orchestrator.record import BadCellConfig, Record, read_cell_config, read_record
@@ -119,7 +119,7 @@ def submit_cells(
     """Submit SLURM cells within the per-user job limits (orchestrator.quota: some may be held back), run local
     ones here (inside the caller's lock).
 
-    ``before_start`` is called with each cell id once its job is accepted (SLURM) or about to start (local)."""
+    ``before_start`` is called with each cell id once its job is accepted (SLURM) or started (local)."""
     slurm = {c: v for c, v in configs.items() if v.cluster.backend == "slurm"}
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     waves = quota.Waves(paths, before_start)
@@ -250,7 +250,7 @@ def resume(
         console.out(f"resubmitting {len(configs)} cell(s): " + ", ".join(f"{s.cell_id} ({s.state})" for s in todo))
         # A record is moved aside only once its replacement is on its way: a submission that fails leaves every
         # cell as it was (the job of a new attempt replaces the record itself when it ends). Local cells run
-        # inside submit_cells, so theirs are moved just before each starts.
+        # inside submit_cells, so theirs are moved as each starts.
         waves = submit_cells(paths, configs, before_start=lambda cid: archive_record(paths, by_id[cid]))
     return _follow(paths, waves, wait, True, interval_s)
 
@@ -292,8 +292,9 @@ def archive_record(paths: SweepPaths, s: Any) -> None:
 
 
 def say_damaged(paths: SweepPaths) -> None:
-    """Entries under cells/ that are not cells, on stderr: no cell leaves a sweep without a word."""
-    for line in paths.damaged_cells():
+    """Entries under cells/ that are not cells, and attempts.jsonl lines skipped, on stderr: nothing is dropped
+    from a sweep without a word."""
+    for line in [*paths.damaged_cells(), *damaged_lines(paths)]:
         console.note(f"{paths.root}: {line}")
 
 

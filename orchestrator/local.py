@@ -20,7 +20,8 @@ import psutil
 import submitit
 
 from orchestrator import cells, faults
-from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts, write_intents
+from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts, take_back, write_intents
+from orchestrator.durable import refused_write
 from orchestrator.intents import local_jobs, pid_of, process_alive
 from orchestrator.jobside import CellJob
 from orchestrator.launch import Resources, SubmissionRefused, resources
@@ -154,11 +155,18 @@ def submit_local(
         wait_for_orphans(paths, on_wait)
         intent = Attempt(cid, next_attempt(paths, cid), None, "local", cells.label(cfg), token=f"local-{cid}")
         faults.point("before-intent")
-        write_intents(paths, [intent])
+        written = write_intents(paths, [intent])
+        try:
+            with _stderr_to(paths.jobs_dir / "controllers.log"):
+                job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
+        except Exception as e:  # no process started: the cell is as it was (a record is moved aside only below)
+            take_back(paths, written)
+            refused = refused_write(e, paths.jobs_dir, "the cell was not started")
+            if refused is e:
+                raise
+            raise refused from e
         if before_start is not None:
             before_start(cid)
-        with _stderr_to(paths.jobs_dir / "controllers.log"):
-            job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
         faults.point("local-started")
         sub = replace(intent, job_id=str(job.job_id), started=_start_time(int(job.job_id)))
         append_attempt(paths, sub)

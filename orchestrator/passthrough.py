@@ -43,6 +43,7 @@ SBATCH_SET_BY_GPUDAYS: dict[str, str] = {
     "open-mode": "gpudays (logs appended across requeues)",
     "signal": "gpudays (the time-limit warning the job acts on)",
     "requeue": "gpudays (always --requeue: a timed-out or preempted cell requeues itself)",
+    "hold": "gpudays (held until its job ids are written, then released)",
     "exclusive": "cluster.exclusive",
 }
 """The sbatch options of every gpudays job, by the key that decides each: not accepted in ``sbatch_extra``."""

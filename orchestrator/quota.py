@@ -19,7 +19,7 @@ import getpass
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from orchestrator import admission, intents, launch, slurm
+from orchestrator import admission, intents, launch, slurm, slurm_site
 from orchestrator.attempts import Attempt
 from orchestrator.paths import SweepPaths
 from orchestrator.schema import Config
@@ -46,8 +46,8 @@ def _int(text: str) -> int | None:
 
 def read_limits(user: str) -> Limits | None:
     """The limits from ``sacctmgr``; None where accounting cannot be asked (nothing is then held back)."""
-    qos_rows = slurm.sacctmgr_rows(["show", "qos", "format=name,maxsubmitjobsperuser"])
-    assoc_rows = slurm.sacctmgr_rows(["show", "assoc", "where", f"user={user}", "format=maxsubmitjobs,defaultqos"])
+    qos_rows = slurm_site.sacctmgr_rows(["show", "qos", "format=name,maxsubmitjobsperuser"])
+    assoc_rows = slurm_site.sacctmgr_rows(["show", "assoc", "where", f"user={user}", "format=maxsubmitjobs,defaultqos"])
     if qos_rows is None:
         return None
     per_qos = {row[0]: n for row in qos_rows if len(row) > 1 and (n := _int(row[1])) is not None}
@@ -113,7 +113,7 @@ class Waves:
         if limits is not None and not limits.per_qos and limits.association is None:
             limits = None  # accounting, but no per-user job limit: nothing to count
         try:
-            queued = slurm.user_jobs_by_qos(user) if limits is not None else {}
+            queued = slurm_site.user_jobs_by_qos(user) if limits is not None else {}
         except slurm.SlurmUnavailable as e:
             raise launch.SubmissionRefused(f"cannot count your queued jobs against the QOS limits: {e}") from e
         now, self.held, self.why = split(configs, limits, queued)

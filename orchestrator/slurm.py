@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from orchestrator.slurm_errors import controller_down, explain_failure
+from orchestrator.slurm_errors import explain_failure
 from orchestrator.states import normalize_slurm_state
 
 DEFAULT_TIMEOUT_S = 60.0
@@ -50,7 +50,7 @@ def run(
         raise SlurmUnavailable(f"`{' '.join(cmd)}` did not answer within {timeout_s:.0f} s; is slurmctld up?") from e
 
 
-def _checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
+def checked(cmd: Sequence[str], timeout_s: float = DEFAULT_TIMEOUT_S, ok_errors: Sequence[str] = ()) -> str:
     result = run(cmd, timeout_s=timeout_s)
     if result.returncode != 0 and not any(e in result.stderr for e in ok_errors):
         raise SlurmUnavailable(explain_failure(cmd[0], result.returncode, result.stderr))
@@ -218,7 +218,7 @@ def sacct(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Acc
     if not job_ids:
         return Accounting()
     cmd = ["sacct", "-n", "-P", "-X", "--duplicates", "-o", SACCT_FORMAT, "-j", _arrays(job_ids)]
-    return parse_sacct(_checked(cmd, timeout_s))
+    return parse_sacct(checked(cmd, timeout_s))
 
 
 def squeue(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Accounting:
@@ -226,7 +226,7 @@ def squeue(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Ac
     if not job_ids:
         return Accounting()
     cmd = ["squeue", "-h", "-r", "-t", "all", "-o", SQUEUE_FORMAT, "-j", _arrays(job_ids)]
-    return parse_squeue(_checked(cmd, timeout_s, ok_errors=("Invalid job id",)))
+    return parse_squeue(checked(cmd, timeout_s, ok_errors=("Invalid job id",)))
 
 
 @dataclass(frozen=True)
@@ -271,7 +271,7 @@ def jobs_named(names: Sequence[str], since: dt.datetime, timeout_s: float = DEFA
         ],
     ):
         try:
-            found.update({k: v for k, v in parse_named(_checked(cmd, timeout_s)).items() if k not in found})
+            found.update({k: v for k, v in parse_named(checked(cmd, timeout_s)).items() if k not in found})
             answered += 1
         except SlurmUnavailable as e:
             problems.append(str(e))
@@ -354,115 +354,30 @@ def was_cancelled(job_id: str, timeout_s: float = 5, tries: int = 3, pause_s: fl
 def release(job_ids: Sequence[JobId]) -> None:
     """``scontrol release`` held jobs; raises SlurmUnavailable with SLURM's words when it refuses."""
     if job_ids:
-        _checked(["scontrol", "release", ",".join(map(str, job_ids))])
+        checked(["scontrol", "release", ",".join(map(str, job_ids))])
 
 
 def requeue(job_ids: Sequence[JobId]) -> None:
     """``scontrol requeue`` jobs (they keep their ids and run again)."""
     if job_ids:
-        _checked(["scontrol", "requeue", ",".join(map(str, job_ids))])
+        checked(["scontrol", "requeue", ",".join(map(str, job_ids))])
 
 
 def cancel(job_ids: Sequence[JobId]) -> None:
     """``scancel`` jobs; one that already ended is no error."""
     if job_ids:
-        _checked(["scancel", *map(str, job_ids)], ok_errors=("already completed", "Invalid job id"))
+        checked(["scancel", *map(str, job_ids)], ok_errors=("already completed", "Invalid job id"))
 
 
 def jobs_on_nodes(nodes: str, timeout_s: float = 10) -> list[tuple[str, str, str]]:
     """The jobs running on ``nodes`` (a host list, ``node[1-2]``): (job id, the id as squeue shows it, user) each;
     raises SlurmUnavailable when squeue fails."""
-    out = _checked(["squeue", "-h", "-t", "RUNNING", "-w", nodes, "-o", "%A|%i|%u"], timeout_s=timeout_s)
+    out = checked(["squeue", "-h", "-t", "RUNNING", "-w", nodes, "-o", "%A|%i|%u"], timeout_s=timeout_s)
     rows = [(line.split("|") + ["", ""])[:3] for line in out.splitlines() if line.strip()]
     return [(row[0], row[1], row[2]) for row in rows]
 
 
 def show_job(job_id: JobId) -> dict[str, str]:
     """``scontrol show job -o``: the job's fields (``JobState``, ``Reason``...) as a dict."""
-    out = _checked(["scontrol", "show", "job", "-o", str(job_id)])
+    out = checked(["scontrol", "show", "job", "-o", str(job_id)])
     return dict(re.findall(r"(\w+)=(\S*)", out.splitlines()[0] if out.strip() else ""))
-
-
-# ---- the cluster: what it has, what it would accept -----------------------------------------------------------
-
-
-def max_array_size(timeout_s: float = 30) -> int | None:
-    """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
-    try:
-        out = run(["scontrol", "show", "config"], timeout_s=timeout_s).stdout
-    except SlurmUnavailable:
-        return None
-    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
-    return int(m.group(1)) if m else None
-
-
-def partitions() -> list[str]:
-    """The partition names ``sinfo`` lists; raises SlurmUnavailable when it fails."""
-    return sorted(set(_checked(["sinfo", "-h", "-o", "%R"]).split()))
-
-
-@dataclass(frozen=True)
-class Partition:
-    """One line of ``sinfo -e``: a partition and the nodes of one kind in it."""
-
-    name: str
-    nodes: str
-    cpus: str
-    memory_mb: str
-    gres: str
-    features: str
-    time_limit: str
-
-    def describe(self) -> str:
-        return (
-            f"partition {self.name}: {self.nodes} node(s) of {self.cpus} CPUs, {self.memory_mb} MB, gres {self.gres}, "
-            f"features {self.features}, time limit {self.time_limit}"
-        )
-
-
-def parse_sinfo(text: str) -> list[Partition]:
-    """``sinfo -h -e -o '%R|%D|%c|%m|%G|%f|%l'`` -> one Partition a line."""
-    return [Partition(*(line.split("|") + [""] * 7)[:7]) for line in text.splitlines() if line.strip()]
-
-
-def partition_summary() -> list[Partition]:
-    """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
-    return parse_sinfo(run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout)
-
-
-def sacctmgr_rows(args: Sequence[str]) -> list[list[str]] | None:
-    """The rows of a ``sacctmgr -n -P`` listing, split at ``|``; None where accounting cannot be asked."""
-    try:
-        result = run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
-    except SlurmUnavailable:
-        return None
-    if result.returncode != 0:
-        return None
-    return [line.split("|") for line in result.stdout.splitlines() if line.strip()]
-
-
-def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
-    """First column of a ``sacctmgr -n -P`` listing; None where accounting cannot be asked."""
-    rows = sacctmgr_rows(args)
-    return None if rows is None else sorted({row[0] for row in rows})
-
-
-def user_jobs_by_qos(user: str) -> dict[str, int]:
-    """How many jobs ``user`` has in the queue (pending, running, completing), by QOS, each array task counted
-    (``squeue -r``) as MaxSubmitJobsPerUser counts them; raises SlurmUnavailable when squeue fails."""
-    out = _checked(["squeue", "-h", "-r", "-u", user, "-o", "%q"])
-    counts: dict[str, int] = {}
-    for qos in out.split():
-        counts[qos] = counts.get(qos, 0) + 1
-    return counts
-
-
-def sbatch_test_only(script: str) -> str | None:
-    """``sbatch --test-only`` of a job script: None if SLURM would accept it, else what it said."""
-    result = run(["sbatch", "--test-only"], stdin=script)
-    if result.returncode == 0:
-        return None
-    said = explain_failure("sbatch", result.returncode, result.stderr)
-    if controller_down(said):
-        raise SlurmUnavailable(said)  # not the cells' fault: the scheduler could not be asked
-    return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip()) or f"exit {result.returncode}"

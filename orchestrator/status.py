@@ -144,8 +144,9 @@ def cell_states(
     cell_ids = paths.cell_ids()
     records = {cid: read_record(paths.record(cid), cid) for cid in cell_ids}
     found = {cid: read_attempts(paths, cid) for cid in cell_ids}
-    undecided = {cid: a for cid, a in found.items() if not _record_decides(records[cid], a)}
-    settled = intents.reconcile(paths, undecided, holding_lock, ask=query_scheduler)
+    # Every intent without a job id is reconciled, a cell its record decides included: a job that ran before any
+    # command adopted it has its id written all the same, so its attempt names its job (and its logs).
+    settled = intents.reconcile(paths, found, holding_lock, ask=query_scheduler)
     attempts = {**found, **settled.attempts}
 
     # Only jobs whose cells the records do not decide go to the scheduler.

@@ -5,6 +5,7 @@
 #SBATCH --cpus-per-task=8
 #SBATCH --error=/sweeps/demo/jobs/%j/%j_0_log.err
 #SBATCH --gres=gpu:a100_80gb:4
+#SBATCH --hold
 #SBATCH --job-name=gpudays
 #SBATCH --mem=256GB
 #SBATCH --nodes=2

@@ -1,5 +1,6 @@
-"""A small soak on the real local cluster: a sweep of two dozen cells under cancellations, a requeue and a node
-killed for a while, then resumed; every cell must end ok exactly once. ``benchmarks/soak.py`` is the full size."""
+"""A small soak on the real local cluster: a sweep of two dozen cells under cancellations, a requeue, a node
+killed for a while and gpudays itself killed mid-submission, then resumed; every cell must end ok exactly once,
+with one job per attempt. ``benchmarks/soak.py`` is the full size."""
 
 from __future__ import annotations
 
@@ -37,6 +38,9 @@ def test_a_sweep_under_faults_ends_with_every_cell_ok_once(slurm_cluster: LocalC
         result = soak.run_soak(slurm_cluster, Path(work) / "sweep", settings)
         print(soak.report(result))
     assert any("before it started" in fault for fault in result.faults), result.faults
+    # gpudays itself was SIGKILLed mid-submission, the sweep and a resume (benchmarks/soak.py's kill_gpudays).
+    assert any(fault.startswith("killed gpudays sweep after its second sbatch") for fault in result.faults)
+    assert any(fault.startswith("gpudays resume killed after its first sbatch") for fault in result.faults)
     assert result.drained_s is not None, result.problems
     # The cancelled array (6 cells), the cancelled tasks and those on the killed node needed another attempt.
     assert len(result.reruns) >= 6

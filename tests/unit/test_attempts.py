@@ -38,3 +38,50 @@ def test_foreign_lines_are_skipped(tmp_path: Path) -> None:
     paths.attempts("c1").parent.mkdir(parents=True)
     paths.attempts("c1").write_text('[1, 2]\n{"attempt": true, "job_id": "1"}\n{"attempt": 1}\nnot json\n')
     assert read_attempts(paths, "c1") == []
+
+
+def test_intents_the_scheduler_never_got_are_taken_back_and_a_full_disk_is_a_write_failure(
+    tmp_path: Path, monkeypatch
+) -> None:
+    import errno
+
+    from orchestrator import launch, slurm
+    from orchestrator.durable import WriteFailed
+
+    paths = SweepPaths(tmp_path)
+    append_attempt(paths, Attempt("c1", 1, "40_3", "slurm"))
+    before = paths.attempts("c1").read_bytes()
+    intents = [Attempt("c1", 2, None, "slurm", token="gpudays-t"), Attempt("c2", 1, None, "slurm", token="gpudays-t")]
+    written = launch.write_intents(paths, intents)
+    full = OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "jobs" / "x.pkl"))
+
+    # The scheduler has a job of that name (sbatch ran after all): the intents stay, for the next command to adopt.
+    monkeypatch.setattr(slurm, "jobs_named", lambda names, since: slurm.Named({"gpudays-t": "41"}, complete=True))
+    raised = launch._unsubmitted(paths, written, "gpudays-t", full)
+    assert isinstance(raised, WriteFailed) and "x.pkl" in str(raised) and "nothing of it was submitted" in str(raised)
+    assert [a.attempt for a in read_attempts(paths, "c1")] == [1, 2]
+
+    # It has none: every cell is as it was (an `ok` cell stays ok, not `lost`), its log as it was byte for byte.
+    monkeypatch.setattr(slurm, "jobs_named", lambda names, since: slurm.Named({}, complete=True))
+    refused = RuntimeError("sbatch: error: invalid partition")
+    assert launch._unsubmitted(paths, written, "gpudays-t", refused) is refused
+    assert paths.attempts("c1").read_bytes() == before
+    assert not paths.attempts("c2").exists(), "a cell never submitted has no attempts.jsonl, not an empty one"
+
+
+def test_an_append_a_full_disk_refused_leaves_no_empty_file(tmp_path: Path, monkeypatch) -> None:
+    import errno
+    import os
+
+    import pytest
+
+    from orchestrator import durable
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(durable.WriteFailed, match="attempts.jsonl: No space left"):
+        append_attempt(SweepPaths(tmp_path), Attempt("c1", 1, None, "slurm", token="t"))
+    monkeypatch.undo()
+    assert not SweepPaths(tmp_path).attempts("c1").exists()

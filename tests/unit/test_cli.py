@@ -15,6 +15,7 @@ import pandas as pd
 import pytest
 
 from orchestrator import cli, console, launch, lifecycle, local
+from orchestrator.attempts import next_attempt, read_attempts
 from orchestrator.durable import append_jsonl
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths
@@ -281,6 +282,27 @@ def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, ti
     assert [p.name for p in paths.cell_dir(cid).glob("record*")] == ["record.json"]
 
 
+def test_a_local_job_a_full_disk_kept_from_starting_leaves_the_cell_as_it_was(
+    tmp_path: Path, tiny_config, capsys, monkeypatch
+) -> None:
+    import errno
+
+    import submitit
+
+    cid = _cell(tmp_path, tiny_config, "failed", reason="boom")
+    paths = SweepPaths(tmp_path)
+    record, attempts = paths.record(cid).read_bytes(), paths.attempts(cid).read_bytes()
+
+    def full(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(errno.ENOSPC, "No space left on device", str(paths.jobs_dir / "x_submitted.pkl"))
+
+    monkeypatch.setattr(submitit.LocalExecutor, "submit", full)
+    assert cli.main(["resume", str(tmp_path)]) == Exit.WRITE_FAILED
+    assert "x_submitted.pkl: No space left on device; the cell was not started" in capsys.readouterr().err
+    assert paths.record(cid).read_bytes() == record, "the record is moved aside only once a job has started"
+    assert paths.attempts(cid).read_bytes() == attempts, "the intent of a job that never started is taken back"
+
+
 def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never_followed(
     tmp_path: Path, tiny_config, capsys
 ) -> None:
@@ -301,6 +323,21 @@ def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never
     assert "cells/alias is a link" in capsys.readouterr().err
     assert (cells / good / "record.json").read_bytes() == before
     assert not (cells / good / "attempts.jsonl").read_text().count("alias")
+
+
+def test_a_torn_attempt_line_is_said_by_status_show_resume_and_report(tmp_path: Path, tiny_config, capsys) -> None:
+    from analysis.records import load_cells
+
+    cid = _cell(tmp_path, tiny_config, "ok")
+    paths = SweepPaths(tmp_path)
+    with open(paths.attempts(cid), "a") as f:
+        f.write('{"attempt": 2, "backend": "slurm", "tok')  # a crash mid-append
+    said = f"cells/{cid}/attempts.jsonl: 1 line(s) cut short or unreadable, skipped"
+    for argv in (["status", str(tmp_path)], ["show", str(tmp_path), cid], ["resume", str(tmp_path)]):
+        cli.main(argv)
+        assert said in capsys.readouterr().err, argv
+    assert any(said in p for p in load_cells([tmp_path]).problems)
+    assert [a.attempt for a in read_attempts(paths, cid)] == [1] and next_attempt(paths, cid) == 3
 
 
 def test_a_record_that_is_a_fifo_is_corrupt_and_never_waited_on(tmp_path: Path, tiny_config, capsys) -> None:

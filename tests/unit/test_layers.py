@@ -58,6 +58,8 @@ LAYERS: dict[str, int] = {
     "orchestrator.batch": CORE,
     "orchestrator.slurm": CORE,
     "orchestrator.slurm_errors": CORE,
+    "orchestrator.slurm_site": CORE,
+    "orchestrator.job_env": CORE,
     "orchestrator.sweep": RUNTIME,
     "orchestrator.compose_cache": RUNTIME,
     "orchestrator.launch": RUNTIME,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launch, lifecycle, quota, slurm
+from orchestrator import launch, lifecycle, quota, slurm_site
 from orchestrator.attempts import Attempt
 from orchestrator.paths import SweepPaths
 
@@ -27,10 +27,10 @@ def test_limits_are_read_from_the_qos_and_the_association(monkeypatch: pytest.Mo
         "qos": [["normal", ""], ["short", "3"], ["long", "200"]],
         "assoc": [["", "short"], ["50", ""]],
     }
-    monkeypatch.setattr(slurm, "sacctmgr_rows", lambda args: listings[args[1]])
+    monkeypatch.setattr(slurm_site, "sacctmgr_rows", lambda args: listings[args[1]])
     limits = quota.read_limits("ada")
     assert limits == quota.Limits({"short": 3, "long": 200}, association=50, default_qos="short")
-    monkeypatch.setattr(slurm, "sacctmgr_rows", lambda args: None)
+    monkeypatch.setattr(slurm_site, "sacctmgr_rows", lambda args: None)
     assert quota.read_limits("ada") is None, "no accounting: nothing to hold back"
 
 
@@ -67,7 +67,7 @@ def test_waves_submit_what_fits_then_the_rest_as_the_queue_empties(
         return [Attempt(cid, 1, f"7_{i}", "slurm", "x") for i, cid in enumerate(now)]
 
     monkeypatch.setattr(quota, "read_limits", lambda user: quota.Limits({"short": 2}))
-    monkeypatch.setattr(slurm, "user_jobs_by_qos", lambda user: dict(queue))
+    monkeypatch.setattr(slurm_site, "user_jobs_by_qos", lambda user: dict(queue))
     monkeypatch.setattr(launch, "submit_slurm", fake_submit)
     monkeypatch.setattr(quota.admission, "scheduler_max_array_size", lambda: None)
     waves = quota.Waves(SweepPaths(tmp_path))

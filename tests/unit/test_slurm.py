@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import slurm, slurm_errors
+from orchestrator import slurm, slurm_errors, slurm_site
 from orchestrator.slurm import JobId
 
 
@@ -87,7 +87,7 @@ def test_squeue_overrides_sacct_where_asked() -> None:
 
 
 def test_sinfo_lines_describe_each_partition() -> None:
-    (debug, gpu) = slurm.parse_sinfo("debug|2|4|7900|gpu:a100:4|(null)|1:00:00\ngpu|1|8|64000|(null)|a100|infinite\n")
+    (debug, gpu) = slurm_site.parse_sinfo("debug|2|4|7900|gpu:a100:4|(null)|1:00:00\ngpu|1|8|64000|(null)|a100|infinite\n")
     assert debug.name == "debug" and debug.gres == "gpu:a100:4" and gpu.time_limit == "infinite"
     assert debug.describe() == (
         "partition debug: 2 node(s) of 4 CPUs, 7900 MB, gres gpu:a100:4, features (null), time limit 1:00:00"
@@ -98,8 +98,8 @@ def test_a_missing_command_is_unavailable_with_the_reason(monkeypatch: pytest.Mo
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(slurm.SlurmUnavailable, match="`sacct` is not on PATH"):
         slurm.sacct([JobId(1, 2)])
-    assert slurm.max_array_size() is None
-    assert slurm.sacctmgr_names(["show", "qos"]) is None
+    assert slurm_site.max_array_size() is None
+    assert slurm_site.sacctmgr_names(["show", "qos"]) is None
 
 
 NO_CONFIG = """sinfo: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host
@@ -130,7 +130,7 @@ def test_a_sweep_the_scheduler_cannot_be_asked_about_exits_as_the_readme_says(mo
     def down() -> list[str]:
         raise slurm.SlurmUnavailable(slurm_errors.explain_failure("sinfo", 1, "Unable to contact slurm controller\n"))
 
-    monkeypatch.setattr(slurm, "partitions", down)
+    monkeypatch.setattr(slurm_site, "partitions", down)
     with pytest.raises(lifecycle.LifecycleError) as info:
         lifecycle.check({"c1": make_typed("cluster=slurm", "gpu=cpu", "model=pythia-tiny")})
     assert info.value.code == lifecycle.Exit.SCHEDULER and "could not be asked" in str(info.value)

@@ -357,3 +357,19 @@ def test_a_task_accounting_still_calls_pending_but_squeue_does_not_list_is_not_p
     assert classify(submission(job_id="24_9", at=just_now), acct=acct).state == "lost"
     assert classify(submission(job_id="24_8", at=just_now), acct=acct).state == "pending"
     assert classify(submission(job_id="24_0", at=just_now), acct=acct).state == "running"
+
+
+def test_an_intent_whose_job_already_wrote_its_record_is_adopted_all_the_same(
+    sweep: SweepPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A sweep killed after sbatch, before the job ids were written; the job ran and wrote its record before any
+    # command looked: its attempt still gets its job id, so that `show` finds its logs.
+    intent = Attempt("aaa", 1, None, "slurm", token="gpudays-t", index=1, submitted_at=LONG_AGO)
+    append_jsonl(sweep.attempts("aaa"), json.loads(intent.to_line()))
+    full = {"schema_version": 1, "cell_id": "aaa", "status": "ok", "attempt": 1, "metrics": {}}
+    write_json_atomic(sweep.record("aaa"), full)
+    monkeypatch.setattr(slurm, "jobs_named", lambda names, since: slurm.Named({"gpudays-t": "41"}, complete=True))
+    monkeypatch.setattr(slurm, "sacct", lambda ids: slurm.Accounting())
+    states = {s.cell_id: s for s in status.cell_states(sweep, now=NOW)}
+    assert states["aaa"].state == "ok" and states["aaa"].job_id == "41_1"
+    assert [a.job_id for a in status.read_attempts(sweep, "aaa")] == ["41_1"]
