@@ -51,7 +51,10 @@ class TokenBudget:
             return f"{self.value:g} tokens per parameter"
         if self.kind == "absolute":
             return f"{self.value:.4g} tokens"
-        return "each model's own training run (train_steps x global batch x sequence length)"
+        return (
+            "each model's own training run (train_steps x global batch, in its family's samples: sequences of "
+            "sequence length tokens, or images)"
+        )
 
 
 MIN_BARE_TOKENS = 1e6

@@ -83,6 +83,10 @@ class Inputs:
     """Tokens one sample trains on; NaN where the family's samples are not tokens (images) or unknown."""
     throughput_unit: np.ndarray
     """What each cell's throughput is counted in, ``tokens`` or ``images`` (its family's); None where unknown."""
+    family_efficiency: np.ndarray
+    """The share of the peak the family's step is assumed to reach before calibration (``COMPUTE_EFFICIENCY`` of
+    its module, e.g. ConvNeXt's depthwise convolutions reach less); NaN where the family says nothing (the
+    decoders' default applies). ``analysis.step_time`` scales the compute term by it."""
     known: np.ndarray
     gpu: np.ndarray
     accelerator: np.ndarray
@@ -113,6 +117,12 @@ class Inputs:
         out: np.ndarray = np.maximum(np.floor(self.batch / layout_terms(self)["batch_split"]), 1.0)
         return out
 
+
+
+def family_efficiency(model: ModelConfig | None) -> float:
+    """:attr:`Inputs.family_efficiency` of one model (NaN where unknown or where the family says nothing)."""
+    own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None) if model is not None else None
+    return float(own) if own else float("nan")
 
 def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""
@@ -213,6 +223,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         throughput_unit=np.array(
             [family_module(m.family).THROUGHPUT_UNIT if m is not None else None for m in models], dtype=object
         ),
+        family_efficiency=np.array([family_efficiency(m) for m in models], dtype=float),
         known=known,
         gpu=text("gpu", ""),
         accelerator=text("gpu_accelerator", "cuda"),

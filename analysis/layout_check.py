@@ -161,8 +161,8 @@ def check_rows(checks: Sequence[LayoutCheck]) -> list[dict[str, object]]:
     ]
 
 
-def check_sweeps(sweep_dirs: Sequence[Path]) -> list[LayoutCheck]:
-    """:func:`check` on the records of the sweep folders (unreadable records are the report's to list)."""
+def sweep_records(sweep_dirs: Sequence[Path]) -> list[Record]:
+    """The readable records of the sweep folders (unreadable records are the report's to list)."""
     found = []
     for sweep in sweep_dirs:
         paths = SweepPaths(Path(sweep))
@@ -170,4 +170,34 @@ def check_sweeps(sweep_dirs: Sequence[Path]) -> list[LayoutCheck]:
             r = read_record(paths.record(cell_id), cell_id)
             if isinstance(r, Record):
                 found.append(r)
-    return check(found)
+    return found
+
+
+def check_sweeps(sweep_dirs: Sequence[Path]) -> list[LayoutCheck]:
+    """:func:`check` on the records of the sweep folders."""
+    return check(sweep_records(sweep_dirs))
+
+
+def layout_efficiency(records: Sequence[Record]) -> dict[str, tuple[float, str]]:
+    """The layout model's calibrated efficiency by GPU type, where mesh3d cells were measured on it: the achieved
+    hardware TFLOP/s per GPU of its cells without model parallelism (:func:`achieved_tflops`) over the GPU's dense
+    bf16 (else fp16) peak, with the cells the layouts were checked on named. What ``budget`` and ``shortest``
+    ``--from`` give :func:`analysis.parallelism.best_layout`, so their layouts run at the rate measured with the
+    engine that trains them, not the default share of the peak. A GPU without a peak (the CPU) has none."""
+    by_gpu: dict[str, list[Record]] = {}
+    peaks: dict[str, float] = {}
+    for r, cfg in _measured(records):
+        peak = cfg.gpu.peak_tflops_bf16 or cfg.gpu.peak_tflops_fp16
+        if peak:
+            by_gpu.setdefault(cfg.gpu.name, []).append(r)
+            peaks[cfg.gpu.name] = float(peak)
+    out: dict[str, tuple[float, str]] = {}
+    for gpu, found in by_gpu.items():
+        rate = achieved_tflops(found)
+        if rate is None or not 0.0 < rate / peaks[gpu] <= 1.0:
+            continue
+        checked = [c for c in check(found) if c.measured_step_s]
+        errors = [c.measured_step_s / c.predicted_step_s - 1.0 for c in checked if c.measured_step_s]
+        worst = f", step within {max(abs(e) for e in errors):.0%} on {len(errors)} checked cell(s)" if errors else ""
+        out[gpu] = (rate / peaks[gpu], f"mesh3d calibration ({len(found)} cell(s){worst})")
+    return out

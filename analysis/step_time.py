@@ -62,7 +62,10 @@ def step_terms(x: Inputs, accum: np.ndarray) -> np.ndarray:
     """The raw terms of one optimizer step, one row per cell, columns as in :data:`TERMS`."""
     flops = x.batch * x.flops_per_sample
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
-    compute = flops / x.num_gpus / (reference * 1e12)
+    # A family slower than the decoders per FLOP (its own COMPUTE_EFFICIENCY) scales its compute term by the ratio,
+    # so one calibrated efficiency per GPU serves every family.
+    family = np.where(np.isnan(x.family_efficiency), 1.0, DEFAULT_EFFICIENCY / x.family_efficiency)
+    compute = flops / x.num_gpus / (reference * 1e12) * family
     intra = np.array([INTRA_NODE_BUSBW_GBPS.get(g, DEFAULT_INTRA_NODE_BUSBW_GBPS) for g in x.gpu], dtype=float)
     host = np.array([HOST_LINK_GBPS.get(a, DEFAULT_HOST_LINK_GBPS) for a in x.arch], dtype=float)
     links = Links(

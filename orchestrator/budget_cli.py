@@ -125,6 +125,7 @@ def from_records(sweep_dirs: list[str]) -> FromRecords:
     import pandas as pd
 
     from analysis.budget import Measured
+    from analysis.layout_check import layout_efficiency, sweep_records
     from analysis.records import load_cells
 
     for folder in sweep_dirs:
@@ -149,6 +150,9 @@ def from_records(sweep_dirs: list[str]) -> FromRecords:
         median = float(values.median())
         if 0.0 < median <= 1.0:
             out.efficiency[str(gpu)] = (median, f"median of {len(values)} record(s)")
+    # Where the sweeps measured 3D layouts on a GPU type, the layout model calibrated on them decides instead:
+    # the planners cost their layouts with it (analysis/layout_check.py).
+    out.efficiency.update(layout_efficiency(sweep_records([Path(d) for d in sweep_dirs])))
     return out
 
 
@@ -301,10 +305,11 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
         raise ValueError("name at least one model: --model pythia-1b[,pythia-12b] or --size 70B")
     token_budget = parse_token_budget(args.tokens)
     conf_names = set(_names(args.model))
+    records = from_records(args.sweeps) if args.sweeps else FromRecords()
     rows: list[Row] = []
     for gpu in gpus:
         network = network_for(gpu, cluster)
-        efficiency, source = _efficiency(args, FromRecords(), gpu)
+        efficiency, source = _efficiency(args, records, gpu)
         for model in models:
             own = float(model.train_steps * model.global_batch_size * model.seq_length)
             # A model described by size has no training run of its own: compute-optimal, 20 tokens a parameter.
@@ -326,6 +331,7 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
                     "bubble_fraction": est.bubble_fraction if est else None, "step_time_s": est.step_time_s if est else None,
                     "train_steps": run.train_steps, "days": run.days, "gpu_hours": run.gpu_hours,
                     "cloud_cost_usd": run.gpu_hours * rate if run.gpu_hours and rate else None, "reason": run.reason,
+                    "efficiency": efficiency, "efficiency_source": source,
                 })  # fmt: skip
     frame = pd.DataFrame(rows).assign(predictor=PREDICTOR) if rows else pd.DataFrame(rows)
     if args.format != "table":
@@ -370,6 +376,14 @@ def _common(p: argparse.ArgumentParser) -> None:
         help="achieved share of the bf16 peak in the matrix products (default: the median HFU of --from records "
         f"for that GPU type, else {HELP_DEFAULTS['efficiency']:g})",
     )
+    p.add_argument(
+        "--from",
+        dest="sweeps",
+        action="append",
+        metavar="SWEEP_DIR",
+        help="this sweep's records: measured throughput where it measured the model on the GPU (budget), and "
+        "the efficiency of each GPU type, the mesh3d layout model's calibration where it measured 3D layouts",
+    )
     p.add_argument("--out", help="folder for the CSV files (default: print only)")
     p.add_argument("--width", type=int, help="fit the table to this many columns (default: the terminal's; piped: "
                    "all of it)")  # fmt: skip
@@ -392,13 +406,6 @@ def add_parser(subparsers: Any) -> None:
         help="dollars buy cloud GPU-hours (conf/gpu cloud_usd_per_gpu_hour) or GPUs with their servers",
     )
     bp.add_argument("--days", type=float, help="days the GPUs are used (with --gpus or --pricing purchase)")
-    bp.add_argument(
-        "--from",
-        dest="sweeps",
-        action="append",
-        metavar="SWEEP_DIR",
-        help="take throughput from this sweep's records where it measured the model on the GPU",
-    )
     bp.add_argument(
         "--max-days",
         type=float,

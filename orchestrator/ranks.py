@@ -23,6 +23,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from orchestrator.engines.base import Engine, create_engine
 from orchestrator.failures import CellFailed, Ending, Failure, classify_failure, failure_from
 from orchestrator.metering import GIB, MemoryMeter
+from orchestrator.models import family_module
 from orchestrator.schema import Config
 from orchestrator.timing import PhaseTimes
 
@@ -173,6 +174,8 @@ class RankGroup:
         if gpu.accelerator == "cpu":
             torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
             self.device = torch.device("cpu")
+            if (onednn := cpu_onednn(self.config.model.family)) is not None:
+                self.environment["cpu_onednn"] = onednn
         else:
             if not torch.cuda.is_available():
                 raise RuntimeError(f"gpu.accelerator=cuda for gpu={gpu.name}, but no CUDA device is visible")
@@ -186,6 +189,9 @@ class RankGroup:
         self.engine.init_distributed(timedelta(seconds=float(os.environ.get(DIST_TIMEOUT_ENV, DEFAULT_DIST_TIMEOUT_S))))
         self.dist_ready = True
         self.engine.preload()
+        builder = getattr(family_module(self.config.model.family), "BUILDER", None)
+        if builder is not None:
+            builder.preload()
         self.memory = MemoryMeter(self.device)
         self.environment.update(environment(self.device))
         self.environment.update(
@@ -201,6 +207,18 @@ class RankGroup:
 
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def cpu_onednn(family: str) -> str | None:
+    """Turn oneDNN off for the CPU matrix products of a family that says it must not use it (``CPU_ONEDNN =
+    False``: a mixture of experts, whose per-shape kernel cache would count as its memory, see
+    ``orchestrator.models.moe.CPU_ONEDNN``); what the record says of it, None where nothing changed."""
+    if getattr(family_module(family), "CPU_ONEDNN", True):
+        return None
+    import torch
+
+    torch.backends.mkldnn.set_flags(False)  # type: ignore[no-untyped-call]
+    return "off: the family's GEMM shapes change every step (orchestrator.models.moe.CPU_ONEDNN)"
 
 
 def environment(device: Any) -> dict[str, object]:

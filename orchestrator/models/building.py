@@ -45,6 +45,13 @@ class Builder:
     """For a library class that does not checkpoint its layers itself (ConvNeXt): the layers of a built module to
     make checkpointable the way transformers' own layers are."""
 
+    def preload(self) -> None:
+        """Import the library's module of the class (transformers imports it lazily, on first use), so that its
+        code is loaded before the probe takes the resident set as the CPU's zero of "device memory"."""
+        import transformers
+
+        getattr(transformers, self.causal_lm_class)
+
     def architecture_errors(self, model: ModelConfig) -> dict[str, str]:
         """Shapes the transformers module cannot build, by the key to fix (empty when it can).
 

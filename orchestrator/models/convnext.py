@@ -200,6 +200,12 @@ build_model = BUILDER.build_model
 
 SAMPLE = images.SAMPLE
 THROUGHPUT_UNIT = images.THROUGHPUT_UNIT
+COMPUTE_EFFICIENCY = 0.05
+"""The share of the dense 16-bit peak the predictor assumes before a record calibrates it (the decoders' 0.54
+would put ConvNeXt-T at 6,300 images/s an A100). Its 7×7 depthwise convolutions and LayerNorms are bound by memory
+bandwidth, not the matrix units: InceptionNeXt's authors measured ConvNeXt-T training at 575 images/s on an A100
+(Yu et al. 2023, arXiv 2303.16900, their README's table, batch 128), i.e. 575 × 2.67e10 FLOPs = 15.4 TFLOP/s, 4.9%
+of the A100's 312 TFLOP/s bf16 peak. Not measured by gpudays; data loading is not modelled."""
 tokens_per_sample = images.tokens_per_sample
 implementation = images.implementation
 synthetic_batch = images.synthetic_batch

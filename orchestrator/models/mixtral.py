@@ -60,6 +60,7 @@ SAMPLE = sequences.SAMPLE
 THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
 tokens_per_sample = sequences.tokens_per_sample
 implementation = moe.implementation
+CPU_ONEDNN = moe.CPU_ONEDNN
 synthetic_batch = sequences.synthetic_batch
 blocks = sequences.decoder_layers
 

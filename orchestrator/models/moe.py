@@ -32,6 +32,13 @@ BYTES_PER_ROUTED_EXPERT_UNIT = 8.0
 BYTES_PER_EXPERT = 4.0
 BYTES_PER_ROUTE = 34.0
 BYTES_PER_ROW = 8.0
+CPU_ONEDNN = False
+"""Whether the probe may run this family's CPU matrix products through oneDNN. No: a token's experts change every
+step, so every step multiplies matrices of new shapes, and oneDNN (PyTorch's bf16 CPU GEMM) JIT-compiles and caches a
+kernel per shape. Its cache then grows by tens of MB a step up to its capacity (olmoe-tiny at micro-batch 16: the
+resident set grew 50 MB a step to 0.72 GiB over 20 steps; with oneDNN off it stays at 0.06 GiB), memory that a GPU
+does not hold and that the CPU stand-in's "device memory" (the resident set's growth) counted: a CPU cell measured
+0.90 GiB where the family's terms predict 0.14. The record says ``cpu_onednn: off``."""
 RENORMALISED_BYTES_PER_ROUTE = 6.0
 RENORMALISED_BYTES_PER_ROW = 4.0
 """Mixtral divides the top-k weights by their sum, which keeps them and the sum (6 a route and 4 a token)."""

@@ -85,3 +85,46 @@ def test_the_report_writes_layouts_csv_where_mesh3d_cells_were_measured(tmp_path
 
     table = pd.read_csv(layouts)
     assert sorted(table["cell"]) == ["dp", "pp"] and table.set_index("cell").loc["pp", "bubble"] == 0.3
+
+
+def gpu_cell(*overrides: str) -> Config:
+    p = plan(["model=pythia-1b", "gpu=a100-80gb", "num_gpus=8", "method.engine=mesh3d", *overrides], sweep_dir=None)
+    (found,) = p.cells + p.skipped
+    return to_config(found.config)
+
+
+def test_planners_from_a_sweep_of_3d_layouts_cost_them_with_the_calibrated_layout_model(tmp_path) -> None:
+    from analysis import synthetic
+    from analysis.layout_check import layout_efficiency
+    from orchestrator.budget_cli import main
+
+    sweep, peak = tmp_path / "sweep", 312.0  # the A100's dense bf16 peak (conf/gpu/a100-80gb.yaml)
+    dp_cfg, tp_cfg = gpu_cell(), gpu_cell("method.tp=2")
+    dp = record(dp_cfg, "dp", step_s=2.0, memory_gib=40.0, tflops=0.25 * peak, micro=4)
+    tp = record(tp_cfg, "tp", step_s=2.5, memory_gib=30.0, tflops=0.2 * peak, micro=4)
+    for r, cfg in ((dp, dp_cfg), (tp, tp_cfg)):
+        synthetic.write_cell(sweep, r.cell_id, to_container(cfg), dataclasses.replace(r, sweep=sweep.name))
+    efficiency, source = layout_efficiency([dp, tp])["a100-80gb"]
+    assert efficiency == pytest.approx(0.25) and source.startswith("mesh3d calibration (2 cell(s)")
+    assert layout_efficiency([record(DP, "cpu", 0.3, 0.09, 0.002, 4)]) == {}  # no peak, nothing to calibrate
+
+    import pandas as pd
+
+    frames = {}
+    for name, extra in (("default", []), ("calibrated", ["--from", str(sweep)])):
+        out = tmp_path / name
+        argv = ["shortest", "--model", "pythia-1b", "--gpu", "a100-80gb", "--out", str(out), *extra]
+        assert main(argv) == 0
+        frames[name] = pd.read_csv(out / "shortest.csv")
+    calibrated, default = frames["calibrated"], frames["default"]
+    assert list(calibrated["efficiency"]) == pytest.approx([0.25] * len(calibrated))
+    assert calibrated["efficiency_source"].str.startswith("mesh3d calibration").all()
+    assert (default["efficiency_source"] == "default").all()
+    # A quarter of the peak instead of the default share: the same training takes more GPU-hours.
+    assert calibrated["gpu_hours"].min() > default["gpu_hours"].min()
+    out = tmp_path / "budget"
+    assert main(["budget", "--gpu-hours", "1e5", "--model", "pythia-1b", "--gpu", "a100-80gb",
+                 "--from", str(sweep), "--out", str(out)]) == 0  # fmt: skip
+    models = pd.read_csv(out / "budget_models.csv")
+    predicted = models[models["source"] == "predicted"]
+    assert len(predicted) and list(predicted["efficiency"]) == pytest.approx([0.25] * len(predicted))

@@ -11,6 +11,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -162,3 +163,22 @@ def test_records_read_back_carry_the_whole_model(tmp_path: Path) -> None:
     x = inputs_from_columns({c: frame[c] for c in frame.columns}, len(frame))
     assert x.params[0] == family_module("llama").num_parameters(to_config(cell).model)
     assert isinstance(frame, pd.DataFrame)
+
+
+def test_a_family_that_reaches_less_of_the_peak_is_costed_at_its_own_stated_efficiency(
+    shipped: list[dict[str, Any]],
+) -> None:
+    from analysis.step_time import DEFAULT_EFFICIENCY, step_terms
+
+    rows = [flat_cell(c) for c in shipped]
+    x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
+    compute = step_terms(x, np.ones(len(rows)))[:, 0]
+    for i, cell in enumerate(shipped):
+        model = to_config(cell).model
+        own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None)
+        at_peak = x.batch[i] * x.flops_per_sample[i] / x.num_gpus[i] / (x.reference_tflops[i] * 1e12)
+        # the compute term, over the decoders' efficiency (its coefficient), is FLOPs at the family's own share
+        assert compute[i] / DEFAULT_EFFICIENCY == pytest.approx(at_peak / (own or DEFAULT_EFFICIENCY)), model.name
+    by_name = {to_config(c).model.name: i for i, c in enumerate(shipped)}
+    assert x.family_efficiency[by_name["convnext-t"]] < x.family_efficiency[by_name["vit-b16"]] < DEFAULT_EFFICIENCY
+    assert pd.isna(x.family_efficiency[by_name["pythia-1b"]])

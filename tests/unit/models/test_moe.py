@@ -96,3 +96,26 @@ def test_the_record_says_how_the_library_runs_the_experts() -> None:
     module = FAMILIES["olmoe"].build_model(TINY, "sdpa", torch.float32, torch.device("cpu"))
     assert FAMILIES["olmoe"].implementation(module)["moe_experts"] == module.config._experts_implementation_internal
     assert FAMILIES["olmoe"].implementation(eager_experts(TINY))["moe_experts"] == "eager"
+
+
+def test_on_the_cpu_a_mixture_of_experts_runs_without_onednn_whose_kernel_cache_would_count_as_its_memory() -> None:
+    """The CPU's "device memory" is the resident set's growth. A token's experts change every step, so with oneDNN
+    every step JIT-compiles and caches GEMM kernels of new shapes (46 MiB over these three steps, 0.8 GiB in a
+    probe): the probe turns it off for such a family, and the memory then holds still from step to step."""
+    from orchestrator.metering import MemoryMeter
+    from orchestrator.ranks import cpu_onednn
+
+    assert cpu_onednn("llama") is None and torch.backends.mkldnn.is_available() == torch.backends.mkldnn.enabled
+    try:
+        assert (cpu_onednn("olmoe") or "").startswith("off") and not torch.backends.mkldnn.enabled
+        family, cpu = FAMILIES["olmoe"], torch.device("cpu")
+        module = family.build_model(TINY, "sdpa", torch.bfloat16, cpu)
+        meter, generator = MemoryMeter(cpu), torch.Generator().manual_seed(0)
+        for step in range(5):
+            module(**family.synthetic_batch(TINY, 4, generator, torch.bfloat16)).loss.backward()
+            if step == 1:
+                settled = meter.in_use()
+        assert meter.in_use() - settled < 8 * 2**20
+    finally:
+        torch.backends.mkldnn.set_flags(True)  # type: ignore[no-untyped-call]
+    assert FAMILIES["mixtral"].CPU_ONEDNN is False  # type: ignore[attr-defined]
