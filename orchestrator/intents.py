@@ -62,11 +62,9 @@ def sweep_lock(paths: SweepPaths, wait: bool = True, on_wait: Callable[[str], No
             if on_wait is not None:
                 on_wait(lock_holder(paths))
             fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            f.seek(0)
-            f.truncate()
-            f.write(_whoami())
-            f.flush()
+        try:  # unbuffered: a write a full disk refused must not come back when the file is closed
+            os.ftruncate(f.fileno(), 0)
+            os.pwrite(f.fileno(), _whoami().encode(), 0)
         except OSError:  # who holds it is a courtesy to the next command; the lock itself is what matters
             pass
         try:
