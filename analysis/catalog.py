@@ -34,7 +34,10 @@ SETTING_KEYS = (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)
 an engine's registered from outside the package, comes after)."""
 RENAMED_METHOD_COLUMNS = {"micro_batch_size": "micro_batch_size_setting"}
 """Method fields whose column has another name: the table's ``micro_batch_size`` is the one the probe measured."""
-GPU_PRICE_KEYS = ("board_power_w", "purchase_price_usd", "cloud_usd_per_gpu_hour")
+GPU_PRICE_KEYS = (
+    "board_power_w", "purchase_price_usd", "purchase_price_source", "purchase_price_date", "cloud_usd_per_gpu_hour",
+    "cloud_price_source", "cloud_price_date",
+)
 """Figures that change over time: taken from today's ``conf/gpu`` when the GPU is known there."""
 
 

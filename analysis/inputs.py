@@ -22,7 +22,7 @@ import pandas as pd
 from analysis.catalog import method_column, method_defaults, method_kinds
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
 from orchestrator.domains import problems as domain_problems
-from orchestrator.engines.memory import activation_bytes_per_sequence
+from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
 from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
@@ -250,7 +250,10 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
     holders = ("params", "grads", "optimizer", "buffers")
     per_sequence = x.per_sequence * layout_terms(x)["activation_share"]
-    return {**{k: terms[k] for k in holders}, "per_sequence": per_sequence, "offloaded": terms["offloaded"]}
+    out = {**{k: terms[k] for k in holders}, "per_sequence": per_sequence, "offloaded": terms["offloaded"]}
+    # On the CPU the measured peak is the process's resident growth, its runtime's own memory included.
+    out["buffers"] = out["buffers"] + np.where(x.accelerator == "cpu", CPU_RUNTIME_GIB * GIB, 0.0)
+    return out
 
 
 def layout_terms(x: Inputs) -> dict[str, np.ndarray]:

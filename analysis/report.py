@@ -57,7 +57,8 @@ Estimates for the whole training run (cells with status ``ok`` only)
 - ``time_to_train_days`` = train_steps × step_time_s / 86400 (days); ``time_to_train_days_low`` and ``_high``: the
   same ∓ ``step_time_ci95_pct`` (rebuilt from std and steps_timed with Student's t when the probe gave none).
 - ``gpu_hours`` = num_gpus × train_steps × step_time_s / 3600 (GPU-hours).
-- ``cloud_usd_per_gpu_hour`` (USD, from ``conf/gpu``); ``cost_usd_cloud`` = gpu_hours × that (USD).
+- ``cloud_usd_per_gpu_hour`` (USD, from ``conf/gpu``); ``cost_usd_cloud`` = gpu_hours × that (USD);
+  ``cloud_price_source`` and ``cloud_price_date``: the list the price is read from and when (or why there is none).
 - ``machine_price_usd`` (USD): buying the cell's hardware, per node a base machine ($1,000 / 1,500 / 7,500 /
   10,500 for 1 / 2 / 4 / 8 GPU slots) plus its GPUs at ``purchase_price_usd``; ``cost_usd_amortised`` =
   machine_price_usd × time_to_train_days / (5 × 365) (USD; the "$100K or 100 Days" paper's five-year write-off).
@@ -118,7 +119,8 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "model_tflops_per_gpu", "hardware_tflops_per_gpu", "mfu", "hfu",
     "peak_memory_gib", "peak_memory_reserved_gib", "host_rss_gib", "num_parameters", "probe_wall_s",
     "train_tokens", "train_steps", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high",
-    "gpu_hours", "cloud_usd_per_gpu_hour", "cost_usd_cloud", "machine_price_usd", "cost_usd_amortised",
+    "gpu_hours", "cloud_usd_per_gpu_hour", "cloud_price_source", "cloud_price_date", "cost_usd_cloud",
+    "machine_price_usd", "cost_usd_amortised",
     "board_power_w", "energy_kwh",
     "predicted_fits", "measured_fits", "fit_agrees", "predicted_micro_batch_size", "predicted_peak_memory_gib",
     "predicted_peak_memory_gib_low", "predicted_peak_memory_gib_high", "memory_error_pct", "predicted_step_time_s",
@@ -261,6 +263,21 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
 # --------------------------------------------------------------------------------------------------------------
 
 
+def _prices(cells: pd.DataFrame) -> str:
+    """The source and date of every cloud price the report's costs use (``orchestrator.prices``)."""
+    from orchestrator.prices import CloudPrice, price_note
+
+    def text(value: Any) -> str | None:
+        return None if value is None or pd.isna(value) else str(value)
+
+    rows = cells.to_dict(orient="records") if "cloud_price_source" in cells.columns else []
+    rate = [pd.to_numeric(r.get("cloud_usd_per_gpu_hour"), errors="coerce") for r in rows]
+    return price_note(
+        CloudPrice(str(r.get("gpu")), None if pd.isna(x) else float(x), text(r.get("cloud_price_source")),
+                   text(r.get("cloud_price_date"))) for r, x in zip(rows, rate, strict=True)
+    )  # fmt: skip
+
+
 def _fmt(value: Any) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return "-"
@@ -388,5 +405,5 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
         "GPUs only, at rated power. Predictions are calibrated on this report's own measured cells, so their "
         "errors here are in-sample."
     )
-    out.append("")
+    out.extend(["", _prices(cells), ""])
     return "\n".join(out)

@@ -85,6 +85,8 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     out["gpu_hours"] = hours
     out["cloud_usd_per_gpu_hour"] = _col(out, "gpu_cloud_usd_per_gpu_hour")
     out["cost_usd_cloud"] = est.cloud_cost_usd(hours, out["cloud_usd_per_gpu_hour"])
+    for key in ("cloud_price_source", "cloud_price_date"):  # text: where the price comes from, or why none
+        out[key] = out[f"gpu_{key}"] if f"gpu_{key}" in out.columns else None
     out["machine_price_usd"] = est.purchase_cost_usd(
         num_gpus, _col(out, "num_nodes").fillna(1.0), _col(out, "gpu_purchase_price_usd")
     )

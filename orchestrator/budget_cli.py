@@ -219,13 +219,14 @@ def _machine(form: str, tables: dict[str, pd.DataFrame]) -> None:
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
 
 
-def _predictor_note() -> str:
+def _predictor_note(gpus: list[GpuConfig]) -> str:
     from analysis.parallelism import PREDICTOR
+    from orchestrator.prices import cloud_prices, price_note
 
     return (
         f"predicted rows: the {PREDICTOR}; `gpudays plan` predicts a cell with the step-time model "
-        "(analysis/predict.py, calibrated on records), so the two give different GPU-hours for the same GPUs"
-    )
+        "(analysis/predict.py, calibrated on records), so the two give different GPU-hours for the same GPUs\n"
+    ) + price_note(cloud_prices(gpus))
 
 
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
@@ -284,7 +285,7 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
     else:
         _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
         _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
-        console.print(_predictor_note(), highlight=False)
+        console.print(_predictor_note(gpus), highlight=False)
     _write(models_frame, args.out, "budget_models.csv", console)
     _write(optimal_frame, args.out, "budget_optimal.csv", console)
     return 0
@@ -338,7 +339,7 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
         _machine(args.format, {"shortest": frame})
     else:
         _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
-        console.print(_predictor_note(), highlight=False)
+        console.print(_predictor_note(gpus), highlight=False)
     _write(frame, args.out, "shortest.csv", console)
     return 0
 

@@ -181,10 +181,11 @@ class CellFailed(Exception):
 
 @dataclass(frozen=True)
 class TimeSignal:
-    """SLURM's time-limit warning, its SIGTERM at the limit, or the SIGTERM of a cancel, as it reached the job."""
+    """SLURM's time-limit warning, its SIGTERM at the limit, the SIGTERM of a cancel, or Ctrl-C's SIGINT, as it
+    reached the job."""
 
     name: str
-    """``SIGUSR2`` (the warning) or ``SIGTERM``."""
+    """``SIGUSR2`` (the warning), ``SIGTERM`` or ``SIGINT`` (Ctrl-C in the terminal of a local sweep)."""
     at: float
     """When, as ``time.time()``."""
     cancelled: bool = False
@@ -215,7 +216,7 @@ def decide_status(happened: Happened, time_signal: TimeSignal | None = None) -> 
 
     An answer (measured, nothing fits, out of memory) stands. SLURM's signals reach every process of the job, so
     a compiler or a collective dies of them and the probe reports that death as its own failure: a failure after
-    the SIGTERM of a cancel is ``cancelled`` (the scheduler said so when it came), one after
+    the SIGTERM of a cancel, or after Ctrl-C's SIGINT, is ``cancelled`` (the scheduler said so when it came), one after
     SIGTERM at the limit is ``timeout`` (the job is out of time whatever failed), and so is one that names the
     time-limit warning (``ninja ... died with <Signals.SIGUSR2: 12>``); a failure of its own after the warning
     keeps its status. An exception that says the config cannot be built (UNFIXABLE_ERRORS) is ``invalid``.
@@ -226,6 +227,10 @@ def decide_status(happened: Happened, time_signal: TimeSignal | None = None) -> 
     if time_signal is not None and _caused_by(time_signal.name, happened):
         when = dt.datetime.fromtimestamp(time_signal.at, dt.timezone.utc).strftime("%H:%M:%S")
         what = f"{status.value}: {reason}" if reason else status.value
+        if time_signal.name == "SIGINT":
+            # The interrupt itself needs no repeating; what failed of it (a compiler, a collective) is said.
+            then = "" if "KeyboardInterrupt" in (reason or "") else f"; the probe then ended ({what})"
+            return RecordStatus.CANCELLED, f"interrupted (Ctrl-C: SIGINT at {when} UTC), not a probe failure{then}"
         if time_signal.cancelled:
             return (
                 RecordStatus.CANCELLED,
@@ -245,7 +250,7 @@ def decide_status(happened: Happened, time_signal: TimeSignal | None = None) -> 
 def _caused_by(signal_name: str, happened: Happened) -> bool:
     """Whether a failure came from SLURM's time-limit signal: SIGTERM at the limit always; the warning when the
     failure names it (a child process that died of it)."""
-    if signal_name == "SIGTERM":
+    if signal_name in ("SIGTERM", "SIGINT"):
         return True
     number = signal.Signals[signal_name].value if signal_name in signal.Signals.__members__ else -1
     text = f"{happened.reason or ''}\n{happened.traceback or ''}"

@@ -89,6 +89,19 @@ def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
 
 
+def _on_interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C in the terminal of a local sweep (SIGINT to every process of its group): the probe ends here, and its
+    record says ``cancelled``, interrupted. A second SIGINT (submitit's controller forwards one before its SIGKILL a
+    second later) is ignored, as is one after the probe ended: the record is being written."""
+    global _time_limit_signal
+    if _probe_done or (_time_limit_signal is not None and _time_limit_signal.name == "SIGINT"):
+        return
+    if _time_limit_signal is None:  # SLURM's own signal, had one come first, keeps deciding the status
+        _time_limit_signal = TimeSignal("SIGINT", time.time())
+    _say("interrupted (SIGINT): the cell ends here and is recorded as cancelled")
+    raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C)")
+
+
 def sleep_probe(sleep_s: float) -> ProbeOutcome:
     """No measurement: hold the allocation for ``sleep_s`` and report success (for plumbing checks)."""
     time.sleep(sleep_s)
@@ -152,6 +165,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
 
     # Who else runs on the nodes while the cell is timed (another user's job, or another cell of the sweep).
     jobs_at_start = node_jobs() if rank == 0 else None
+    signal.signal(signal.SIGINT, _on_interrupt)
     try:
         if typed is None or refusals:
             # The same config fails the same way on every rerun: nothing is built, and the record says invalid.

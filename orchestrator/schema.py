@@ -102,6 +102,12 @@ class ModelConfig:
     """Published parameter count; tests check it against the architecture."""
 
 
+SOURCE = domain(pattern=r"[^\r\n]{1,200}", pattern_text="one line of text (at most 200 characters)", optional=True)
+"""The domain of a price's source: a name and an address, or why there is no price."""
+DATE = domain(pattern=r"[0-9]{4}-[0-9]{2}(-[0-9]{2})?", pattern_text="a date YYYY-MM-DD or YYYY-MM", optional=True)
+"""The domain of a price's date."""
+
+
 @dataclass
 class GpuConfig:
     """One accelerator type: what it holds, how fast it can go, and what it costs."""
@@ -122,7 +128,15 @@ class GpuConfig:
     supports_tf32: bool = True
     board_power_w: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     purchase_price_usd: Optional[float] = field(default=None, metadata=domain(ge=0, optional=True))
+    purchase_price_source: Optional[str] = field(default=None, metadata=SOURCE)
+    """Where ``purchase_price_usd`` comes from (a paper, a vendor's list, or that it is an estimate)."""
+    purchase_price_date: Optional[str] = field(default=None, metadata=DATE)
     cloud_usd_per_gpu_hour: Optional[float] = field(default=None, metadata=domain(ge=0, optional=True))
+    """On-demand list price of one GPU-hour; every GPU's from one provider's list (``cloud_price_source``)."""
+    cloud_price_source: Optional[str] = field(default=None, metadata=SOURCE)
+    """The named list ``cloud_usd_per_gpu_hour`` is read from; where the price is null, why there is none."""
+    cloud_price_date: Optional[str] = field(default=None, metadata=DATE)
+    """When the price was read from its source (YYYY-MM-DD, or YYYY-MM for a publication)."""
     nvlink_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """NVLink bandwidth of one GPU, both directions together, GB/s, as datasheets quote it (900 on an H100 SXM);
     ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""

@@ -139,7 +139,8 @@ class RecordStatus(str, Enum):
     TIMEOUT = "timeout"
     """SLURM's time limit came (its warning or its kill) before the probe ended, whatever it was doing."""
     CANCELLED = "cancelled"
-    """The scheduler says the job was cancelled (``scancel``) before the probe ended, whatever it was doing."""
+    """The scheduler says the job was cancelled (``scancel``) before the probe ended, whatever it was doing; or
+    Ctrl-C in a local sweep's terminal interrupted the probe."""
     INVALID = "invalid"
     """The cell's config cannot be built; a rerun cannot fix it."""
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rich.text import Text
 
 from orchestrator.answers import MEASURED, PREDICTED, answer_lines
+from orchestrator.prices import cloud_prices, price_note
 from orchestrator.states import UNFIXABLE, State
 from orchestrator.tabular import Column, Tabular, fmt, missing, printable
 
@@ -233,6 +234,8 @@ def plan_table(plan: Plan) -> Tabular:
     data = [_own_engine({MACHINE_NAMES.get(k, k): v for k, v in r.items() if k not in HIDDEN and not k.endswith("_90")})
             for r in rows]  # fmt: skip
     lines = [*answers, *(f"  {a}" for a in answer_lines(rows, PREDICTED))]
+    priced = [*plan.cells, *(c for c in plan.skipped if c.prediction)]
+    lines.append(price_note(cloud_prices(c.typed.gpu for c in priced)))
     return Tabular(_present(PLAN_COLUMNS, rows), rows, footer=lines, data=data, text=_text)
 
 

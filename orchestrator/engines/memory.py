@@ -23,6 +23,13 @@ ALLOCATOR_OVERHEAD = 1.12
 """Reserved over allocated bytes of PyTorch's CUDA caching allocator (fragmentation, rounding to blocks): the
 median of the six H100 records in tests/data/gpu-records (1.021 to 1.149; the reserved peak is what a GPU runs
 out of). Multiplies everything the step allocates."""
+CPU_RUNTIME_GIB = 0.04
+"""What a CPU probe's process holds beyond the model's terms, whatever the model: its "device memory" is the
+growth of the resident set from before the model was built (orchestrator.metering), which takes in the engine's
+and autograd's own allocations. Measured with pythia-tiny on gpu=cpu (DeepSpeed, ZeRO-0, bf16): a peak of 0.0436
+GiB at micro-batch 1 and 0.0760 at 16, where the model's terms come to 0.0038 and 0.0231: 0.04 GiB at either end
+once the activations' slope is taken out. Counted as buffers, so a memory limit judges ``auto`` and a fixed
+micro-batch alike."""
 DEFAULT_MARGIN = 0.10
 """Share of GPU memory kept free for the CUDA context, NCCL and what the model leaves out."""
 

@@ -93,3 +93,12 @@ def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_pat
     out = proc.communicate(timeout=60)[0]
     assert proc.returncode == 130, out
     assert "gpudays: error: interrupted" in out and "Traceback" not in out and "KeyboardInterrupt" not in out, out
+    # The interrupted cell is `cancelled`, interrupted, not `failed: KeyboardInterrupt` (or `lost`, its record cut
+    # off by the SIGINT submitit's controller forwards); `resume` reruns it.
+    (cid,) = paths.cell_ids()
+    while not paths.record(cid).exists():  # the job's last second, after gpudays itself has exited
+        assert time.monotonic() < deadline, "the interrupted cell wrote no record"
+        time.sleep(0.2)
+    record = json.loads(paths.record(cid).read_text())
+    assert record["status"] == "cancelled", record
+    assert record["reason"].startswith("interrupted (Ctrl-C: SIGINT at "), record["reason"]

@@ -57,7 +57,7 @@ def test_cells_csv_has_one_row_per_cell_with_days_and_gpu_hours(tmp_path: Path, 
         assert row.time_to_train_days_low == pytest.approx(row.time_to_train_days * 0.985)
         assert row.time_to_train_days_high == pytest.approx(row.time_to_train_days * 1.015)
     a100 = table.set_index("cell_id").loc["ddd"]
-    assert a100.cost_usd_cloud == pytest.approx(a100.gpu_hours * 1.79)
+    assert a100.cost_usd_cloud == pytest.approx(a100.gpu_hours * 2.736)
     assert a100.machine_price_usd == 7_500 + 4 * 19_000
     assert a100.cost_usd_amortised == pytest.approx(a100.machine_price_usd * a100.time_to_train_days / 1825)
     assert a100.energy_kwh == pytest.approx(a100.gpu_hours * 0.4)
@@ -218,8 +218,8 @@ def test_best_frontier_and_scaling_by_hand(tmp_path: Path, catalog: Catalog) -> 
     assert best.loc[("a100-80gb", 2), "settings"] == "zero1 mb4x128 bf16"
     assert len(best) == 4
 
-    # Cloud cost = GPUs x 143,000 x step / 3600 x price: a1 $284.4, a2z $312.8, a4 $426.6 (A100 $1.79);
-    # h1 $190.0 (H100 $2.99). h1 is both fastest and cheapest of the single-GPU cells, a4 and a2z are faster.
+    # Cloud cost = GPUs x 143,000 x step / 3600 x price: a1 $434.7, a2z $478.1, a4 $652.1 (A100 $2.736);
+    # h1 $265.4 (H100 $4.176). h1 is both fastest and cheapest of the single-GPU cells, a4 and a2z are faster.
     frontier = report.frontier
     assert list(frontier["cell_id"]) == ["a4", "h1"]
     assert set(frontier["cost_basis"]) == {"cost_usd_cloud"}

@@ -20,7 +20,7 @@ from orchestrator.durable import append_jsonl
 from orchestrator.lifecycle import Exit
 from orchestrator.paths import SweepPaths
 from orchestrator.record import RECORD_SCHEMA_VERSION, Metrics
-from orchestrator.schema import to_config
+from orchestrator.schema import GpuConfig, to_config
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +202,7 @@ def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> N
         cell_id="c1",
         label="pythia-70m h100-80gb x1 zero0 bf16 mb=auto",
         typed=SimpleNamespace(
-            model=SimpleNamespace(name="pythia-70m"), gpu=SimpleNamespace(name="h100-80gb", memory_gib=80),
+            model=SimpleNamespace(name="pythia-70m"), gpu=GpuConfig(name="h100-80gb", architecture="hopper", memory_gib=80),
             num_gpus=1, num_nodes=1,
         ),
         prediction={"predicted_fits": True, "predicted_step_time_s": 0.5, "predicted_gpu_hours": 10.0},

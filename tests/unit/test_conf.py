@@ -153,11 +153,22 @@ def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches()
     # micro-batch nor the memory the probe is held to (probe.memory_limit_gib), which the auto cell was judged by.
     from orchestrator import prediction
 
+    # Then the auto cell was predicted to fit (0.0076 GiB at micro-batch 4), ran, and ended does_not_fit: on the
+    # CPU the probe measures the process's resident growth, which holds 0.04 GiB of runtime at any micro-batch
+    # (orchestrator.engines.memory.CPU_RUNTIME_GIB). Both cells are now refused, each naming its micro-batch.
     p = plan(["method.micro_batch_size=auto,16", "probe.memory_limit_gib=0.01"])
     prediction.predict(p)
-    (fixed,) = p.skipped
-    (auto,) = p.cells
-    said = str(fixed.refusals[0])
+    assert p.cells == []
+    by_mb = {str(c.typed.method.micro_batch_size): c for c in p.skipped}
+    said = str(by_mb["16"].refusals[0])
     assert "at micro-batch 16, 0.01 GiB usable (probe.memory_limit_gib)" in said, said
     assert "method.micro_batch_size=auto" in said
-    assert auto.prediction["predicted_peak_memory_gib"] <= 0.01 < fixed.prediction["predicted_peak_memory_gib"]
+    said = str(by_mb["auto"].refusals[0])
+    assert "predicted not to fit: about 0.0438 GiB per GPU at micro-batch 1, 0.01 GiB usable" in said, said
+    # Under a limit the runtime leaves room in, both run, auto at the largest micro-batch predicted to fit.
+    p = plan(["method.micro_batch_size=auto,16", "probe.memory_limit_gib=0.05"])
+    prediction.predict(p)
+    (auto,) = p.cells
+    (fixed,) = p.skipped
+    assert str(fixed.typed.method.micro_batch_size) == "16"
+    assert auto.prediction["predicted_peak_memory_gib"] <= 0.05 < fixed.prediction["predicted_peak_memory_gib"]

@@ -203,3 +203,32 @@ def test_an_outcome_carries_the_decided_status_and_what_was_measured() -> None:
     assert outcome_of(Happened(Ending.COMPLETED, "slept")).to_json() == {
         "status": "ok", "reason": "slept", "traceback": None, "metrics": {}, "environment": {}
     }  # fmt: skip
+
+
+def test_a_probe_interrupted_by_ctrl_c_is_cancelled_and_rerun_not_failed() -> None:
+    # Ctrl-C during a local sweep: the job's KeyboardInterrupt became `failed: KeyboardInterrupt` (or, killed while
+    # writing it, no record at all: `lost`).
+    from orchestrator import jobside
+    from orchestrator.states import needs_rerun
+
+    ctrl_c = TimeSignal("SIGINT", time.time())
+    status, reason = decide_status(Happened(RAISED, "KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)"), ctrl_c)
+    assert status is RecordStatus.CANCELLED and needs_rerun(state_of_record(status))
+    assert reason is not None and reason.startswith("interrupted (Ctrl-C: SIGINT at ") and "not a probe failure" in reason
+    assert "KeyboardInterrupt" not in reason
+    # What died of the interrupt (a compiler) is said; an answer the probe reached before it stands.
+    status, reason = decide_status(NINJA, ctrl_c)
+    assert status is RecordStatus.CANCELLED and reason is not None and "compile_error" in reason
+    assert decide_status(Happened(Ending.COMPLETED), ctrl_c)[0] is RecordStatus.OK
+    # The job's handler ends the probe once, and ignores the SIGINT submitit's controller forwards after it.
+    saved = (jobside._time_limit_signal, jobside._probe_done)
+    try:
+        jobside._time_limit_signal, jobside._probe_done = None, False
+        with pytest.raises(KeyboardInterrupt):
+            jobside._on_interrupt(2, None)
+        first = jobside.time_limit_signal()
+        assert first is not None and first.name == "SIGINT"
+        jobside._on_interrupt(2, None)  # no raise: the record is being written
+        assert jobside.time_limit_signal() is first
+    finally:
+        jobside._time_limit_signal, jobside._probe_done = saved

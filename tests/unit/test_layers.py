@@ -41,6 +41,7 @@ LAYERS: dict[str, int] = {
     # ``name``: that module (a package: its __init__); ``name.*``: it and every module under it.
     "orchestrator": CORE,
     "orchestrator.schema": CORE,
+    "orchestrator.prices": CORE,
     "orchestrator.values": CORE,
     "orchestrator.passthrough": CORE,
     "orchestrator.sbatch_template": CORE,

@@ -63,8 +63,8 @@ def test_budget_forms_and_their_errors() -> None:
 
 
 def test_allowances_by_hand() -> None:
-    h100 = _gpu("h100-80gb")  # $2.99 a GPU-hour, $30,000 a GPU
-    assert allowance(parse_budget(usd=1e5), h100, 8).gpu_hours == pytest.approx(1e5 / 2.99)
+    h100 = _gpu("h100-80gb")  # $4.176 a GPU-hour, $30,000 a GPU
+    assert allowance(parse_budget(usd=1e5), h100, 8).gpu_hours == pytest.approx(1e5 / 4.176)
     grant = allowance(parse_budget(num_gpus=64, days=30), h100, 8)
     assert (grant.gpu_hours, grant.num_gpus) == (64 * 30 * 24, 64)
     # A node: 8 x $30,000 + the $10,500 eight-slot server = $250,500; $1M buys 3 whole nodes (4 would be $1,002,000).

@@ -67,17 +67,17 @@ def test_a_stricter_or_looser_knee_threshold_moves_the_knee(knee_sweep: Path) ->
 
 def test_tokens_per_kwh_and_dollars_per_billion_tokens_by_hand(knee_sweep: Path) -> None:
     table = write_report([knee_sweep], plots=False).scaling.set_index("num_gpus")
-    # A100 80GB in conf/gpu: 400 W board power, $1.79 per GPU-hour, $19,000 per GPU; a 1-GPU machine $1,000.
+    # A100 80GB in conf/gpu: 400 W board power, $2.736 per GPU-hour, $19,000 per GPU; a 1-GPU machine $1,000.
     # 1 GPU at 1000 tokens/s: an hour trains 3.6e6 tokens on 0.4 kWh, 9.0e6 tokens/kWh; a billion tokens take
-    # 1e6 s = 277.78 GPU-hours = $497.22 rented, and 11.574 days of a $20,000 machine written off over 1825 days
+    # 1e6 s = 277.78 GPU-hours = $760.00 rented, and 11.574 days of a $20,000 machine written off over 1825 days
     # = $126.84.
     assert table.loc[1, "tokens_per_kwh"] == pytest.approx(9.0e6)
-    assert table.loc[1, "usd_per_billion_tokens_cloud"] == pytest.approx(497.2222, rel=1e-6)
+    assert table.loc[1, "usd_per_billion_tokens_cloud"] == pytest.approx(760.0, rel=1e-6)
     assert table.loc[1, "usd_per_billion_tokens_amortised"] == pytest.approx(126.8391, rel=1e-6)
-    # 8 GPUs at 4000 tokens/s: 14.4e6 tokens an hour on 3.2 kWh = 4.5e6 tokens/kWh; 8 x $1.79 / 14.4e6 tokens
-    # = $994.44 per billion; machine $10,500 + 8 x $19,000 = $162,500, 1e9 / 4000 s = 2.8935 days: $257.64.
+    # 8 GPUs at 4000 tokens/s: 14.4e6 tokens an hour on 3.2 kWh = 4.5e6 tokens/kWh; 8 x $2.736 / 14.4e6 tokens
+    # = $1,520.00 per billion; machine $10,500 + 8 x $19,000 = $162,500, 1e9 / 4000 s = 2.8935 days: $257.64.
     assert table.loc[8, "tokens_per_kwh"] == pytest.approx(4.5e6)
-    assert table.loc[8, "usd_per_billion_tokens_cloud"] == pytest.approx(994.4444, rel=1e-6)
+    assert table.loc[8, "usd_per_billion_tokens_cloud"] == pytest.approx(1520.0, rel=1e-6)
     assert table.loc[8, "usd_per_billion_tokens_amortised"] == pytest.approx(257.6408, rel=1e-5)
     assert table.loc[4, "tokens_per_s_per_gpu"] == pytest.approx(850.0)
 
