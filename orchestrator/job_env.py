@@ -19,8 +19,8 @@ MAX_NODE_JOBS = 20
 """At most this many of a node's other jobs are listed in a record."""
 
 
-def _say(message: str) -> None:
-    """A line in the job's stderr log."""
+def say(message: str) -> None:
+    """A line in the job's stderr log (signal handlers included: no logging locks)."""
     print(f"gpudays: {message}", file=sys.stderr, flush=True)
 
 
@@ -72,6 +72,6 @@ def node_jobs() -> list[str] | None:
     try:
         jobs = slurm.jobs_on_nodes(nodes)
     except slurm.SlurmUnavailable as e:
-        _say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
+        say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
         return None
     return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]

@@ -32,7 +32,6 @@ import os
 import platform
 import signal
 import socket
-import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -47,7 +46,7 @@ from orchestrator.attempts import current_attempt
 from orchestrator.cells import TIME_LIMIT_WARNING_S
 from orchestrator.durable import write_json_atomic
 from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
-from orchestrator.job_env import node_jobs, node_name, rendezvous, scheduler_ids, set_distributed_env
+from orchestrator.job_env import node_jobs, node_name, rendezvous, say, scheduler_ids, set_distributed_env
 from orchestrator.paths import SweepPaths
 from orchestrator.record import Record, read_cell_config, read_record, write_record
 from orchestrator.states import RecordStatus
@@ -80,11 +79,6 @@ def time_limit_signal() -> TimeSignal | None:
     return _time_limit_signal
 
 
-def _say(message: str) -> None:
-    """A line in the job's stderr log (signal handlers included: no logging locks)."""
-    print(f"gpudays: {message}", file=sys.stderr, flush=True)
-
-
 def _now() -> str:
     return dt.datetime.now(dt.timezone.utc).isoformat()
 
@@ -98,7 +92,7 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
         return
     if _time_limit_signal is None:  # SLURM's own signal, had one come first, keeps deciding the status
         _time_limit_signal = TimeSignal("SIGINT", time.time())
-    _say("interrupted (SIGINT): the cell ends here and is recorded as cancelled")
+    say("interrupted (SIGINT): the cell ends here and is recorded as cancelled")
     raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C)")
 
 
@@ -248,7 +242,7 @@ def claim_record(ranks_dir: Path, attempt: int) -> bool:
     except FileExistsError:
         return False
     except OSError as e:
-        _say(f"the record could not be claimed ({e}); this rank writes it")
+        say(f"the record could not be claimed ({e}); this rank writes it")
     return True
 
 
@@ -262,7 +256,7 @@ def superseded(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
     again, whose first job ran after all): such a job leaves the cell alone, its record included."""
     newest = current_attempt(paths, cell_id)
     if newest > attempt:
-        _say(f"cell {cell_id}: this job runs attempt {attempt}, but attempt {newest} has replaced it; it stops here")
+        say(f"cell {cell_id}: this job runs attempt {attempt}, but attempt {newest} has replaced it; it stops here")
         return True
     return False
 
@@ -278,7 +272,7 @@ def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> None:
         elif found is not None and not isinstance(found, Record):
             target.rename(paths.archived_record(cell_id, attempt - 1, corrupt=True))
     except OSError as e:
-        _say(f"the record of an earlier attempt could not be kept aside ({e}); it is replaced")
+        say(f"the record of an earlier attempt could not be kept aside ({e}); it is replaced")
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
@@ -358,13 +352,13 @@ class CellJob(submitit.helpers.Checkpointable):
                 return
             self._requeue_reason = why
             _requeuing = True
-            _say(f"requeuing cell {self.cell_id} (attempt {self.attempt}) after {why}")
+            say(f"requeuing cell {self.cell_id} (attempt {self.attempt}) after {why}")
             try:
                 cast(Callable[[int, FrameType | None], None], submitit_handler)(signum, frame)
             except SystemExit:
                 raise
             except Exception as e:  # noqa: BLE001 - a refused requeue must not fail the probe it interrupts
-                _say(f"the requeue failed ({type(e).__name__}: {e}); the job runs on")
+                say(f"the requeue failed ({type(e).__name__}: {e}); the job runs on")
                 _requeuing = False
                 self._requeue_reason = None
 
@@ -379,13 +373,13 @@ class CellJob(submitit.helpers.Checkpointable):
             _time_limit_signal = TimeSignal(signal.Signals(signum).name, time.time())
             used = self.requeues.get("timeout", 0)
             if used >= max_timeouts:
-                _say(
+                say(
                     f"{left_s:.0f} s left before the time limit and {used} of cluster.max_requeue_on_timeout="
                     f"{max_timeouts} requeue(s) used: the cell runs on, and ends as TIMEOUT if it does not finish"
                 )
                 return
             delay_s = left_s - REQUEUE_MARGIN_S
-            _say(f"{left_s:.0f} s left before the time limit: requeue in {max(delay_s, 0):.0f} s unless finished")
+            say(f"{left_s:.0f} s left before the time limit: requeue in {max(delay_s, 0):.0f} s unless finished")
             if delay_s <= 0:
                 requeue_now("timeout", signum, frame)
                 return
@@ -408,7 +402,7 @@ class CellJob(submitit.helpers.Checkpointable):
             if callable(submitit_terminate):
                 submitit_terminate(signum, frame)
             if cancelled and not _probe_done:
-                _say(f"job {job_id} was cancelled: cell {self.cell_id} ends here")
+                say(f"job {job_id} was cancelled: cell {self.cell_id} ends here")
                 raise JobCancelled(f"the scheduler cancelled job {job_id} (scancel)")
 
         submitit_terminate = signal.getsignal(signal.SIGTERM)
