@@ -162,6 +162,11 @@ def cell_states(
     note = None
     if query_scheduler and slurm_ids:
         acct, note = ask_scheduler(slurm_ids)
+        # A job may write its record and end between the first read and the scheduler's answer: read again, so
+        # that a job the scheduler calls COMPLETED is not taken for one that died without writing its record.
+        for cid, a in attempts.items():
+            if a and a[-1].job_id in slurm_ids:
+                records[cid] = read_record(paths.record(cid), cid)
     out = []
     for cid in cell_ids:
         latest = attempts[cid][-1] if attempts[cid] else None

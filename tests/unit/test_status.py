@@ -373,3 +373,19 @@ def test_an_intent_whose_job_already_wrote_its_record_is_adopted_all_the_same(
     states = {s.cell_id: s for s in status.cell_states(sweep, now=NOW)}
     assert states["aaa"].state == "ok" and states["aaa"].job_id == "41_1"
     assert [a.job_id for a in status.read_attempts(sweep, "aaa")] == ["41_1"]
+
+
+def test_a_job_that_writes_its_record_while_the_scheduler_is_asked_is_ok_not_failed(
+    sweep: SweepPaths, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The record is read, then the job writes it and ends, then sacct says COMPLETED: without a second read the
+    # cell would be "failed: ended without a record" for one status call, and `status --wait` could stop on it.
+    append_jsonl(sweep.attempts("aaa"), {**asdict(submission(job_id="42_0")), "cell_id": "aaa"})
+
+    def finishes_meanwhile(ids):
+        write_json_atomic(sweep.record("aaa"), {"schema_version": 1, "cell_id": "aaa", "status": "ok", "attempt": 1})
+        return sacct("42_0|42|COMPLETED|0:0|None")
+
+    monkeypatch.setattr(slurm, "sacct", finishes_meanwhile)
+    states = {s.cell_id: s for s in status.cell_states(sweep, now=NOW)}
+    assert states["aaa"].state == "ok", states["aaa"]
