@@ -81,6 +81,7 @@ class Catalog:
                     columns[method_column(key)] = "auto" if value in (None, "auto") else (as_int(value) or str(value))
                 else:
                     columns[method_column(key)] = as_int(value) if kind == "int" else coerce(kind, value)
+            columns["compile_scope"] = compile_scope(columns)
             engine = columns["engine"] = columns["engine"] or DEFAULT_ENGINE
             for spec in engine_specs():
                 if spec.name != engine:
@@ -154,6 +155,11 @@ _METHOD_KINDS: dict[type, Mapping[str, str]] = {}
 def method_defaults() -> Row:
     """Every method field's default (None where it has none), by field name."""
     return {f.name: None if f.default is MISSING else f.default for f in fields(method_type())}
+
+
+def compile_scope(method: Mapping[str, Any]) -> Any:
+    """A cell's ``compile_scope`` column: how much of the model is compiled, empty where nothing is."""
+    return method.get("compile_scope") if method.get("compile") is True else None
 
 
 def method_column(name: str) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from analysis.catalog import method_column, method_defaults, method_kinds
+from analysis.catalog import compile_scope, method_column, method_defaults, method_kinds
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
 from orchestrator.domains import problems as domain_problems
 from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
@@ -51,6 +51,7 @@ def flat_cell(cell: Mapping[str, Any]) -> Row:
     row: Row = columns_of(ModelConfig, "model", model)
     row.update(columns_of(GpuConfig, "gpu", gpu))
     row.update({method_column(k): method.get(k) for k in method_defaults()})
+    row[method_column("compile_scope")] = compile_scope(method)
     row.update(
         model=model.get("name"),
         gpu=gpu.get("name"),

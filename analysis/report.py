@@ -110,7 +110,7 @@ from orchestrator.engines.registry import identity_keys, identity_keys_if_set
 CELLS_COLUMNS: tuple[str, ...] = (
     "sweep", "cell_id", "model", "gpu", "num_gpus", "num_nodes",
     *identity_keys(), "activation_checkpointing", "precision",
-    "micro_batch_size_setting", "compile", "tf32", "attention",
+    "micro_batch_size_setting", "compile", "compile_scope", "tf32", "attention",
     "engine", *identity_keys_if_set(), "sharding",
     "status", "reason", "attempt",
     "micro_batch_size", "grad_accum_steps", "per_gpu_batch_size", "tokens_per_step", "steps_timed",

@@ -18,6 +18,7 @@ from analysis.inputs import inputs_from_columns
 from analysis.predict import DEFAULT_MARGIN, Calibration, predict_frame
 from analysis.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, rows_of
 from orchestrator.engines.registry import engine_specs, identity_keys, identity_keys_if_set, method_label
+from orchestrator.schema import MethodConfig
 
 _ENGINE_KINDS = {key: method_kinds()[key] for spec in engine_specs() for key in spec.fields}
 """Every engine's method fields, with their kinds (which decide how the CSV writes them)."""
@@ -32,7 +33,7 @@ BOOL_COLUMNS = (
 )  # fmt: skip
 SETTING_COLUMNS = (
     "engine", *identity_keys_if_set(), *identity_keys(), "activation_checkpointing", "precision", "micro_batch_size",
-    "grad_accum_steps", "compile", "tf32", "attention",
+    "grad_accum_steps", "compile", "compile_scope", "tf32", "attention",
 )  # fmt: skip
 """The engine, every engine's fields (the later engines' first, as the columns have always been ordered), then the
 method's own."""
@@ -168,7 +169,8 @@ def settings_label(row: Any) -> str:
     if row.get("activation_checkpointing") is True:
         parts.append("ckpt")
     if row.get("compile") is True:
-        parts.append("compile")
+        scope = row.get("compile_scope")
+        parts.append(f"compile-{scope}" if isinstance(scope, str) and scope != MethodConfig.compile_scope else "compile")
     micro, accum = row.get("micro_batch_size"), row.get("grad_accum_steps")
     if pd.notna(micro):
         parts.append(f"mb{int(micro)}" + (f"x{int(accum)}" if pd.notna(accum) else ""))

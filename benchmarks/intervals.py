@@ -19,20 +19,18 @@ figures for as many cells chosen at random (``random_*``), calibrated and judged
     python benchmarks/intervals.py [--from DIR ...] [--target-pct 10] [--round-cells N] [--seeds 3] [--skip-synthetic]
 
 A grid to replay is measured once, in full, with ordinary sweeps (``cluster=local`` runs them on this machine); the
-60-cell CPU grid of the closing figures was measured into four folders (two families, 2 and 4 layers, 1-2 ranks,
-ZeRO 0-3 and FSDP full/grad_op, checkpointing on and off), C being
-``gpu=cpu cluster=local probe=quick model.num_parameters=null method.activation_checkpointing=false,true``:
+42-cell CPU grid of the closing figures was measured into three folders (two families, 2 and 4 layers, 1-2 ranks,
+ZeRO 0-3 and FSDP full/grad_op, checkpointing on and off; ZeRO 1-3 on one rank are refused, as in the $100K
+paper), C being ``gpu=cpu cluster=local probe=quick model.num_parameters=null
+method.activation_checkpointing=false,true``:
 
-    gpudays sweep --no-report --dir /tmp/i20-grid -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2 \
+    gpudays sweep --no-report --dir /tmp/i20q-a -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2 \
         num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
-    gpudays sweep --no-report --dir /tmp/i20-grid-c -m $C model=pythia-tiny model.num_layers=4 \
+    gpudays sweep --no-report --dir /tmp/i20q-c -m $C model=pythia-tiny model.num_layers=4 \
         num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
-    gpudays sweep --no-report --dir /tmp/i20-grid-d -m $C model=smollm2-tiny model.num_layers=4 \
-        num_gpus=1,2 method.engine=deepspeed method.zero_stage=0,1,2,3
-    gpudays sweep --no-report --dir /tmp/i20-grid-fsdp -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2,4 \
-        num_gpus=2 method.engine=fsdp method.fsdp_sharding=full,grad_op   (and num_gpus=1 method.fsdp_sharding=full
-        for 2 layers)
-    python benchmarks/intervals.py --from /tmp/i20-grid /tmp/i20-grid-c /tmp/i20-grid-d /tmp/i20-grid-fsdp
+    gpudays sweep --no-report --dir /tmp/i20q-f -m $C model=pythia-tiny,smollm2-tiny model.num_layers=2 \
+        num_gpus=2 method.engine=fsdp method.fsdp_sharding=full,grad_op   (and num_gpus=1 method.fsdp_sharding=full)
+    python benchmarks/intervals.py --from /tmp/i20q-a /tmp/i20q-c /tmp/i20q-f
 """
 
 from __future__ import annotations

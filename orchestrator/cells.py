@@ -61,7 +61,7 @@ IDENTITY_METHOD_KEYS = (
     "attention",
 )
 """The engines' keys that joined every cell's identity from the start (DeepSpeed's), then the method's own."""
-IDENTITY_METHOD_KEYS_IF_SET = ("engine", *identity_keys_if_set())
+IDENTITY_METHOD_KEYS_IF_SET = ("engine", "compile_scope", *identity_keys_if_set())
 """Method keys that join a cell's identity only where they differ from the schema's default (DeepSpeed's
 values): the engine, and the fields of every engine after the first (``EngineSpec.identity_if_set``), so that
 every cell measured before they existed keeps its id."""
@@ -144,6 +144,8 @@ def settings(cell: Config) -> Row:
     }
     method = asdict(cell.method)
     out.update({k: method.get(k) for k in (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)})
+    if not cell.method.compile:
+        out["compile_scope"] = None  # how much is compiled, where something is
     return out
 
 
@@ -159,7 +161,7 @@ def label(cell: Config) -> str:
     parts.append(str(m.precision))
     parts.append(f"mb={m.micro_batch_size}")
     if m.compile:
-        parts.append("compile")
+        parts.append("compile" if m.compile_scope == MethodConfig.compile_scope else f"compile-{m.compile_scope}")
     return " ".join(parts)
 
 
@@ -293,6 +295,14 @@ def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
         )
     if m.attention == "flash_attention_2" and not on_cuda:
         out.append(Refusal("method.attention", "flash_attention_2 needs a CUDA GPU; use sdpa or eager"))
+    if m.compile_scope != MethodConfig.compile_scope and not m.compile:
+        out.append(
+            Refusal(
+                "method.compile_scope",
+                f"{m.compile_scope} says how much of the model torch.compile compiles, and this cell compiles "
+                "nothing; add method.compile=true or leave method.compile_scope at its default",
+            )
+        )
     out.extend(check_engine_options(cell))
 
     if num_gpus % num_nodes:

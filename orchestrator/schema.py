@@ -30,6 +30,7 @@ PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
 """``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
+COMPILE_SCOPES = ("regional", "whole")
 BACKENDS = ("local", "slurm")
 PROBE_KINDS = ("deepspeed", "sleep", "fail")
 """``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep`` and
@@ -199,7 +200,11 @@ class MethodConfig:
     micro_batch_size: Any = field(default="auto", metadata=domain(choices=("auto",), ge=1, integer=True))
     """Sequences per GPU per forward pass: a positive integer, or ``auto`` for the largest that fits."""
     compile: bool = False
-    """Wrap the model in ``torch.compile``."""
+    """Compile the model with ``torch.compile`` (how much of it: ``compile_scope``)."""
+    compile_scope: str = field(default="regional", metadata=domain(choices=COMPILE_SCOPES))
+    """With ``compile``: ``regional`` compiles one transformer block, whose code every other block reuses, and the
+    loss as a region of its own (Inductor's cache keeps both for later cells); ``whole`` compiles the whole model as
+    one graph (DeepSpeed only: its compile grows with the depth, its step times agree with ``regional``'s)."""
     tf32: bool = True
     """Allow TF32 matmuls (Ampere and newer)."""
     attention: str = field(default="sdpa", metadata=domain(choices=ATTENTIONS))

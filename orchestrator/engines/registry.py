@@ -133,6 +133,15 @@ def check_engine_options(cell: Config) -> list[Refusal]:
         for key in other.fields
         if getattr(method, key) != defaults[key]
     ]
+    if method.compile and method.compile_scope not in spec.compile_scopes:
+        out.append(
+            Refusal(
+                "method.compile_scope",
+                f"{method.compile_scope} is not a scope method.engine={spec.name} compiles; use "
+                + " or ".join(spec.compile_scopes)
+                + " (regional: each block compiled, the engine's hooks between them)",
+            )
+        )
     out.extend(spec.check(cell))
     return out
 

@@ -111,6 +111,9 @@ class EngineSpec:
     """Those of its fields that say how it shards and offloads: each of their values is a line of its own in the
     scaling table and they are the plan's columns; its other fields are tuned per GPU count, as the method's own
     settings are. None: all of :attr:`fields`."""
+    compile_scopes: tuple[str, ...] = ("regional",)
+    """The values of ``method.compile_scope`` its engine compiles (``whole`` only where it wraps the whole model
+    as one graph without splitting its own hooks out of it)."""
     layout_terms: Callable[[CellArrays], Terms] | None = None
     """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what

@@ -165,20 +165,24 @@ def test_zero0_bf16_fixed_micro_batch_composed_timing_one_rank(tmp_path: Path) -
     assert m["hardware_tflops_per_gpu"] == pytest.approx(m["model_tflops_per_gpu"]), "no recomputation"
 
 
-def test_zero1_offload_optimizer_fp32_checkpointing_compiled_one_rank(tmp_path: Path) -> None:
+@pytest.mark.parametrize("scope", ["regional", "whole"])
+def test_zero1_offload_optimizer_fp32_checkpointing_compiled_one_rank(tmp_path: Path, scope: str) -> None:
     # fp32: torch.compile of this model in bf16 hits a C++ code-generation error of Inductor's CPU backend
-    # (torch 2.13), which the probe records as compile_error.
+    # (torch 2.13), which the probe records as compile_error. regional: each block and the loss compiled before
+    # DeepSpeed wraps the model; whole: DeepSpeed's engine.compile().
     cell = compose_cell(
         "method.zero_stage=1",
         "method.offload_optimizer=true",
         "method.precision=fp32",
         "method.activation_checkpointing=true",
         "method.compile=true",
+        f"method.compile_scope={scope}",
         "method.micro_batch_size=8",
     )
     (result,) = run_probe_ranks(cell, tmp_path)
     m = assert_measured(result, cell)
     assert result["environment"]["compiled"] is True
+    assert result["environment"]["compile_scope"] == scope
     assert m["warmup_s"] > max(m["step_times_s"]), "compilation happens in the warm-up, not in the timed steps"
     ds = result["environment"]["ds_config"]
     assert ds["zero_optimization"]["stage"] == 1

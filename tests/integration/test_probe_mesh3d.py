@@ -1,5 +1,5 @@
 """The probe with the mesh3d engine on the CPU over gloo, each rank a process as the job runs it: tensor and
-pipeline parallelism together on a 2 × 1 × 2 mesh, the interleaved schedule with a tied output layer, tensor
+pipeline parallelism together on a 2 × 1 × 2 mesh, the interleaved schedule with a tied output layer (compiled), tensor
 parallelism beside FSDP2's data parallelism with accumulation and checkpointing. Mirrors
 tests/integration/test_probe_fsdp.py.
 
@@ -56,12 +56,15 @@ def test_tensor_and_pipeline_parallel_on_four_ranks(tmp_path: Path) -> None:
 
 def test_interleaved_schedule_with_a_tied_output_layer(tmp_path: Path) -> None:
     # smollm2-tiny ties its output layer to the embedding; four layers make two stages on each of two ranks.
+    # Compiled (fp32: Inductor's CPU backend fails on these models in bf16): each stage's blocks and the loss.
     cell = mesh_cell(
         "model=smollm2-tiny", "model.num_layers=4", "model.num_parameters=null", "num_gpus=2", "method.pp=2",
         "method.pp_schedule=interleaved_1f1b", "method.pp_microbatches=4", "method.micro_batch_size=2",
+        "method.compile=true", "method.precision=fp32",
     )  # fmt: skip
     results = run_probe_ranks(cell, tmp_path, world_size=2)
     mesh = assert_measured_on_the_mesh(results, cell, split=4)
+    assert results[0]["environment"]["compile_scope"] == "regional"
     assert (results[0]["metrics"]["micro_batch_size"], results[0]["metrics"]["grad_accum_steps"]) == (2, 2)
     assert mesh["pp_stages"] == 4 and mesh["bubble_predicted"] == pytest.approx(1 / 9)
     assert mesh["bubble_measured"] is not None

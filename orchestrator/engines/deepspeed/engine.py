@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import UnsupportedError, free_device_memory
+from orchestrator.engines.compiling import compile_regions, compiled_regions
 from orchestrator.engines.deepspeed.config import DeepSpeedConfig, build_ds_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module, implementation
@@ -104,13 +105,16 @@ class DeepSpeedEngine:
         if method.activation_checkpointing:
             enable_activation_checkpointing(module)
         module.train()
+        if method.compile and method.compile_scope == "regional":
+            # Compiled lazily, at the first forward (inside the search or the warm-up): one block, then the loss.
+            compile_regions(module, family_module(self.config.model.family).blocks(module))
         self._num_parameters = sum(int(getattr(p, "ds_numel", p.numel())) for p in module.parameters())
         engine, _, _, _ = deepspeed.initialize(
             model=module, model_parameters=[p for p in module.parameters() if p.requires_grad], config=self.ds_config
         )
         self.engine = engine
-        if method.compile:
-            engine.compile()  # compiled lazily, at the first forward: inside the search or the warm-up
+        if method.compile and method.compile_scope == "whole":
+            engine.compile()  # the whole model as one graph, compiled lazily at the first forward
 
     def estimate_micro_batch_size(self, memory_gib: float) -> int:
         return estimate_micro_batch_size(self.config, memory_gib)
@@ -151,11 +155,14 @@ class DeepSpeedEngine:
     def describe(self) -> dict[str, object]:
         import deepspeed
 
+        whole = bool(getattr(self.engine, "is_compiled", False))
+        regional = self.engine is not None and compiled_regions(self.engine.module)
         return {
             "engine": "deepspeed",
             "deepspeed": deepspeed.__version__,
             "ds_config": dict(self.ds_config or {}),
-            "compiled": bool(getattr(self.engine, "is_compiled", False)),
+            "compiled": whole or regional,
+            "compile_scope": "whole" if whole else "regional" if regional else None,
             "model_implementation": implementation(self.config.model, self.engine.module) if self.engine else {},
         }
 

@@ -90,4 +90,5 @@ SPEC = EngineSpec(
     # In every cell's id since before there was a second engine; a field added later joins an id only where set.
     identity_always=("zero_stage", "offload_optimizer", "offload_params"),
     sharding_fields=("zero_stage", "offload_optimizer", "offload_params"),
+    compile_scopes=("regional", "whole"),  # whole: DeepSpeedEngine.compile(), its ZeRO hooks marked not traced
 )

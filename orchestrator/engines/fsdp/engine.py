@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
+from orchestrator.engines.compiling import compile_regions
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module, implementation
@@ -87,9 +88,10 @@ class FsdpEngine:
         )
         offload = CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if opts.offload else OffloadPolicy()
         mesh = self._mesh()
-        for layer in family_module(self.config.model.family).blocks(module):
-            if method.compile:
-                layer.compile()  # per layer, before wrapping: FSDP's hooks stay outside the compiled graphs
+        blocks = family_module(self.config.model.family).blocks(module)
+        if method.compile:
+            compile_regions(module, blocks)  # before wrapping: FSDP's hooks stay outside the compiled graphs
+        for layer in blocks:
             fully_shard(
                 layer,
                 mesh=mesh,
@@ -152,6 +154,7 @@ class FsdpEngine:
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),
+            "compile_scope": self.config.method.compile_scope if self.config.method.compile else None,
             "model_implementation": implementation(self.config.model, self.module) if self.module is not None else {},
         }
 

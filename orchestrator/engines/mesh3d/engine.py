@@ -35,6 +35,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
+from orchestrator.engines.compiling import compile_blocks, compiled_loss
 from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
@@ -63,6 +64,7 @@ class Mesh3dEngine:
         self.optimizer: Any = None
         self.tokens: list[Any] = []
         self.grad_accum_steps = 1
+        self.next_token_loss: Any = next_token_loss
         self.steps = 0
         self._num_parameters = 0
         self.busy_s = 0.0
@@ -126,10 +128,10 @@ class Mesh3dEngine:
             if lay.tp > 1:
                 apply_tensor_parallel(stage, TP_PLANS[cfg.model.family], self.mesh["tp"])
             if method.compile:
-                for layer in stage.layers:
-                    layer.compile()
+                compile_blocks(stage.layers)
             apply_fsdp(stage, self.mesh["dp"], mp_policy, pipelined=lay.pp > 1)
         self.stages = stages
+        self.next_token_loss = compiled_loss(next_token_loss) if method.compile else next_token_loss
         params = [p for _, stage in stages for p in stage.parameters()]
         self.optimizer = torch.optim.AdamW(
             params, lr=float(cfg.model.lr), betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY
@@ -158,10 +160,8 @@ class Mesh3dEngine:
             self.schedule = self._schedule()
 
     def _loss(self, logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        import torch.nn.functional as F
-
-        # Next-token loss in fp32, each micro-batch's share of the accumulated step.
-        loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())
+        # Each micro-batch's share of the accumulated step.
+        loss: torch.Tensor = self.next_token_loss(logits, tokens)
         return loss / self.grad_accum_steps
 
     def _schedule(self) -> Any:
@@ -271,9 +271,17 @@ class Mesh3dEngine:
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),
+            "compile_scope": self.config.method.compile_scope if self.config.method.compile else None,
         }
 
 
 def create(config: Config, device: torch.device, rank: int) -> Mesh3dEngine:
     """The engine ``orchestrator.engines.base.create_engine`` returns for ``method.engine: mesh3d``."""
     return Mesh3dEngine(config, device, rank)
+
+
+def next_token_loss(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """The causal-LM loss in fp32 (with ``compile``, a region of its own: the cast and the log-softmax fused)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), tokens[:, 1:].flatten())

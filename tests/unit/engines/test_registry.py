@@ -294,3 +294,32 @@ def test_an_engine_registered_from_outside_declares_its_fields() -> None:
     with pytest.raises(ValueError, match="pipe_stages not fields of MethodConfig"), registry.registered(PIPE):
         pass
     assert "pipe" not in registry.engine_names() and registry.method_type() is MethodConfig
+
+
+def test_a_compile_scope_an_engine_does_not_compile_is_refused_naming_what_it_does(base: Config) -> None:
+    whole = with_method(base, compile=True, compile_scope="whole")
+    assert "method.compile_scope" not in {r.key for r in cells.check_runnable(whole)}, "DeepSpeed compiles whole"
+    for engine in ("fsdp", "mesh3d"):
+        refusals = [
+            r for r in cells.check_runnable(with_method(whole, engine=engine)) if r.key == "method.compile_scope"
+        ]
+        assert len(refusals) == 1 and f"method.engine={engine}" in refusals[0].reason, refusals
+        assert "use regional" in refusals[0].reason
+        regional = with_method(base, engine=engine, compile=True)
+        assert "method.compile_scope" not in {r.key for r in cells.check_runnable(regional)}
+    # A scope without compile says nothing: refused, naming the fix.
+    (alone,) = [
+        r for r in cells.check_runnable(with_method(base, compile_scope="whole")) if r.key == "method.compile_scope"
+    ]
+    assert "method.compile=true" in alone.reason
+
+
+def test_the_compile_scope_joins_id_and_label_only_where_it_is_not_the_default(base: Config) -> None:
+    compiled = with_method(base, compile=True)
+    assert cells.cell_id(with_method(base, compile=True, compile_scope="regional")) == cells.cell_id(compiled)
+    whole = with_method(base, compile=True, compile_scope="whole")
+    assert cells.cell_id(whole) != cells.cell_id(compiled)
+    assert "compile-whole" in cells.label(whole) and "compile-whole" not in cells.label(compiled)
+    assert settings_label({**flat_cell(dataclasses.asdict(whole)), "compile": True}).count("compile-whole") == 1
+    assert flat_cell(dataclasses.asdict(base))["compile_scope"] is None, "empty where nothing is compiled"
+    assert cells.settings(compiled)["compile_scope"] == "regional" and cells.settings(base)["compile_scope"] is None
