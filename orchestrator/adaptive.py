@@ -5,7 +5,8 @@ A round is chosen by :func:`analysis.adaptive.decide` from the records measured 
 like any sweep's cells (on SLURM one array job a round); the round's cells then have states, records and attempts
 as any other. On this machine (``cluster=local``) the command runs round after round to the end. On SLURM it
 returns once a round is submitted; ``gpudays status`` says which round runs, and ``gpudays resume`` (or ``--wait``)
-reruns the round's failed cells (a cell that failed :data:`orchestrator.adaptive_state.MAX_ATTEMPTS` times is left
+submits the round's cells a per-user job limit held back (``orchestrator.quota``; ``--wait`` as others end), reruns
+the round's failed cells (a cell that failed :data:`orchestrator.adaptive_state.MAX_ATTEMPTS` times is left
 to its prediction and others are chosen in its place), then, once the round has ended, chooses the next from
 everything measured. The goal, the rounds and why the sweep stopped are in ``adaptive.json``.
 """
@@ -22,7 +23,7 @@ from analysis.adaptive import STOP_REASONS, Decision, Goal, decide
 from analysis.inputs import flat_cell
 from analysis.records import UNMEASURED, load_cells
 from analysis.selection import ProbeSteps
-from orchestrator import console, intents, launch, lifecycle, status
+from orchestrator import console, intents, launch, lifecycle, quota, status
 from orchestrator.adaptive_state import (
     MAX_ATTEMPTS,
     AdaptiveState,
@@ -40,7 +41,7 @@ from orchestrator.durable import append_jsonl
 from orchestrator.lifecycle import Exit, LifecycleError
 from orchestrator.paths import SweepPaths
 from orchestrator.schema import to_config
-from orchestrator.states import is_active, needs_rerun
+from orchestrator.states import State, is_active, needs_rerun
 
 
 def goal_from_flags(
@@ -114,20 +115,20 @@ def advance(
                 states = status.cell_states(paths, holding_lock=True)
             except status.SchedulerUnavailable as e:
                 raise LifecycleError(f"cannot tell whether the round has ended: {e}", Exit.SCHEDULER) from e
-            to_slurm: bool | None = None
+            waves: quota.Waves | None = None
             if any(is_active(s.state) for s in states):
                 console.out(f"round {len(state.rounds)}: {_counts(states)}; still running")
             elif rerun := [s for s in states if needs_rerun(s.state) and s.attempt < MAX_ATTEMPTS]:
-                to_slurm = _rerun(paths, len(state.rounds), rerun, time_limit_min, time_factor)
+                waves = _rerun(paths, len(state.rounds), rerun, time_limit_min, time_factor)
             else:
                 given_up = [s.cell_id for s in states if needs_rerun(s.state)]
-                to_slurm = _next_round(paths, state, given_up)
-                if to_slurm is None:
+                waves = _next_round(paths, state, given_up)
+                if waves is None:
                     break
-        if to_slurm is False:
+        if waves is not None and not waves.to_slurm:
             continue  # the round ran here
         if wait:
-            lifecycle.wait_for(paths, interval_s)
+            lifecycle.wait_for(paths, interval_s, waves)  # cells a job limit held back go out as others end
             continue
         console.out(
             f"follow it with: {lifecycle.shell_hint('gpudays', 'status', paths.root)}; once the round has ended, "
@@ -143,16 +144,22 @@ def _rerun(
     rerun: Sequence[status.CellState],
     time_limit_min: int | None,
     time_factor: float | None,
-) -> bool:
-    """Resubmit a round's cells that failed (their earlier record kept aside, as ``resume`` does)."""
+) -> quota.Waves:
+    """Resubmit a round's cells that failed (their earlier record kept aside, as ``resume`` does), and submit those
+    a job limit held back (never submitted: ``new``)."""
     configs = {s.cell_id: lifecycle.rerun_config(paths, s, time_limit_min, time_factor) for s in rerun}
     by_id = {s.cell_id: s for s in rerun}
-    console.out(f"round {number}: rerunning " + ", ".join(f"{s.cell_id} ({s.state})" for s in rerun))
-    return lifecycle.submit_cells(paths, configs, lambda cid: lifecycle.archive_record(paths, by_id[cid])).to_slurm
+    failed = [f"{s.cell_id} ({s.state})" for s in rerun if s.state is not State.NEW]
+    unsent = [s.cell_id for s in rerun if s.state is State.NEW]
+    if failed:
+        console.out(f"round {number}: rerunning " + ", ".join(failed))
+    if unsent:
+        console.out(f"round {number}: submitting {len(unsent)} cell(s) not submitted yet: " + ", ".join(unsent))
+    return lifecycle.submit_cells(paths, configs, lambda cid: lifecycle.archive_record(paths, by_id[cid]))
 
 
-def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]) -> bool | None:
-    """Decide from the records; submit the round chosen (True: to SLURM) or record why the sweep stops (None)."""
+def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]) -> quota.Waves | None:
+    """Decide from the records; submit the round chosen (its submissions) or record why the sweep stops (None)."""
     grid_cells = read_grid(paths.adaptive_grid)
     configs = {cid: config for cid, config in grid_cells}
     grid = pd.DataFrame([{**flat_cell(config), "cell_id": cid} for cid, config in grid_cells])
@@ -177,7 +184,7 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
         launch.write_cell(paths, cid, cfg)
     write_state(paths, state)  # before submission: a round submitted is a round recorded
     console.out(f"round {number}: measuring {len(chosen)} cell(s); {_standing(decision, len(grid))}")
-    return lifecycle.submit_cells(paths, chosen).to_slurm
+    return lifecycle.submit_cells(paths, chosen)
 
 
 def _spent_gpu_s(measured: pd.DataFrame, probe: ProbeSteps) -> float:

@@ -18,7 +18,7 @@ from analysis.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_STALLED, STOP
 from analysis.inputs import flat_cell
 from orchestrator import adaptive, cli, lifecycle, quota
 from orchestrator.adaptive_state import AdaptiveState, BadAdaptiveState, Round, read_state, write_grid, write_state
-from orchestrator.attempts import Attempt, append_attempt, next_attempt
+from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts
 from orchestrator.launch import write_cell
 from orchestrator.paths import SweepPaths
 from orchestrator.record import write_record
@@ -247,3 +247,25 @@ def test_a_plain_sweep_into_an_adaptive_folder_is_refused(grid, tmp_path: Path, 
     code = cli.main(["sweep", "--dir", str(paths.root), "model=pythia-tiny", "gpu=cpu", "cluster=local"])
     assert code == 2 and "is an adaptive sweep" in capsys.readouterr().err
     assert not paths.cell_ids()
+
+
+def test_cells_a_job_limit_held_back_are_submitted_next_not_called_reruns(
+    grid, tmp_path: Path, monkeypatch, capsys
+) -> None:
+    cells, _, truth = grid
+    paths = start_folder(tmp_path, cells, Goal(target_pct=12.0, round_cells=6))
+    answer = answering(paths, truth, cells, lambda cid, n: False)
+    calls: list[list[str]] = []
+
+    def limited(p: SweepPaths, chosen: Mapping[str, Config], before_start=None) -> quota.Waves:
+        # The first round's submission: a per-user job limit leaves room for two cells; the rest stay `new`.
+        calls.append(list(chosen))
+        return answer(p, dict(list(chosen.items())[:2]) if len(calls) == 1 else chosen, before_start)
+
+    monkeypatch.setattr(lifecycle, "submit_cells", limited)
+    assert adaptive.advance(paths, wait=False, report=False) == 0
+    out = capsys.readouterr().out
+    first_round = read_state(paths).rounds[0].cells
+    assert set(calls[1]) == set(first_round) - set(calls[0][:2]), "the held-back cells go out before a new round"
+    assert f"round 1: submitting {len(first_round) - 2} cell(s) not submitted yet" in out and "rerunning" not in out
+    assert all(len(read_attempts(paths, cid)) == 1 for cid in first_round), "each submitted once"
