@@ -220,9 +220,11 @@ PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine",
                 "predicted_time_to_train_days", "predicted_time_to_train_days_low",
                 "predicted_time_to_train_days_high", "predicted_gpu_hours", "predicted_gpu_hours_low",
                 "predicted_gpu_hours_high", "predicted_cost_usd_cloud", "predicted_cost_usd_cloud_low",
-                "predicted_cost_usd_cloud_high", "predicted_cost_usd_amortised", "predicted_energy_kwh")  # fmt: skip
+                "predicted_cost_usd_cloud_high", "predicted_cost_usd_amortised", "predicted_energy_kwh",
+                "predicted_fits_at_micro_batch_1")  # fmt: skip
 """Columns of :func:`plan`: the cell, its engine and how it shards and offloads (each engine's
-``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions."""
+``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions; the last
+says whether the cell would fit at micro-batch 1 (whether a smaller or ``auto`` micro-batch is worth offering)."""
 
 
 def plan(
@@ -239,6 +241,10 @@ def plan(
     if frame.empty:
         return pd.DataFrame(columns=list(PLAN_COLUMNS))
     out = frame.join(predict_frame(frame, calibration, margin))
+    one = pd.Series(1.0, index=frame.index)
+    out["predicted_fits_at_micro_batch_1"] = predict_frame(frame, calibration, margin, micro_batch_size=one)[
+        "predicted_fits"
+    ]
     steps = pd.to_numeric(out["model_train_steps"], errors="coerce")
     step_s = out["predicted_step_time_s"]
     gpus = pd.to_numeric(out["num_gpus"], errors="coerce").fillna(1.0)

@@ -386,8 +386,12 @@ def refuse_unfit(p: Plan, margin: float) -> None:
                 else f"{cell.typed.gpu.memory_gib * (1 - margin):.1f} GiB usable ({margin:.0%} margin)"
             )
             fixed = cell.typed.method.micro_batch_size
+            # A smaller micro-batch is offered only where micro-batch 1 would fit (else auto is refused too).
+            at_one = cell.prediction.get("predicted_fits_at_micro_batch_1")
             smaller = (
-                "method.micro_batch_size=auto (a smaller micro-batch), " if str(fixed) not in ("auto", "1") else ""
+                "method.micro_batch_size=auto (a smaller micro-batch), "
+                if str(fixed) not in ("auto", "1") and at_one is not False
+                else ""
             )
             shard = engine_spec(cell.typed.method.engine).not_fit_advice
             cell.refusals.append(

@@ -162,7 +162,7 @@ def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches()
     by_mb = {str(c.typed.method.micro_batch_size): c for c in p.skipped}
     said = str(by_mb["16"].refusals[0])
     assert "at micro-batch 16, 0.01 GiB usable (probe.memory_limit_gib)" in said, said
-    assert "method.micro_batch_size=auto" in said
+    assert "method.micro_batch_size=auto" not in said, "auto is refused too: not offered"
     said = str(by_mb["auto"].refusals[0])
     assert "predicted not to fit: about 0.0438 GiB per GPU at micro-batch 1, 0.01 GiB usable" in said, said
     # Under a limit the runtime leaves room in, both run, auto at the largest micro-batch predicted to fit.
@@ -172,3 +172,4 @@ def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches()
     (fixed,) = p.skipped
     assert str(fixed.typed.method.micro_batch_size) == "16"
     assert auto.prediction["predicted_peak_memory_gib"] <= 0.05 < fixed.prediction["predicted_peak_memory_gib"]
+    assert "method.micro_batch_size=auto (a smaller micro-batch)" in str(fixed.refusals[0]), "auto would fit here"
