@@ -34,7 +34,8 @@ RUN_TIMEOUT_S = 300
 # A pythia-tiny whose activations dominate its memory (eager attention keeps the a*s^2 scores, fp32 doubles
 # everything): on one rank a trial at micro-batch 16 needs about 0.4 GiB above the resident set before the model
 # was built, 8 about 0.2-0.25, 4 about 0.15-0.18, 1 about 0.05 (measured on this machine kind). So 16 never fits
-# in 0.3 GiB, 8 (the whole per-GPU batch of two ranks) never in 0.15, and nothing in 0.01.
+# in 0.3 GiB and nothing in 0.01. Two ZeRO-2 ranks hold more each (DeepSpeed's buffers, gloo's): 4 about
+# 0.27-0.30, 2 about 0.19-0.21, 1 about 0.14-0.15 (measured), so 0.245 GiB parts 2 from 4 with room either side.
 MEMORY_HUNGRY = ["model.seq_length=512", "method.attention=eager", "method.precision=fp32"]
 
 
@@ -196,7 +197,7 @@ def test_zero1_offload_optimizer_fp32_checkpointing_compiled_one_rank(tmp_path: 
 def test_zero2_auto_micro_batch_under_a_memory_limit_two_ranks(tmp_path: Path) -> None:
     """The search shrinks below what the limit refuses, and both ranks take the same path and the same steps."""
     cell = compose_cell(
-        "num_gpus=2", "method.zero_stage=2", "method.micro_batch_size=auto", "probe.memory_limit_gib=0.15",
+        "num_gpus=2", "method.zero_stage=2", "method.micro_batch_size=auto", "probe.memory_limit_gib=0.245",
         *MEMORY_HUNGRY,
     )  # fmt: skip
     results = run_probe_ranks(cell, tmp_path, world_size=2)
@@ -209,9 +210,9 @@ def test_zero2_auto_micro_batch_under_a_memory_limit_two_ranks(tmp_path: Path) -
     assert any(t["outcome"] == "ok" and t["micro_batch_size"] == chosen for t in tried)
     refused = [t for t in tried if t["outcome"] == "oom"]
     assert refused and all(t["micro_batch_size"] > chosen for t in refused)
-    assert all("memory_limit_gib=0.15" in t["reason"] for t in refused)
-    assert all(t["peak_memory_gib"] > 0.15 for t in refused if t["peak_memory_gib"] is not None)
-    assert all(t["peak_memory_gib"] <= 0.15 for t in tried if t["outcome"] == "ok")
+    assert all("memory_limit_gib=0.245" in t["reason"] for t in refused)
+    assert all(t["peak_memory_gib"] > 0.245 for t in refused if t["peak_memory_gib"] is not None)
+    assert all(t["peak_memory_gib"] <= 0.245 for t in tried if t["outcome"] == "ok")
     assert m["search_s"] > 0
     # Every decision is taken on numbers all ranks share.
     for key in ("search_tried", "micro_batch_size", "step_times_s", "steps_timed", "stop_reason"):
