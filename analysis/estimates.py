@@ -152,7 +152,8 @@ def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = No
     mean = pd.to_numeric(pd.Series(mean_s, dtype="object"), errors="coerce").astype(float)
     std = pd.to_numeric(pd.Series(std_s, dtype="object"), errors="coerce").astype(float)
     n = pd.to_numeric(pd.Series(steps_timed, dtype="object"), errors="coerce").astype(float)
-    t = n.map(lambda k: t_quantile_975(int(k) - 1) if k == k and k >= 2 else math.nan)
+    dof = (n - 1.0).where(n >= 2)  # NaN below two steps, and scipy gives NaN for a NaN dof
+    t = pd.Series(stats.t.ppf(0.975, dof.to_numpy(dtype=float)), index=n.index)
     rebuilt = 100.0 * t * std / np.sqrt(n) / mean
     out = ci.where(ci.notna(), rebuilt)
     return out

@@ -235,7 +235,9 @@ def write_report(
             _write_csv(scale, new / "scaling.csv"),
             _write_csv(engines, new / "engines.csv"),
         ]
-        layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs))
+        # Only the mesh3d cells' records are read again (a large sweep of other engines has none to check).
+        meshed = set(cells.loc[cells["engine"] == "mesh3d", "cell_id"]) if "engine" in cells else set()
+        layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs, meshed)) if meshed else []
         if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
             tables_written.append(_write_csv(pd.DataFrame(layouts), new / "layouts.csv"))
         plot_files: list[Path] = []
@@ -270,7 +272,14 @@ def _prices(cells: pd.DataFrame) -> str:
     def text(value: Any) -> str | None:
         return None if value is None or pd.isna(value) else str(value)
 
-    rows = cells.to_dict(orient="records") if "cloud_price_source" in cells.columns else []
+    rows: list[dict[Any, Any]] = []
+    if "cloud_price_source" in cells.columns:
+        # The note names each GPU once, by its last row, in the order the GPUs first appear: one row per GPU
+        # read here, not one per cell.
+        table = cells[["gpu", "cloud_usd_per_gpu_hour", "cloud_price_source", "cloud_price_date"]].astype(object)
+        order = {gpu: i for i, gpu in enumerate(table["gpu"].drop_duplicates())}
+        last = table.drop_duplicates("gpu", keep="last").to_dict(orient="records")
+        rows = sorted(last, key=lambda r: order.get(r["gpu"], len(order)))
     rate = [pd.to_numeric(r.get("cloud_usd_per_gpu_hour"), errors="coerce") for r in rows]
     return price_note(
         CloudPrice(str(r.get("gpu")), None if pd.isna(x) else float(x), text(r.get("cloud_price_source")),
