@@ -7,6 +7,7 @@ from typing import Any
 
 from orchestrator import console, launch, prediction
 from orchestrator.lifecycle import Exit, LifecycleError, check, in_sweep_already
+from orchestrator.models import family_module
 from orchestrator.paths import SweepPaths
 
 
@@ -24,6 +25,10 @@ def show_plan(plan: Any, predictions: bool) -> None:
             "type yet); `gpudays budget` and `shortest` use the layout model, so their GPU-hours differ:"
         )
         console.table_out(console.plan_table(plan))
+        # What a family's predictions leave out, once for the plan (a family module's PLAN_CAVEAT, where it has one).
+        families = dict.fromkeys(c.typed.model.family for c in plan.cells)
+        for caveat in filter(None, (getattr(family_module(f), "PLAN_CAVEAT", None) for f in families)):
+            console.out(caveat)
         if (offered := prediction.layout_offers(plan)) is not None:
             c.print(offered)
 

@@ -172,6 +172,11 @@ build_model = BUILDER.build_model
 
 SAMPLE = sequences.SAMPLE
 THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
+PLAN_CAVEAT = (
+    "mamba cells: planned memory is that of transformers' reference scan (a CPU's, or a GPU's without mamba_ssm's "
+    "fused kernels); where the fused kernels run, the cell needs less"
+)
+"""Said under ``gpudays plan``'s predictions of a Mamba cell (``orchestrator.preview``)."""
 tokens_per_sample = sequences.tokens_per_sample
 synthetic_batch = sequences.synthetic_batch
 blocks = sequences.decoder_layers

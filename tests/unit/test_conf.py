@@ -173,3 +173,11 @@ def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches()
     assert str(fixed.typed.method.micro_batch_size) == "16"
     assert auto.prediction["predicted_peak_memory_gib"] <= 0.05 < fixed.prediction["predicted_peak_memory_gib"]
     assert "method.micro_batch_size=auto (a smaller micro-batch)" in str(fixed.refusals[0]), "auto would fit here"
+
+
+def test_plan_says_what_a_familys_predictions_leave_out_once(capsys) -> None:
+    assert cli.main(["plan", "model=mamba-130m,mamba-370m,pythia-160m", "gpu=h100-80gb"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("planned memory is that of transformers' reference scan") == 1, out
+    assert cli.main(["plan", "model=pythia-160m", "gpu=h100-80gb"]) == 0
+    assert "reference scan" not in capsys.readouterr().out
