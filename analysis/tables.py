@@ -170,7 +170,9 @@ def settings_label(row: Any) -> str:
         parts.append("ckpt")
     if row.get("compile") is True:
         scope = row.get("compile_scope")
-        parts.append(f"compile-{scope}" if isinstance(scope, str) and scope != MethodConfig.compile_scope else "compile")
+        parts.append(
+            f"compile-{scope}" if isinstance(scope, str) and scope != MethodConfig.compile_scope else "compile"
+        )
     micro, accum = row.get("micro_batch_size"), row.get("grad_accum_steps")
     if pd.notna(micro):
         parts.append(f"mb{int(micro)}" + (f"x{int(accum)}" if pd.notna(accum) else ""))
