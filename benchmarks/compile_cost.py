@@ -2,14 +2,13 @@
 
 For each model: the probe as a job runs it (``python -m orchestrator.probe``, one process per rank) uncompiled,
 then with ``compile_scope=regional`` and ``compile_scope=whole`` (DeepSpeed, whose ``engine.compile()`` is the
-whole-model compile), each first
-with an empty Inductor cache (cold: everything compiled) and then again with the cache the cold run filled (warm:
-a later cell of the same shapes in the same sweep). Printed per run: the job's wall time, the probe's phases
+whole-model compile), each first with an empty Inductor cache (cold: everything compiled) and then again with the
+cache the cold run filled (warm: a later cell of the same shapes in the same sweep). Printed per run: the job's wall time, the probe's phases
 (start-up, micro-batch search, warm-up: the compile happens in the first forward, inside search or warm-up), and the
 step time; per model, the step time of each compiled scope over the uncompiled one and regional over whole, and
-two uncompiled runs' ratio as the noise to judge them by.
+the spread of the uncompiled runs' step times as the noise to judge them by (medians over ``--repeat`` sequences).
 
-    python benchmarks/compile_cost.py [--models tiny,13m,13m-12l] [--json OUT]
+    python benchmarks/compile_cost.py [--models tiny,13m,13m-12l] [--repeat 1] [--json OUT]
 
 Runs on the CPU in fp32 (``gpu=cpu``: Inductor's CPU backend fails on these models in bf16, torch 2.13), one
 thread per rank; on a GPU the same split comes from ``benchmarks/probe_gpu.py --method free-lunch`` with
@@ -22,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -47,7 +47,16 @@ cold run filled; the two scopes never share one)."""
 PHASES = ("startup_s", "search_s", "warmup_s", "timed_s")
 
 
-def measure(model: str, workdir: Path) -> list[dict[str, Any]]:
+def measure(model: str, workdir: Path, repeat: int = 1) -> list[dict[str, Any]]:
+    """Every run of :data:`RUNS` on ``model``, the whole sequence ``repeat`` times (each time with new caches)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    for round_ in range(repeat):
+        rows += _sequence(model, workdir / f"r{round_}", round_)
+    return rows
+
+
+def _sequence(model: str, workdir: Path, round_: int) -> list[dict[str, Any]]:
     workdir.mkdir(parents=True, exist_ok=True)
     rows, cache = [], None
     for name, overrides, cold in RUNS:
@@ -60,6 +69,7 @@ def measure(model: str, workdir: Path) -> list[dict[str, Any]]:
         rows.append(
             {
                 "model": model,
+                "repeat": round_,
                 "run": name,
                 "wall_s": wall_s,
                 **{phase: m[phase] for phase in PHASES},
@@ -83,9 +93,13 @@ def print_row(row: dict[str, Any]) -> None:
 
 
 def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
-    step = {r["run"]: r["step_time_s"] for r in rows}
-    wall = {r["run"]: r["wall_s"] for r in rows}
+    """Ratios of the runs' medians over the repeats; the noise is the spread of every uncompiled run's step time
+    (largest over smallest), the yardstick for the step-time ratios."""
+    step = {name: statistics.median(r["step_time_s"] for r in rows if r["run"] == name) for name, _, _ in RUNS}
+    wall = {name: statistics.median(r["wall_s"] for r in rows if r["run"] == name) for name, _, _ in RUNS}
+    eager = [r["step_time_s"] for r in rows if r["run"].startswith("eager")]
     return {
+        "noise: uncompiled step times, largest / smallest": max(eager) / min(eager),
         "noise: eager again / eager": step["eager again"] / step["eager"],
         "step: regional warm / eager": step["regional warm"] / step["eager"],
         "step: whole warm / eager": step["whole warm"] / step["eager"],
@@ -100,6 +114,7 @@ def ratios(rows: list[dict[str, Any]]) -> dict[str, float]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", default="tiny,13m,13m-12l", help=f"comma list of {', '.join(MODEL_CELLS)}")
+    parser.add_argument("--repeat", type=int, default=1, help="run the whole sequence this many times (medians)")
     parser.add_argument("--json", type=Path, help="also write the rows and ratios here")
     args = parser.parse_args(argv)
     print(
@@ -110,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     out: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="compile-cost-") as tmp:
         for model in args.models.split(","):
-            rows = measure(model, Path(tmp) / model)
+            rows = measure(model, Path(tmp) / model, args.repeat)
             found = ratios(rows)
             for key, value in found.items():
                 print(f"  {model}: {key}: {value:.3f}")
