@@ -19,7 +19,7 @@ import yaml
 from analysis.columns import as_int, coerce, columns_of, field_kinds
 from orchestrator.cells import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 from orchestrator.engines.registry import DEFAULT_ENGINE, engine_specs, method_type
-from orchestrator.schema import GpuConfig, ModelConfig
+from orchestrator.schema import GpuConfig, ModelConfig, compile_scope_of
 from orchestrator.values import Container, Row
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
@@ -81,7 +81,7 @@ class Catalog:
                     columns[method_column(key)] = "auto" if value in (None, "auto") else (as_int(value) or str(value))
                 else:
                     columns[method_column(key)] = as_int(value) if kind == "int" else coerce(kind, value)
-            columns["compile_scope"] = compile_scope(columns)
+            columns["compile_scope"] = compile_scope_of(columns)
             engine = columns["engine"] = columns["engine"] or DEFAULT_ENGINE
             for spec in engine_specs():
                 if spec.name != engine:
@@ -155,11 +155,6 @@ _METHOD_KINDS: dict[type, Mapping[str, str]] = {}
 def method_defaults() -> Row:
     """Every method field's default (None where it has none), by field name."""
     return {f.name: None if f.default is MISSING else f.default for f in fields(method_type())}
-
-
-def compile_scope(method: Mapping[str, Any]) -> Any:
-    """A cell's ``compile_scope`` column: how much of the model is compiled, empty where nothing is."""
-    return method.get("compile_scope") if method.get("compile") is True else None
 
 
 def method_column(name: str) -> str:

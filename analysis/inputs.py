@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from analysis.catalog import compile_scope, method_column, method_defaults, method_kinds
+from analysis.catalog import method_column, method_defaults, method_kinds
 from analysis.columns import ARCHITECTURE_FIELDS, columns_of, config_of
 from orchestrator.domains import problems as domain_problems
 from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
-from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig
+from orchestrator.schema import GpuConfig, MethodConfig, ModelConfig, compile_scope_of
 from orchestrator.values import Row
 
 if TYPE_CHECKING:
@@ -51,7 +51,7 @@ def flat_cell(cell: Mapping[str, Any]) -> Row:
     row: Row = columns_of(ModelConfig, "model", model)
     row.update(columns_of(GpuConfig, "gpu", gpu))
     row.update({method_column(k): method.get(k) for k in method_defaults()})
-    row[method_column("compile_scope")] = compile_scope(method)
+    row[method_column("compile_scope")] = compile_scope_of(method)
     row.update(
         model=model.get("name"),
         gpu=gpu.get("name"),

@@ -20,7 +20,7 @@ from orchestrator.engines.registry import check_engine_options, identity_keys, i
 from orchestrator.models import config_errors
 from orchestrator.passthrough import problems as passthrough_problems
 from orchestrator.refusal import Refusal
-from orchestrator.schema import Config, MethodConfig, ModelConfig, to_config
+from orchestrator.schema import Config, MethodConfig, ModelConfig, compile_scope_of, to_config
 from orchestrator.values import Row
 
 # The settings that change what a cell measures. The cluster (where it runs) and the probe's patience (how long it
@@ -144,8 +144,7 @@ def settings(cell: Config) -> Row:
     }
     method = asdict(cell.method)
     out.update({k: method.get(k) for k in (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)})
-    if not cell.method.compile:
-        out["compile_scope"] = None  # how much is compiled, where something is
+    out["compile_scope"] = compile_scope_of(method)
     return out
 
 

@@ -211,6 +211,12 @@ class MethodConfig:
     """Attention implementation: sdpa, eager, or flash_attention_2 when flash-attn is installed."""
 
 
+def compile_scope_of(method: Mapping[str, Any]) -> Any:
+    """How much of the model a cell's method compiles (``compile_scope``), None where it compiles nothing: the
+    record's, the settings' and the cells table's ``compile_scope``."""
+    return method.get("compile_scope") if method.get("compile") is True else None
+
+
 @dataclass
 class ClusterConfig:
     """Where cells run: this machine (``local``) or a SLURM cluster."""

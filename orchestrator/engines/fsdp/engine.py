@@ -21,6 +21,7 @@ from orchestrator.engines.compiling import compile_regions
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module, implementation
+from orchestrator.schema import compile_scope_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -154,7 +155,7 @@ class FsdpEngine:
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),
-            "compile_scope": self.config.method.compile_scope if self.config.method.compile else None,
+            "compile_scope": compile_scope_of(vars(self.config.method)),
             "model_implementation": implementation(self.config.model, self.module) if self.module is not None else {},
         }
 

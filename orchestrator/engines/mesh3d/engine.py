@@ -40,6 +40,7 @@ from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dL
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.probe_data import DATA_BATCHES, seed_of
+from orchestrator.schema import compile_scope_of
 
 if TYPE_CHECKING:
     import torch
@@ -271,7 +272,7 @@ class Mesh3dEngine:
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),
-            "compile_scope": self.config.method.compile_scope if self.config.method.compile else None,
+            "compile_scope": compile_scope_of(vars(self.config.method)),
         }
 
 
