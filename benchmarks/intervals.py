@@ -4,9 +4,9 @@ Three figures, each out of sample (the report's own accuracy table is in-sample)
 
 (a) replay on a real grid measured in full: every cell of a sweep folder (``--from DIR``, e.g. a CPU grid of tiny
     models of two families, 1-2 ranks, ZeRO stages, checkpointing, both engines) is the truth; the adaptive rounds
-    (:func:`analysis.adaptive.decide`, the function ``gpudays sweep --adaptive`` runs) are replayed on it, each
+    (:func:`analysis.planners.adaptive.decide`, the function ``gpudays sweep --adaptive`` runs) are replayed on it, each
     chosen cell "measured" by revealing its record, and the cells never chosen are judged against their records;
-(b) the same replay on a synthetic grid the size of the benchmark's (``analysis/synthetic.py``: 13 models x 4 GPU
+(b) the same replay on a synthetic grid the size of the benchmark's (``tests/synthetic.py``: 13 models x 4 GPU
     types x 6 layouts x 6 methods x checkpointing, about 3,200 cells) whose truth is a perturbed predictor with
     noise, for several seeds, beside the same number of cells chosen at random;
 (c) leave-one-out on the real H100 records in ``tests/data/gpu-records``: each predicted by the calibration fitted
@@ -46,17 +46,19 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the synthetic grid (tests/synthetic.py)
 
-from analysis import synthetic  # noqa: E402
-from analysis.adaptive import Goal, decide  # noqa: E402
-from analysis.calibration import calibrate  # noqa: E402
-from analysis.inputs import flat_cell  # noqa: E402
-from analysis.predict import predict_frame  # noqa: E402
-from analysis.records import load_cells  # noqa: E402
-from analysis.selection import ProbeSteps  # noqa: E402
-from orchestrator.paths import SweepPaths  # noqa: E402
-from orchestrator.record import read_cell_config  # noqa: E402
-from orchestrator.schema import to_config  # noqa: E402
+import synthetic
+
+from analysis.planners.adaptive import Goal, decide  # noqa: E402
+from analysis.planners.selection import ProbeSteps  # noqa: E402
+from analysis.predict.calibration import calibrate  # noqa: E402
+from analysis.predict.inputs import flat_cell  # noqa: E402
+from analysis.predict.predictor import predict_frame  # noqa: E402
+from analysis.sweeps.records import load_cells  # noqa: E402
+from orchestrator.config.schema import to_config  # noqa: E402
+from orchestrator.store.paths import SweepPaths  # noqa: E402
+from orchestrator.store.record import read_cell_config  # noqa: E402
 
 RECORDS = Path(__file__).resolve().parent.parent / "tests" / "data" / "gpu-records"
 

@@ -1,11 +1,11 @@
 """Benchmark: one small model under data, tensor and pipeline parallelism and their 2-D meshes on the CPU (4 ranks,
-gloo), each layout's measured step time, peak memory and bubble beside analysis/parallelism.py's prediction.
+gloo), each layout's measured step time, peak memory and bubble beside analysis/predict/parallelism.py's prediction.
 
     python benchmarks/parallel_layouts.py [--ranks8] [--keep DIR]
 
 Runs ``gpudays sweep`` with ``method.engine=mesh3d`` (one cell at a time, as this machine runs cells) on a
 Pythia-shaped model of 4 layers and hidden size 256 (3.4M parameters), then checks every cell against the layout
-model (``analysis.layout_check``: calibrated on the data-parallel cell). ``--ranks8`` adds the 3-D layout
+model (``analysis.report.layout_check``: calibrated on the data-parallel cell). ``--ranks8`` adds the 3-D layout
 tp2 × pp2 × dp2 on 8 ranks. On a machine with fewer cores than ranks the ranks share cores, so the step times
 and the bubble say as much about the scheduling of processes as about the layout: read them as this machine's.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from analysis.layout_check import check, check_rows  # noqa: E402
-from orchestrator.record import Record, read_record  # noqa: E402
+from analysis.report.layout_check import check, check_rows  # noqa: E402
+from orchestrator.store.record import Record, read_record  # noqa: E402
 
 MODEL = [
     "model=pythia-tiny", "model.num_layers=4", "model.hidden_size=256", "model.num_parameters=null",
@@ -44,7 +44,7 @@ RANKS8 = {"TP x PP x DP": ["num_gpus=8", "method.tp=2", "method.pp=2", "method.p
 
 
 def run(name: str, overrides: list[str], sweep: Path) -> None:
-    cmd = [sys.executable, "-m", "orchestrator.cli", "sweep", *MODEL, "method.engine=mesh3d", *overrides]
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "sweep", *MODEL, "method.engine=mesh3d", *overrides]
     cmd += ["--dir", str(sweep), "--no-report"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True)

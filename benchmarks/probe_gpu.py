@@ -5,7 +5,7 @@ LocalExecutor, one process per GPU), at the default probe settings. Printed per 
 
     wall_s     the ``gpudays sweep`` invocation, planning and submission included: what the user waits
     job_s      the job, from the record's ``started_at`` to ``finished_at``: the GPU-seconds of a one-GPU cell
-    startup_s, search_s, warmup_s, timed_s   the probe's phases (orchestrator/probe.py)
+    startup_s, search_s, warmup_s, timed_s   the probe's phases (orchestrator/job/probe.py)
     step_s     the probe's step time, and how it was obtained (``composed`` by default)
 
 With ``--reference N`` each cell is then run again at the micro-batch the probe found, timing N whole accumulation
@@ -35,7 +35,7 @@ PHASES = ("startup_s", "search_s", "warmup_s", "timed_s")
 
 def run_sweep(sweep_dir: Path, overrides: list[str]) -> tuple[dict[str, Any], float]:
     """Run one cell with ``gpudays sweep``; its record and the invocation's wall time."""
-    cmd = [sys.executable, "-m", "orchestrator.cli", "sweep", "--dir", str(sweep_dir), "--run-unfit", *overrides]
+    cmd = [sys.executable, "-m", "orchestrator.cli.main", "sweep", "--dir", str(sweep_dir), "--run-unfit", *overrides]
     began = time.perf_counter()
     done = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, check=False)
     wall_s = time.perf_counter() - began

@@ -55,13 +55,13 @@ WAYS = ("composed", "whole")
 
 def worker(cell_yaml: Path, out: Path, rounds: int) -> None:
     """One rank: build, warm up, then time each way ``rounds`` times, alternating; rank 0 writes the figures."""
-    from orchestrator.build_cache import pin_build_environment
+    from orchestrator.job.build_cache import pin_build_environment
 
     pin_build_environment()  # before torch is imported, as a job does
-    from orchestrator.batch import plan_batch
-    from orchestrator.failures import Ending
-    from orchestrator.probe import _Probe
-    from orchestrator.schema import to_config
+    from orchestrator.config.batch import plan_batch
+    from orchestrator.config.schema import to_config
+    from orchestrator.job.failures import Ending
+    from orchestrator.job.probe import _Probe
 
     cell = to_config(OmegaConf.to_container(OmegaConf.load(cell_yaml), resolve=True))
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -2,7 +2,7 @@
 
 Generates a sweep folder of synthetic cells (cell.yaml + record.json each, the probe's record shape; step
 times and memory from the predictor with noise, some cells out of memory, failed or without a record), then
-times :func:`analysis.report.write_report` on it, plots included. The goal is under 5 s on a 2-core machine.
+times :func:`analysis.report.writer.write_report` on it, plots included. The goal is under 5 s on a 2-core machine.
 
     python benchmarks/report_10k.py [--cells 10000] [--no-plots] [--memory] [--keep DIR]
 
@@ -16,6 +16,7 @@ import argparse
 import itertools
 import random
 import shutil
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -23,10 +24,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import synthetic
-from analysis.predict import flat_cell, predict_frame
-from analysis.records import Catalog
-from analysis.report import write_report
+from analysis.predict.predictor import flat_cell, predict_frame
+from analysis.report.writer import write_report
+from analysis.sweeps.records import Catalog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the synthetic grid (tests/synthetic.py)
+import synthetic  # noqa: E402
 
 GPUS = ("v100-32gb", "rtx3090", "a6000", "a100-40gb", "a100-80gb", "l40s", "h100-80gb", "h200")
 METHODS = [

@@ -45,11 +45,12 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from orchestrator import console, faults, status  # noqa: E402
-from orchestrator.attempts import read_attempts  # noqa: E402
+from orchestrator.cli.display import console  # noqa: E402
 from orchestrator.cluster import LocalCluster, missing_packages, missing_packages_message  # noqa: E402
-from orchestrator.paths import SweepPaths  # noqa: E402
-from orchestrator.record import Record, read_record  # noqa: E402
+from orchestrator.store.attempts import read_attempts  # noqa: E402
+from orchestrator.store.paths import SweepPaths  # noqa: E402
+from orchestrator.store.record import Record, read_record  # noqa: E402
+from orchestrator.submission import faults, status  # noqa: E402
 
 FIRST_SEQ_LENGTH = 64
 
@@ -109,7 +110,7 @@ class SoakResult:
 def gpudays(args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
     """Run the gpudays command line in a subprocess, as a user would."""
     return subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.cli.main", *args],
         env=env,
         capture_output=True,
         text=True,
@@ -210,7 +211,7 @@ def inject_faults(
 
 
 def killed_at(point: str, args: list[str], env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
-    """Run a gpudays command that SIGKILLs itself at fault-injection ``point`` (``orchestrator.faults``)."""
+    """Run a gpudays command that SIGKILLs itself at fault-injection ``point`` (``orchestrator.submission.faults``)."""
     return gpudays(args, {**env, faults.FAULT_ENV: point}, timeout_s)
 
 

@@ -98,8 +98,8 @@ def run_timed(cmd: list[str], env: dict[str, str]) -> tuple[float, subprocess.Co
 
 
 def job_ids(sweep_dir: Path) -> list[str]:
-    from orchestrator import status
-    from orchestrator.paths import SweepPaths
+    from orchestrator.store.paths import SweepPaths
+    from orchestrator.submission import status
 
     paths = SweepPaths(sweep_dir)
     return sorted({a.job_id.split("_")[0] for c in paths.cell_ids() for a in status.read_attempts(paths, c)})
@@ -123,7 +123,7 @@ def hydra_stock(work: Path, shim_env: dict[str, str], log: Path, num_cells: int)
     app = work / "stock_app.py"
     app.write_text(
         "import hydra\n"
-        "from orchestrator.schema import register_configs\n\n"
+        "from orchestrator.config.schema import register_configs\n\n"
         "register_configs()\n\n\n"
         f"@hydra.main(config_path={str(REPO / 'conf')!r}, config_name='config', version_base='1.3')\n"
         "def main(cfg):\n"
@@ -182,9 +182,10 @@ def main() -> int:
     args = parser.parse_args()
 
     sys.path.insert(0, str(REPO))
-    from orchestrator import console, status
+    from orchestrator.cli.display import console
     from orchestrator.cluster import LocalCluster
-    from orchestrator.paths import SweepPaths
+    from orchestrator.store.paths import SweepPaths
+    from orchestrator.submission import status
 
     cluster = LocalCluster()
     started_here = not cluster.is_up()
@@ -196,7 +197,7 @@ def main() -> int:
     log = work / "slurm-calls.log"
     shims = make_shims(work, log)
     env = {**os.environ, **cluster.env(), "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}"}
-    gpudays = [sys.executable, "-m", "orchestrator.cli"]
+    gpudays = [sys.executable, "-m", "orchestrator.cli.main"]
     sweep_dir = work / "gpudays"
     to_cancel: list[str] = []
     try:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.sweep import plan
+from orchestrator.planning.plan import plan
 
 INTEGRATION = Path(__file__).parent / "integration"
 SLURM_FILES = frozenset(
@@ -73,6 +73,6 @@ def make_cell() -> Callable[..., dict[str, Any]]:
 @pytest.fixture
 def make_typed(make_cell: Callable[..., dict[str, Any]]) -> Callable[..., Any]:
     """Like ``make_cell``, as the schema's typed ``Config`` (what submission and the job take)."""
-    from orchestrator.schema import to_config
+    from orchestrator.config.schema import to_config
 
     return lambda *overrides: to_config(make_cell(*overrides))

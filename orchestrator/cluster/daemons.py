@@ -23,7 +23,7 @@ from orchestrator.cluster.config import DB, ClusterSpec
 from orchestrator.cluster.layout import ClusterError, ClusterLayout
 from orchestrator.cluster.packages import program
 from orchestrator.cluster.processes import DaemonRecord
-from orchestrator.durable import write_json_atomic
+from orchestrator.store.durable import write_json_atomic
 
 IN_SERVICE_STATES = ("idle", "mix", "alloc")
 

@@ -29,7 +29,7 @@ from orchestrator.cluster.layout import DEFAULT_STATE_DIR, STATE_DIR_ENV, Cluste
 from orchestrator.cluster.packages import missing_packages, missing_packages_message
 from orchestrator.cluster.ports import choose_ports
 from orchestrator.cluster.processes import DaemonRecord
-from orchestrator.durable import write_text_atomic
+from orchestrator.store.durable import write_text_atomic
 
 
 def _quiet(_message: str) -> None:

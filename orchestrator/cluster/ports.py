@@ -8,7 +8,7 @@ import socket
 from dataclasses import asdict, dataclass
 
 from orchestrator.cluster.layout import ClusterLayout
-from orchestrator.durable import write_json_atomic
+from orchestrator.store.durable import write_json_atomic
 
 # Daemon ports are drawn from here: below Linux's ephemeral range (32768-60999), so that no client socket
 # opened while the cluster is down takes a port the next `up` expects to reuse.

@@ -15,5 +15,5 @@ import pkgutil
 
 def engine_folders() -> tuple[str, ...]:
     """The engine folders under orchestrator/engines/, sorted: the names ``method.engine`` accepts. Reads the
-    folder only, so orchestrator.schema can name them without importing any engine."""
+    folder only, so orchestrator.config.schema can name them without importing any engine."""
     return tuple(sorted(info.name for info in pkgutil.iter_modules(__path__) if info.ispkg))

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
     import torch
 
-    from orchestrator.batch import BatchPlan
-    from orchestrator.schema import Config
+    from orchestrator.config.batch import BatchPlan
+    from orchestrator.config.schema import Config
 
 # The optimizer every engine trains with, so that engines differ only in how they shard and run it.
 ADAM_BETAS = (0.9, 0.95)
@@ -36,7 +36,7 @@ GRADIENT_CLIPPING = 1.0
 
 class UnsupportedError(RuntimeError):
     """A cell this machine cannot run (a precision its CPU lacks), as an engine finds out: the reason is the whole
-    story, and the record gets no traceback (orchestrator/failures.py)."""
+    story, and the record gets no traceback (orchestrator/job/failures.py)."""
 
 
 class Engine(Protocol):

@@ -3,7 +3,7 @@ loss, instead of the whole model as one graph.
 
 A model's blocks are instances of one class running one ``forward``: Dynamo compiles that code once, for the
 first block, and the others pass its guards (their parameters are inputs of the graph, not constants of it), so
-a 24-layer model costs the compile of one layer, and Inductor's cache (``orchestrator.build_cache`` keeps it per
+a 24-layer model costs the compile of one layer, and Inductor's cache (``orchestrator.job.build_cache`` keeps it per
 user) serves every later cell of the same block shape. The loss is the second region: compiled, its fp32 cast
 and log-softmax are fused as in a whole-model compile, which the memory model's compiled logits assume
 (``orchestrator.models.gpt_neox.COMPILED_LOGIT_BYTES_PER_ENTRY``, fitted to whole-model records; not yet checked

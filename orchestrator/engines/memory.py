@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.batch import divisors
+from orchestrator.config.batch import divisors
 from orchestrator.models import family_module
 
 if TYPE_CHECKING:
-    from orchestrator.schema import Config, MethodConfig, ModelConfig
+    from orchestrator.config.schema import Config, MethodConfig, ModelConfig
 
 GIB = 2**30
 ALLOCATOR_OVERHEAD = 1.12
@@ -25,7 +25,7 @@ median of the six H100 records in tests/data/gpu-records (1.021 to 1.149; the re
 out of). Multiplies everything the step allocates."""
 CPU_RUNTIME_GIB = 0.04
 """What a CPU probe's process holds beyond the model's terms, whatever the model: its "device memory" is the
-growth of the resident set from before the model was built (orchestrator.metering), which takes in the engine's
+growth of the resident set from before the model was built (orchestrator.job.metering), which takes in the engine's
 and autograd's own allocations. Measured with pythia-tiny on gpu=cpu (DeepSpeed, ZeRO-0, bf16): a peak of 0.0436
 GiB at micro-batch 1 and 0.0760 at 16, where the model's terms come to 0.0038 and 0.0231: 0.04 GiB at either end
 once the activations' slope is taken out. Counted as buffers, so a memory limit judges ``auto`` and a fixed

@@ -1,8 +1,8 @@
 """Every training engine, found by its folder: ``orchestrator/engines/<name>/spec.py`` and its ``SPEC``.
 
-The cells' checks and id (orchestrator.cells), the probe (orchestrator.engines.base.create_engine), the predictor
-(analysis/inputs.py, analysis/step_time.py), the report's labels (analysis/tables.py) and its engine columns
-(analysis/catalog.py, analysis/report.py, analysis/scaling.py) ask this module, never an engine by name; adding an
+The cells' checks and id (orchestrator.cells.cell), the probe (orchestrator.engines.base.create_engine), the predictor
+(analysis/predict/inputs.py, analysis/predict/step_time.py), the report's labels (analysis/report/tables.py) and its engine columns
+(analysis/sweeps/catalog.py, analysis/report/writer.py, analysis/report/scaling.py) ask this module, never an engine by name; adding an
 engine is adding its folder (and its ``MethodConfig`` fields and ``conf/method/`` presets). The engine that
 ``MethodConfig.engine`` defaults to comes first; a row of the cells table naming no engine, or one no longer
 registered, is predicted as that one (records from before there was a choice).
@@ -16,16 +16,16 @@ from contextlib import contextmanager
 from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.refusal import Refusal
+from orchestrator.config.schema import MethodConfig
 from orchestrator.engines import engine_folders
 from orchestrator.engines.spec import EngineSpec
-from orchestrator.refusal import Refusal
-from orchestrator.schema import MethodConfig
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from orchestrator.config.schema import Config
     from orchestrator.engines.spec import Terms
-    from orchestrator.schema import Config
 
 DEFAULT_ENGINE: str = MethodConfig.engine
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
 if TYPE_CHECKING:
     import numpy as np
 
-    from orchestrator.refusal import Refusal
-    from orchestrator.schema import Config
+    from orchestrator.config.refusal import Refusal
+    from orchestrator.config.schema import Config
 
 MEMORY_HOLDERS = ("params", "grads", "optimizer", "buffers", "offloaded")
 """The keys of an engine's memory terms: bytes per GPU of the parameters, gradients, optimizer states and
@@ -34,7 +34,7 @@ one element per cell."""
 
 
 class CellArrays(Protocol):
-    """The predictor's arrays every engine may read, one element per cell (``analysis.inputs.Inputs``): the
+    """The predictor's arrays every engine may read, one element per cell (``analysis.predict.inputs.Inputs``): the
     figures every engine shares by name, and every method field by its name in :attr:`method`."""
 
     params: np.ndarray
@@ -63,7 +63,7 @@ class CellArrays(Protocol):
 
 @dataclass(frozen=True)
 class Links:
-    """The bandwidths the step-time model assumes for each cell (``analysis/step_time.py``), in bytes per second."""
+    """The bandwidths the step-time model assumes for each cell (``analysis/predict/step_time.py``), in bytes per second."""
 
     intra_node: Any
     """All-reduce bus bandwidth between the GPUs of one node, per cell."""
@@ -85,7 +85,7 @@ class EngineSpec:
     """How a refusal names one of its settings when another engine is chosen: ``a DeepSpeed setting``."""
     fields: tuple[str, ...]
     """The ``MethodConfig`` fields only this engine reads: refused under any other engine when off their defaults.
-    What each accepts is its domain, declared beside the field (orchestrator/schema.py)."""
+    What each accepts is its domain, declared beside the field (orchestrator/config/schema.py)."""
     check: Callable[[Config], list[Refusal]]
     """Refusals of a cell that names this engine, for its own options (the registry refuses the other engines'
     fields)."""

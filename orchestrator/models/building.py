@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.schema import ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 
 def where(model: ModelConfig) -> str:

@@ -22,7 +22,7 @@ import orchestrator.models.images as images
 from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 NORM_EPS = 1e-6
 """LayerNorm epsilon of the released ConvNeXt models."""

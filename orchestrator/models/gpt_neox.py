@@ -16,7 +16,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 ROPE_THETA = 10_000.0
 """Rotary base of every Pythia model (``rotary_emb_base`` in EleutherAI/pythia models/*.yml)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.schema import ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 SAMPLE = "image"
 THROUGHPUT_UNIT = "images"

@@ -18,7 +18,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder, unread_fields, where
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 ROPE_THETA = 10_000.0
 """Rotary base when a model file gives none (transformers' LlamaConfig default)."""

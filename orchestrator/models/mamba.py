@@ -23,7 +23,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 EXPAND = 2
 STATE_SIZE = 16
@@ -176,7 +176,7 @@ PLAN_CAVEAT = (
     "mamba cells: planned memory is that of transformers' reference scan (a CPU's, or a GPU's without mamba_ssm's "
     "fused kernels); where the fused kernels run, the cell needs less"
 )
-"""Said under ``gpudays plan``'s predictions of a Mamba cell (``orchestrator.preview``)."""
+"""Said under ``gpudays plan``'s predictions of a Mamba cell (``orchestrator.cli.display.preview``)."""
 tokens_per_sample = sequences.tokens_per_sample
 synthetic_batch = sequences.synthetic_batch
 blocks = sequences.decoder_layers

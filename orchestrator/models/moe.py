@@ -21,7 +21,7 @@ import orchestrator.models.llama as llama
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.schema import ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 # Bytes a bf16 training step keeps per token of one layer, measured with ``saved_tensors_hooks`` on the real
 # module (tests/unit/models/test_moe.py; transformers 5.23, torch 2.13), OLMoE's and Mixtral's alike: see

@@ -15,7 +15,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (``layer_norm_eps`` of OLMo2-1B-stage1.yaml)."""

@@ -16,7 +16,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 NORM_EPS = 1e-5
 """RMSNorm epsilon of OLMoE-1B-7B's config.json."""

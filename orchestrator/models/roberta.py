@@ -20,7 +20,7 @@ from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 MASK_RATE = 0.15
 """Share of tokens masked and predicted (Devlin et al. 2019; RoBERTa keeps it, Liu et al. 2019 section 2.4)."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 SAMPLE = "sequence"
 """What one sample of a language model is: a sequence of ``model.seq_length`` tokens."""

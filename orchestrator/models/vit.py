@@ -21,7 +21,7 @@ import orchestrator.models.images as images
 from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import MethodConfig, ModelConfig
 
 NORM_EPS = 1e-6
 """LayerNorm epsilon of DeiT and timm's ViTs (``partial(nn.LayerNorm, eps=1e-6)``)."""
@@ -177,7 +177,7 @@ SAMPLE = images.SAMPLE
 THROUGHPUT_UNIT = images.THROUGHPUT_UNIT
 COMPUTE_EFFICIENCY = 0.21
 """The share of the dense 16-bit peak the predictor assumes before a record calibrates it (the decoders' is
-``analysis.step_time.DEFAULT_EFFICIENCY``, 0.54). From DeiT's published run (Touvron et al. 2021, arXiv 2012.12877,
+``analysis.predict.step_time.DEFAULT_EFFICIENCY``, 0.54). From DeiT's published run (Touvron et al. 2021, arXiv 2012.12877,
 section 6: DeiT-B, 300 epochs, 53 hours on one node of 8 V100s): 300 × 1,281,167 images × 1.052e11 FLOPs each
 over 53 h × 8 GPUs is 26.5 TFLOP/s a GPU, 21% of the V100's 125 TFLOP/s fp16 peak, data loading and
 augmentation included (which the step model does not otherwise count). Not measured by gpudays."""

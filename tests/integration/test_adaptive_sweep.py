@@ -10,9 +10,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from orchestrator import cli
-from orchestrator.adaptive_state import read_grid, read_state
-from orchestrator.paths import SweepPaths
+from orchestrator.cli import main as cli
+from orchestrator.store.adaptive_state import read_grid, read_state
+from orchestrator.store.paths import SweepPaths
 
 pytestmark = pytest.mark.deepspeed
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch._dynamo.utils import counters
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.engines.compiling import compile_regions, compiled_regions
 from orchestrator.models import FAMILIES
-from orchestrator.schema import ModelConfig
 
 TINY = ModelConfig(
     name="tiny", family="gpt_neox", num_layers=2, hidden_size=64, num_heads=4, vocab_size=256, seq_length=32

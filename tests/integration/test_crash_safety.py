@@ -1,6 +1,6 @@
 """gpudays itself killed, and a full disk, on the real local SLURM cluster (issue: crash-safe sweep folders).
 
-- ``sweep`` and ``resume`` are SIGKILLed at every point of a submission (``orchestrator.faults``: before the intent,
+- ``sweep`` and ``resume`` are SIGKILLed at every point of a submission (``orchestrator.submission.faults``: before the intent,
   before, during and after sbatch, after the job ids are written), each in a sweep folder of its own, all at once
   on one cluster; then the README's loop ``until gpudays status DIR --check; do gpudays resume DIR --wait; done``
   must end every cell ``ok``, with one record.json per cell and exactly one job per attempt in ``sacct``; a job
@@ -36,12 +36,12 @@ import pytest
 import yaml
 from waiting import wait_until
 
-from orchestrator import faults, status
-from orchestrator.attempts import read_attempts
 from orchestrator.cluster import LocalCluster
-from orchestrator.paths import SweepPaths
-from orchestrator.record import Record, read_record
-from orchestrator.states import State
+from orchestrator.store.attempts import read_attempts
+from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import Record, read_record
+from orchestrator.store.states import State
+from orchestrator.submission import faults, status
 
 pytestmark = pytest.mark.slurm
 
@@ -83,7 +83,7 @@ def gpudays(
     env = {k: v for k, v in os.environ.items() if k != faults.FAULT_ENV} | (env_extra or {})
     if fault:
         env[faults.FAULT_ENV] = fault
-    command = [sys.executable, "-m", "orchestrator.cli", *args]
+    command = [sys.executable, "-m", "orchestrator.cli.main", *args]
     if log is not None:
         with open(log, "w") as out:
             code = subprocess.run(command, cwd=REPO, env=env, stdout=out, stderr=out, timeout=timeout_s).returncode

@@ -21,9 +21,10 @@ import pandas as pd
 import pytest
 from waiting import wait_until
 
-from orchestrator import cli, status
+from orchestrator.cli import main as cli
 from orchestrator.cluster import LocalCluster
-from orchestrator.paths import SweepPaths
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import status
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
 
@@ -144,7 +145,7 @@ def faulted(slurm_cluster: LocalCluster, tmp_path_factory: pytest.TempPathFactor
         interval_s=2,
     )
     cli_out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "status", str(paths.root)],
+        [sys.executable, "-m", "orchestrator.cli.main", "status", str(paths.root)],
         cwd=Path(__file__).resolve().parents[2],
         capture_output=True,
         text=True,

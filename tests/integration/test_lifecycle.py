@@ -14,9 +14,10 @@ from pathlib import Path
 import pytest
 from waiting import wait_until
 
-from orchestrator import admission, cli, status
+from orchestrator.cli import main as cli
 from orchestrator.cluster import LocalCluster
-from orchestrator.paths import SweepPaths
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import admission, status
 
 pytestmark = pytest.mark.slurm
 
@@ -156,7 +157,7 @@ def test_two_resumes_at_once_never_submit_a_cell_twice(slurm_cluster: LocalClust
     cli.main(["sweep", *args, "probe.kind=sleep", "probe.sleep_s=0", "--no-report"])  # the fault removed
 
     procs = [
-        subprocess.Popen([sys.executable, "-m", "orchestrator.cli", "resume", str(sweep_dir)], cwd=REPO,
+        subprocess.Popen([sys.executable, "-m", "orchestrator.cli.main", "resume", str(sweep_dir)], cwd=REPO,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for _ in range(2)
     ]  # fmt: skip

@@ -9,16 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator import cli
-from orchestrator.attempts import read_attempts
-from orchestrator.paths import SweepPaths
+from orchestrator.cli import main as cli
+from orchestrator.store.attempts import read_attempts
+from orchestrator.store.paths import SweepPaths
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def _gpudays(*args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", *args],
+        [sys.executable, "-m", "orchestrator.cli.main", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -77,7 +77,7 @@ def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_pat
 
     sweep_dir = tmp_path / "s"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "sweep", "--dir", str(sweep_dir), "probe.kind=sleep",
+        [sys.executable, "-m", "orchestrator.cli.main", "sweep", "--dir", str(sweep_dir), "probe.kind=sleep",
          "probe.sleep_s=120", "--no-report"],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.paths import SweepPaths
+from orchestrator.cli import main as cli
+from orchestrator.store.paths import SweepPaths
 
 pytestmark = [pytest.mark.slurm]
 

@@ -8,15 +8,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import synthetic
 from conftest import require_slurm_packages
 from waiting import wait_until
 
-from analysis import synthetic
-from orchestrator import cli, status
-from orchestrator.attempts import Attempt, append_attempt
+from orchestrator.cli import main as cli
 from orchestrator.cluster import LocalCluster
-from orchestrator.paths import SweepPaths
-from orchestrator.record import Record, read_record
+from orchestrator.store.attempts import Attempt, append_attempt
+from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import Record, read_record
+from orchestrator.submission import status
 
 pytestmark = pytest.mark.slurm
 

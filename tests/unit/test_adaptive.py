@@ -1,5 +1,5 @@
-"""Adaptive sweeps: the round decision (analysis/adaptive.py) and the sweep's life over rounds
-(orchestrator/adaptive.py), with submission answered from a synthetic truth instead of probes."""
+"""Adaptive sweeps: the round decision (analysis/planners/adaptive.py) and the sweep's life over rounds
+(orchestrator/cli/adaptive.py), with submission answered from a synthetic truth instead of probes."""
 
 from __future__ import annotations
 
@@ -12,18 +12,28 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_STALLED, STOP_TARGET, Goal, decide
-from analysis.inputs import flat_cell
-from orchestrator import adaptive, cli, lifecycle, quota
-from orchestrator.adaptive_state import AdaptiveState, BadAdaptiveState, Round, read_state, write_grid, write_state
-from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts
-from orchestrator.launch import write_cell
-from orchestrator.paths import SweepPaths
-from orchestrator.record import write_record
-from orchestrator.schema import Config, to_config
-from orchestrator.values import Container
+from analysis.planners.adaptive import STOP_ALL_MEASURED, STOP_BUDGET, STOP_STALLED, STOP_TARGET, Goal, decide
+from analysis.predict.inputs import flat_cell
+from orchestrator.cli import adaptive
+from orchestrator.cli import flow as lifecycle
+from orchestrator.cli import main as cli
+from orchestrator.config.schema import Config, to_config
+from orchestrator.config.values import Container
+from orchestrator.store.adaptive_state import (
+    AdaptiveState,
+    BadAdaptiveState,
+    Round,
+    read_state,
+    write_grid,
+    write_state,
+)
+from orchestrator.store.attempts import Attempt, append_attempt, next_attempt, read_attempts
+from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import write_record
+from orchestrator.submission import quota
+from orchestrator.submission.launch import write_cell
 
 MODELS = ("pythia-70m", "pythia-410m", "smollm2-360m", "qwen3-0.6b")
 

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import estimates as est
+from analysis.predict import estimates as est
 
 
 def test_days_and_gpu_hours() -> None:

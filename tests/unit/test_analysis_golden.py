@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.records import Catalog
-from analysis.report import write_report
+from analysis.report.writer import write_report
+from analysis.sweeps.records import Catalog
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "golden"
 TABLES = ("cells.csv", "best.csv", "frontier.csv", "scaling.csv")

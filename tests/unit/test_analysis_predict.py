@@ -7,10 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+import synthetic
 from omegaconf import OmegaConf
 
-from analysis import synthetic
-from analysis.predict import (
+from analysis.predict.predictor import (
     PLAN_COLUMNS,
     Calibration,
     GpuCalibration,
@@ -20,14 +20,14 @@ from analysis.predict import (
     predict_cell,
     predict_frame,
 )
-from analysis.records import Catalog
-from analysis.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
-from analysis.uncertainty import prior_covariance
-from orchestrator.batch import divisors
+from analysis.predict.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
+from analysis.predict.uncertainty import prior_covariance
+from analysis.sweeps.records import Catalog
+from orchestrator.config.batch import divisors
+from orchestrator.config.schema import to_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
 from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
 from orchestrator.models import flops_per_token
-from orchestrator.schema import to_config
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.predict import flat_cell, predict_frame
-from analysis.records import Catalog
-from analysis.report import CELLS_COLUMNS, calibration_from, write_report
-from analysis.tables import pareto_mask
+from analysis.predict.predictor import flat_cell, predict_frame
+from analysis.report.tables import pareto_mask
+from analysis.report.writer import CELLS_COLUMNS, calibration_from, write_report
+from analysis.sweeps.records import Catalog
 
 
 @pytest.fixture(scope="module")
@@ -135,7 +135,7 @@ def test_bad_input_is_listed_and_the_rest_still_produced(tmp_path: Path, catalog
     }
     assert cells.loc["pending", "status"] == "no_record"
     assert cells.loc["queued", "status"] == "PENDING"
-    # One reader with one set of checks (orchestrator.record): `status` calls the same files corrupt.
+    # One reader with one set of checks (orchestrator.store.record): `status` calls the same files corrupt.
     assert cells.loc["truncated", "status"] == "corrupt"
     assert "record is not valid JSON" in cells.loc["truncated", "reason"]
     assert cells.loc["empty", "status"] == "corrupt"

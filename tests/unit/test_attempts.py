@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from orchestrator import status
-from orchestrator.attempts import Attempt, append_attempt, next_attempt, read_attempts
-from orchestrator.paths import SweepPaths
+from orchestrator.store.attempts import Attempt, append_attempt, next_attempt, read_attempts
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import status
 
 
 def test_attempts_round_trip_typed(tmp_path: Path) -> None:
@@ -45,8 +45,9 @@ def test_intents_the_scheduler_never_got_are_taken_back_and_a_full_disk_is_a_wri
 ) -> None:
     import errno
 
-    from orchestrator import launch, slurm
-    from orchestrator.durable import WriteFailed
+    from orchestrator.slurm import commands as slurm
+    from orchestrator.store.durable import WriteFailed
+    from orchestrator.submission import launch
 
     paths = SweepPaths(tmp_path)
     append_attempt(paths, Attempt("c1", 1, "40_3", "slurm"))
@@ -75,7 +76,7 @@ def test_an_append_a_full_disk_refused_leaves_no_empty_file(tmp_path: Path, monk
 
     import pytest
 
-    from orchestrator import durable
+    from orchestrator.store import durable
 
     def full(fd: int, data: bytes) -> int:
         raise OSError(errno.ENOSPC, "No space left on device")

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.batch import BatchSizeError, divisors, per_gpu_batch_size, plan_batch
+from orchestrator.config.batch import BatchSizeError, divisors, per_gpu_batch_size, plan_batch
 
 
 def test_divisors_are_every_micro_batch_that_splits_the_batch() -> None:

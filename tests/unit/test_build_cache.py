@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.build_cache import (
+from orchestrator.job.build_cache import (
     cache_root,
     canonical_sys_path,
     cpu_isa,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import cells
-from orchestrator.schema import to_config
+from orchestrator.cells import cell as cells
+from orchestrator.config.schema import to_config
 
 
 def test_cell_id_is_stable_and_ignores_where_and_how_long(make_cell) -> None:
@@ -144,7 +144,7 @@ def test_a_probe_budget_the_time_limit_cannot_hold_names_both_ways_out(make_cell
 def test_the_time_limit_is_derived_from_the_probe_with_its_margin_unless_set(
     make_cell, overrides: tuple[str, ...], minutes: int
 ) -> None:
-    from orchestrator import launch
+    from orchestrator.submission import launch
 
     cell = to_config(make_cell("cluster=slurm", *overrides))
     assert cells.time_limit_min(cell) == minutes

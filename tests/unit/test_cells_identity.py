@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from orchestrator.cells import cell_id, identity
-from orchestrator.schema import Config, to_config
-from orchestrator.sweep import plan
+from orchestrator.cells.cell import cell_id, identity
+from orchestrator.config.schema import Config, to_config
+from orchestrator.planning.plan import plan
 
 
 def cell(*overrides: str) -> Config:

@@ -14,18 +14,21 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from orchestrator import cli, console, launch, lifecycle, local
-from orchestrator.attempts import next_attempt, read_attempts
-from orchestrator.durable import append_jsonl
-from orchestrator.lifecycle import Exit
-from orchestrator.paths import SweepPaths
-from orchestrator.record import RECORD_SCHEMA_VERSION, Metrics
-from orchestrator.schema import GpuConfig, to_config
+from orchestrator.cli import flow as lifecycle
+from orchestrator.cli import main as cli
+from orchestrator.cli.display import console
+from orchestrator.cli.flow import Exit
+from orchestrator.config.schema import GpuConfig, to_config
+from orchestrator.store.attempts import next_attempt, read_attempts
+from orchestrator.store.durable import append_jsonl
+from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import RECORD_SCHEMA_VERSION, Metrics
+from orchestrator.submission import launch, local
 
 
 @pytest.fixture(scope="module")
 def tiny_config() -> dict[str, Any]:
-    from orchestrator.sweep import plan
+    from orchestrator.planning.plan import plan
 
     return plan(["model=pythia-tiny", "gpu=cpu", "num_gpus=1"]).cells[0].config
 
@@ -228,7 +231,7 @@ def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> N
 
 
 def test_cluster_help_lists_its_verbs(capsys) -> None:
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     with pytest.raises(SystemExit) as ended:
         cli.main(["cluster", "--help"])
@@ -326,7 +329,7 @@ def test_entries_that_are_not_cells_are_said_by_status_show_and_resume_and_never
 
 
 def test_a_torn_attempt_line_is_said_by_status_show_resume_and_report(tmp_path: Path, tiny_config, capsys) -> None:
-    from analysis.records import load_cells
+    from analysis.sweeps.records import load_cells
 
     cid = _cell(tmp_path, tiny_config, "ok")
     paths = SweepPaths(tmp_path)
@@ -343,7 +346,7 @@ def test_a_torn_attempt_line_is_said_by_status_show_resume_and_report(tmp_path: 
 def test_a_record_that_is_a_fifo_is_corrupt_and_never_waited_on(tmp_path: Path, tiny_config, capsys) -> None:
     import os
 
-    from orchestrator.record import BadRecord, read_record
+    from orchestrator.store.record import BadRecord, read_record
 
     cid = _cell(tmp_path, tiny_config, "ok")
     paths = SweepPaths(tmp_path)
@@ -356,7 +359,7 @@ def test_a_record_that_is_a_fifo_is_corrupt_and_never_waited_on(tmp_path: Path, 
 
 
 def test_report_names_entries_that_are_not_cells_and_does_not_follow_links(tmp_path: Path, tiny_config) -> None:
-    from analysis.records import load_cells
+    from analysis.sweeps.records import load_cells
 
     good = _cell(tmp_path, tiny_config, "ok")
     cells = SweepPaths(tmp_path).cells_dir

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator.sweep import CONF_DIR, plan
+from orchestrator.planning.plan import CONF_DIR, plan
 
 
 def _one(overrides: list[str], search_dirs: tuple[Path, ...] = ()) -> dict:

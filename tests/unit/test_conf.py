@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli
-from orchestrator.sweep import CONF_DIR, SweepError, plan
+from orchestrator.cli import main as cli
+from orchestrator.planning.plan import CONF_DIR, SweepError, plan
 
 GROUPS = ("model", "gpu", "method", "cluster", "probe")
 
@@ -119,8 +119,8 @@ def test_plan_prints_every_cell_with_its_prediction_and_writes_nothing(tmp_path:
 
 def test_plan_on_a_sweep_folder_does_not_count_cells_already_in_it(tmp_path: Path, capsys) -> None:
     # `plan --dir` said "4 would be submitted" where 3 were: a cell already submitted is left to `resume`.
-    from orchestrator import sweep
-    from orchestrator.paths import SweepPaths
+    from orchestrator.planning import plan as sweep
+    from orchestrator.store.paths import SweepPaths
 
     argv = ["gpu=a100-80gb", "model=pythia-160m,pythia-410m", "num_gpus=8"]
     cells = sweep.plan(argv, sweep_dir=tmp_path / "s").cells
@@ -151,7 +151,7 @@ def test_plan_costs_gpus_past_one_node_on_any_cluster_in_one_try(capsys) -> None
 def test_a_probe_memory_limit_is_judged_alike_for_auto_and_fixed_micro_batches() -> None:
     # mb=16 was refused as "about 0.0 GiB per GPU at micro-batch 1, 3.6 GiB usable (10% margin)": neither the
     # micro-batch nor the memory the probe is held to (probe.memory_limit_gib), which the auto cell was judged by.
-    from orchestrator import prediction
+    from orchestrator.cli.display import prediction
 
     # Then the auto cell was predicted to fit (0.0076 GiB at micro-batch 4), ran, and ended does_not_fit: on the
     # CPU the probe measures the process's resident growth, which holds 0.04 GiB of runtime at any micro-batch

@@ -2,7 +2,7 @@
 
 The refusal names the cell, the key, the value, where the value came from (the command line or the config file)
 and what would be accepted; it comes from `gpudays plan`, `sweep` and `--dry-run` alike (they share
-``orchestrator.sweep.plan``), and the job side refuses such a cell again as ``invalid``, never ``failed``.
+``orchestrator.planning.plan.plan``), and the job side refuses such a cell again as ``invalid``, never ``failed``.
 """
 
 from __future__ import annotations
@@ -19,20 +19,20 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.predict import plan as predict_plan
-from orchestrator import jobside
-from orchestrator.domains import DOMAIN, Domain, describe_all
-from orchestrator.paths import CELL_CONFIG_NAME, SweepPaths
-from orchestrator.record import read_record
-from orchestrator.schema import Config
-from orchestrator.states import RecordStatus
-from orchestrator.sweep import SweepError, plan
+from analysis.predict.predictor import plan as predict_plan
+from orchestrator.config.domains import DOMAIN, Domain, describe_all
+from orchestrator.config.schema import Config
+from orchestrator.job import entry as jobside
+from orchestrator.planning.plan import SweepError, plan
+from orchestrator.store.paths import CELL_CONFIG_NAME, SweepPaths
+from orchestrator.store.record import read_record
+from orchestrator.store.states import RecordStatus
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
 CHECKED_ELSEWHERE = {
     "model.family": "orchestrator.models.config_errors: the families are the modules of orchestrator/models",
-    "name": "orchestrator.cells.check_scheduler_strings: it becomes a folder and a job name",
+    "name": "orchestrator.cells.cell.check_scheduler_strings: it becomes a folder and a job name",
     "cluster.partition": "check_scheduler_strings: SLURM's own syntax, shell characters refused",
     "cluster.account": "check_scheduler_strings",
     "cluster.qos": "check_scheduler_strings",
@@ -46,11 +46,11 @@ CHECKED_ELSEWHERE = {
     "cluster.setup": "check_scheduler_strings: one shell line an item",
     "cluster.env": "check_scheduler_strings: names [A-Za-z_][A-Za-z0-9_]*, single-line values",
     "cluster.template": "check_scheduler_strings: a file name under sbatch_templates/",
-    "cluster.sbatch_extra": "orchestrator.passthrough.problems: option names, none gpudays sets, single-line values",
-    "cluster.srun_args": "orchestrator.passthrough.problems: none of the srun options gpudays sets",
+    "cluster.sbatch_extra": "orchestrator.slurm.options.problems: option names, none gpudays sets, single-line values",
+    "cluster.srun_args": "orchestrator.slurm.options.problems: none of the srun options gpudays sets",
     "cluster.exclusive": "OmegaConf: true, false or null (auto)",
-    "cluster.python": "orchestrator.passthrough.problems: one non-empty command line",
-    "cluster.gpus_per_node_by_gpu": "orchestrator.cells.check_scheduler_strings: each value an integer >= 1",
+    "cluster.python": "orchestrator.slurm.options.problems: one non-empty command line",
+    "cluster.gpus_per_node_by_gpu": "orchestrator.cells.cell.check_scheduler_strings: each value an integer >= 1",
     "cluster.cpus_per_gpu_by_gpu": "check_scheduler_strings: each value an integer >= 1",
     "cluster.mem_gb_per_gpu_by_gpu": "check_scheduler_strings: each value an integer >= 1",
 }
@@ -171,7 +171,7 @@ def test_the_job_refuses_an_edited_cell_as_invalid_without_building_it(
     def no_probe(*args: Any) -> None:
         raise AssertionError("an invalid cell must not reach the probe")
 
-    monkeypatch.setattr("orchestrator.probe.run_probe", no_probe)
+    monkeypatch.setattr("orchestrator.job.probe.run_probe", no_probe)
     assert jobside.run_cell(str(tmp_path), "abc", 1) == RecordStatus.INVALID.value
     record = read_record(paths.record("abc"), "abc")
     assert record.status is RecordStatus.INVALID

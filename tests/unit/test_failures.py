@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import torch
 
-from orchestrator.failures import (
+from orchestrator.job.failures import (
     Ending,
     Happened,
     TimeSignal,
@@ -21,8 +21,8 @@ from orchestrator.failures import (
     outcome_of,
     short_traceback,
 )
-from orchestrator.record import Metrics
-from orchestrator.states import RecordStatus, State, state_of_record
+from orchestrator.store.record import Metrics
+from orchestrator.store.states import RecordStatus, State, state_of_record
 
 
 def _raised(exc: BaseException, cause: BaseException | None = None) -> BaseException:
@@ -208,8 +208,8 @@ def test_an_outcome_carries_the_decided_status_and_what_was_measured() -> None:
 def test_a_probe_interrupted_by_ctrl_c_is_cancelled_and_rerun_not_failed() -> None:
     # Ctrl-C during a local sweep: the job's KeyboardInterrupt became `failed: KeyboardInterrupt` (or, killed while
     # writing it, no record at all: `lost`).
-    from orchestrator import jobside
-    from orchestrator.states import needs_rerun
+    from orchestrator.job import entry as jobside
+    from orchestrator.store.states import needs_rerun
 
     ctrl_c = TimeSignal("SIGINT", time.time())
     status, reason = decide_status(Happened(RAISED, "KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)"), ctrl_c)

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, local
-from orchestrator.lifecycle import Exit
-from orchestrator.paths import SweepPaths
+from orchestrator.cli import main as cli
+from orchestrator.cli.flow import Exit
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import local
 
 ACCEPTED = {Exit.OK, Exit.CELLS_FAILED, Exit.BAD_INPUT, Exit.SCHEDULER}
 

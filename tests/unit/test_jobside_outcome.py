@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
-from orchestrator import jobside
-from orchestrator.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
-from orchestrator.paths import CELL_CONFIG_NAME, SweepPaths
-from orchestrator.record import Metrics, Record, read_record
-from orchestrator.schema import Config
-from orchestrator.states import RecordStatus
+from orchestrator.config.schema import Config
+from orchestrator.job import entry as jobside
+from orchestrator.job.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
+from orchestrator.store.paths import CELL_CONFIG_NAME, SweepPaths
+from orchestrator.store.record import Metrics, Record, read_record
+from orchestrator.store.states import RecordStatus
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_the_probe_gets_the_typed_cell_and_its_outcome_is_the_record(job: Any, m
         metrics = Metrics(num_parameters=123, per_gpu_batch_size=16, micro_batch_size=1, startup_s=1.0)
         return outcome_of(Happened(Ending.NOTHING_FITS, "nothing fits"), metrics, {"torch": "x"}, time_signal())
 
-    monkeypatch.setattr("orchestrator.probe.run_probe", probe)
+    monkeypatch.setattr("orchestrator.job.probe.run_probe", probe)
     status, record, raw = job()
     assert isinstance(seen[0], Config) and seen[0].model.name == "pythia-tiny"
     assert status == "does_not_fit" and record.reason == "nothing fits"
@@ -78,7 +78,7 @@ def test_an_exception_no_probe_caught_is_failed_or_after_sigterm_a_timeout(
     def probe(*args: Any, **kwargs: Any) -> ProbeOutcome:
         raise RuntimeError("the probe itself broke")
 
-    monkeypatch.setattr("orchestrator.probe.run_probe", probe)
+    monkeypatch.setattr("orchestrator.job.probe.run_probe", probe)
     status, record, _ = job()
     assert status == "failed" and record.reason == "RuntimeError: the probe itself broke"
     assert record.traceback is not None and "the probe itself broke" in record.traceback
@@ -130,7 +130,7 @@ def test_a_rank_that_ended_its_cell_badly_exits_non_zero_on_slurm(monkeypatch: p
 def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
     job: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from orchestrator import slurm
+    from orchestrator.slurm import commands as slurm
 
     queue = [[("7", "7", "me"), ("41", "40_1", "alice")], [("7", "7", "me")]]
     monkeypatch.setattr(slurm, "jobs_on_nodes", lambda nodes: queue.pop(0))

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import submitit
 
-from orchestrator import launch, local
-from orchestrator.paths import SweepPaths
-from orchestrator.schema import Config
+from orchestrator.config.schema import Config
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import launch, local
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden"
 
@@ -190,7 +190,7 @@ def test_with_no_gpu_the_advice_names_only_accepted_values_and_comes_without_tor
 
 
 def test_each_gpu_type_gets_its_nodes_gpus_cpus_and_memory() -> None:
-    from orchestrator.sweep import plan
+    from orchestrator.planning.plan import plan
 
     p = plan(
         [
@@ -209,7 +209,7 @@ def test_each_gpu_type_gets_its_nodes_gpus_cpus_and_memory() -> None:
 
 
 def test_a_node_setting_per_gpu_type_must_be_a_positive_integer(make_typed) -> None:
-    from orchestrator import cells
+    from orchestrator.cells import cell as cells
 
     cell = make_typed("cluster=example-university", "gpu=a100-80gb")
     cell.cluster.cpus_per_gpu_by_gpu = {"a100-80gb": 0}

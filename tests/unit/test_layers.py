@@ -1,25 +1,12 @@
-"""The layers of the two packages, read from the source: no import goes up a layer, and no two modules import each
-other, however indirectly.
+"""The layers of the two packages, read from the source and keyed by package: each subpackage imports only the
+packages its row below allows, no two modules import each other however indirectly, and only the job side and the
+engines' runtimes import torch when their module loads.
 
-    core  <-  runtime  <-  analysis  <-  command line
-
-- core: the config and its domains, a cell and its id, the model families, records, states, the sweep folder's
-  paths, batch arithmetic, SLURM's words;
-- runtime: planning, submitting, running and classifying cells (sweep, launch, local, status, the job side, the
-  probe, the engines, the throwaway cluster);
-- analysis: the ``analysis`` package (predictor, tables, report);
-- command line: ``gpudays``'s commands and what they print.
-
-A module imports from its own layer and the layers below, never above. Every ``import`` statement counts:
-
-- at the top of a module, and inside a function (an import deferred for start-up time is still a dependence);
-- under ``if TYPE_CHECKING:`` too. A type-only import makes the module's signatures name the other module's types,
-  so what the module means depends on it; with ``from __future__ import annotations`` it costs nothing to turn into
-  a runtime import; and no module needs one that goes up.
-
-Only the modules of the two packages are graphed; an import names the deepest of them it reaches
-(``from orchestrator import status`` is ``orchestrator.status``; ``from orchestrator.models import FAMILIES`` is
-``orchestrator.models``). Imports by name at run time (``importlib.import_module``) are not seen.
+Every ``import`` statement counts: at the top of a module, inside a function (an import deferred for start-up time
+is still a dependence), and under ``if TYPE_CHECKING:`` (a type-only import makes the module's signatures name the
+other package's types). An import names the deepest module of the two packages it reaches (``from
+orchestrator.store import states`` is ``orchestrator.store.states``). Imports by name at run time
+(``importlib.import_module``) are not seen.
 """
 
 from __future__ import annotations
@@ -34,73 +21,46 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("orchestrator", "analysis")
 
-CORE, RUNTIME, ANALYSIS, COMMAND = range(4)
-LAYER_NAMES = {CORE: "core", RUNTIME: "runtime", ANALYSIS: "analysis", COMMAND: "command line"}
-
-LAYERS: dict[str, int] = {
-    # ``name``: that module (a package: its __init__); ``name.*``: it and every module under it.
-    "orchestrator": CORE,
-    "orchestrator.schema": CORE,
-    "orchestrator.prices": CORE,
-    "orchestrator.values": CORE,
-    "orchestrator.passthrough": CORE,
-    "orchestrator.sbatch_template": CORE,
-    "orchestrator.domains": CORE,
-    "orchestrator.cells": CORE,
-    "orchestrator.refusal": CORE,
-    "orchestrator.models.*": CORE,
-    "orchestrator.record": CORE,
-    "orchestrator.states": CORE,
-    "orchestrator.paths": CORE,
-    "orchestrator.durable": CORE,
-    "orchestrator.faults": CORE,
-    "orchestrator.attempts": CORE,
-    "orchestrator.adaptive_state": CORE,
-    "orchestrator.batch": CORE,
-    "orchestrator.slurm": CORE,
-    "orchestrator.slurm_errors": CORE,
-    "orchestrator.slurm_site": CORE,
-    "orchestrator.job_env": CORE,
-    "orchestrator.sweep": RUNTIME,
-    "orchestrator.compose_cache": RUNTIME,
-    "orchestrator.launch": RUNTIME,
-    "orchestrator.quota": RUNTIME,
-    "orchestrator.admission": RUNTIME,
-    "orchestrator.probe_data": RUNTIME,
-    "orchestrator.local": RUNTIME,
-    "orchestrator.status": RUNTIME,
-    "orchestrator.intents": RUNTIME,
-    "orchestrator.jobside": RUNTIME,
-    "orchestrator.probe": RUNTIME,
-    "orchestrator.ranks": RUNTIME,
-    "orchestrator.timing": RUNTIME,
-    "orchestrator.search": RUNTIME,
-    "orchestrator.metering": RUNTIME,
-    "orchestrator.failures": RUNTIME,
-    "orchestrator.build_cache": RUNTIME,
-    "orchestrator.engines.*": RUNTIME,
-    "orchestrator.cluster.*": RUNTIME,
-    "analysis.*": ANALYSIS,
-    "orchestrator.cli": COMMAND,
-    "orchestrator.lifecycle": COMMAND,
-    "orchestrator.console": COMMAND,
-    "orchestrator.budget_cli": COMMAND,
-    "orchestrator.prediction": COMMAND,
-    "orchestrator.views": COMMAND,
-    "orchestrator.tabular": COMMAND,
-    "orchestrator.answers": COMMAND,
-    "orchestrator.adaptive": COMMAND,
-    "orchestrator.preview": COMMAND,
+# Each package (a module's package is the longest name here that prefixes it) and the packages it may import.
+# Below these rows a package also imports itself. ``cli`` may import anything; nothing imports ``cli``.
+_CONFIG, _STORE, _MODELS, _SLURM = (
+    "orchestrator.config",
+    "orchestrator.store",
+    "orchestrator.models",
+    "orchestrator.slurm",
+)
+_ENGINES, _CELLS, _JOB = "orchestrator.engines", "orchestrator.cells", "orchestrator.job"
+_SWEEPS, _PREDICT = "analysis.sweeps", "analysis.predict"
+_ANALYSIS_BASE = {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS}
+MAY_IMPORT: dict[str, set[str]] = {
+    _CONFIG: set(),  # typed config and its vocabulary: nothing of ours
+    _STORE: {_CONFIG},  # the sweep folder on disk
+    _MODELS: {_CONFIG},  # the families' arithmetic and builders
+    _SLURM: {_CONFIG},  # everything said to or read from SLURM
+    "orchestrator.cluster": {_CONFIG, _STORE},  # the throwaway cluster (writes its files atomically)
+    _ENGINES: {_CONFIG, _MODELS},
+    _CELLS: {_CONFIG, _MODELS, _ENGINES, _SLURM},  # a cell's checks ask the engines' rules and the site's options
+    "orchestrator.planning": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},
+    _JOB: {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},  # never the submission side
+    "orchestrator.submission": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM, _JOB},
+    _SWEEPS: _ANALYSIS_BASE,  # the analysis never imports the command line
+    _PREDICT: _ANALYSIS_BASE | {_SWEEPS},
+    "analysis.planners": _ANALYSIS_BASE | {_SWEEPS, _PREDICT},
+    "analysis.report": _ANALYSIS_BASE | {_SWEEPS, _PREDICT, "analysis.planners"},
+    "orchestrator.cli": {"*"},
 }
 
-ALLOWED_UPWARD: dict[tuple[str, str], str] = {
-    # (importing module, imported module): why it stays for now. Each entry is a debt; remove it with the import.
-    ("orchestrator.cells", "orchestrator.engines.registry"): (
-        "a cell's checks, id and label ask every engine's spec (its options, the keys of its identity); the specs "
-        "are pure rules beside each engine's runtime, so either they move down to core or the engines' rules are "
-        "handed to cells by their caller: a change to orchestrator/engines/ and orchestrator/cells.py"
+ALLOWED: dict[tuple[str, str], str] = {
+    # (importing module, imported module): why it crosses the rule.
+    ("orchestrator.jobside", "orchestrator.job.entry"): (
+        "the job's entry under its old path, which the pickles of sweeps submitted before the move name"
     ),
 }
+
+HEAVY = ("torch", "deepspeed", "transformers")
+"""Loaded when a module loads only in the job side and the engines' runtimes; elsewhere deferred into the function
+that needs it, or under ``TYPE_CHECKING``."""
+HEAVY_AT_LOAD = ("orchestrator.job", "orchestrator.engines.mesh3d.parallelize")
 
 
 @dataclass(frozen=True)
@@ -167,38 +127,108 @@ def _all_imports() -> list[Import]:
 IMPORTS = _all_imports()
 
 
-def layer_of(module: str) -> int | None:
-    if module in LAYERS:
-        return LAYERS[module]
-    name = module
-    while name:
-        if f"{name}.*" in LAYERS:
-            return LAYERS[f"{name}.*"]
-        name = name.rpartition(".")[0]
-    return None
+def package_of(module: str) -> str | None:
+    """The longest package of ``MAY_IMPORT`` that holds ``module``; None for the two packages' own roots."""
+    found = [p for p in MAY_IMPORT if module == p or module.startswith(p + ".")]
+    return max(found, key=len) if found else None
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = sorted(m for m in MODULES if layer_of(m) is None)
-    assert not missing, f"give these modules a layer in LAYERS (tests/unit/test_layers.py): {', '.join(missing)}"
+def allowed(importer: str, imported: str) -> bool:
+    """Whether the rule lets ``importer`` import ``imported``."""
+    if (importer, imported) in ALLOWED:
+        return True
+    low, high = package_of(importer), package_of(imported)
+    if high == "orchestrator.cli":
+        return low == high
+    if low is None:
+        return high is None
+    if high is None or high == low:
+        return True
+    return "*" in MAY_IMPORT[low] or high in MAY_IMPORT[low]
 
 
-def test_no_import_goes_up_a_layer() -> None:
-    upward = []
-    for imp in IMPORTS:
-        low, high = layer_of(imp.importer), layer_of(imp.imported)
-        if low is None or high is None or high <= low or (imp.importer, imp.imported) in ALLOWED_UPWARD:
-            continue
-        upward.append(
-            f"{imp.where()}: {imp.importer} ({LAYER_NAMES[low]}) imports {imp.imported} ({LAYER_NAMES[high]})"
-        )
-    assert not upward, "imports that go up a layer:\n  " + "\n  ".join(upward)
+def test_every_module_has_a_package() -> None:
+    roots = {"orchestrator", "analysis", *(a for a, _ in ALLOWED)}
+    missing = sorted(m for m in MODULES if package_of(m) is None and m not in roots)
+    assert not missing, f"give these modules a package in MAY_IMPORT (tests/unit/test_layers.py): {', '.join(missing)}"
 
 
-def test_every_allowed_upward_import_is_still_there() -> None:
+def test_no_import_crosses_the_rule() -> None:
+    crossing = [
+        f"{imp.where()}: {imp.importer} ({package_of(imp.importer)}) imports {imp.imported} ({package_of(imp.imported)})"
+        for imp in IMPORTS
+        if not allowed(imp.importer, imp.imported)
+    ]
+    assert not crossing, "imports the package rule does not allow:\n  " + "\n  ".join(crossing)
+
+
+def test_every_allowed_exception_is_still_there() -> None:
     present = {(imp.importer, imp.imported) for imp in IMPORTS}
-    gone = [f"{a} -> {b}" for a, b in ALLOWED_UPWARD if (a, b) not in present]
-    assert not gone, f"no longer imported; remove from ALLOWED_UPWARD: {', '.join(gone)}"
+    gone = [f"{a} -> {b}" for a, b in ALLOWED if (a, b) not in present]
+    assert not gone, f"no longer imported; remove from ALLOWED: {', '.join(gone)}"
+
+
+@pytest.mark.parametrize(
+    ("importer", "imported", "ok"),
+    [
+        ("orchestrator.store.record", "orchestrator.config.schema", True),
+        ("orchestrator.config.schema", "orchestrator.store.record", False),
+        ("orchestrator.job.probe", "orchestrator.submission.launch", False),
+        ("analysis.report.tables", "orchestrator.cli.display.views", False),
+        ("orchestrator.submission.status", "orchestrator.cli.flow", False),
+        ("orchestrator.cli.main", "orchestrator.cli.display.views", True),
+        ("orchestrator.cli.flow", "analysis.report.writer", True),
+        ("analysis.sweeps.records", "analysis.predict.predictor", False),
+    ],
+)
+def test_the_rule_reads_as_written(importer: str, imported: str, ok: bool) -> None:
+    assert allowed(importer, imported) is ok
+
+
+def _heavy_at_load(source: str) -> Iterator[tuple[int, str]]:
+    """Imports of torch, DeepSpeed or transformers that run when the module loads: at the top, not in a function
+    and not under ``if TYPE_CHECKING:``."""
+
+    def walk(nodes: list[ast.stmt]) -> Iterator[tuple[int, str]]:
+        for node in nodes:
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                yield from walk(node.orelse)
+            elif isinstance(node, ast.If | ast.Try | ast.With):
+                for block in ("body", "orelse", "finalbody", "handlers"):
+                    for child in getattr(node, block, []):
+                        yield from walk(child.body if isinstance(child, ast.ExceptHandler) else [child])
+            elif isinstance(node, ast.Import):
+                yield from ((node.lineno, a.name) for a in node.names if a.name.split(".")[0] in HEAVY)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in HEAVY:
+                yield node.lineno, node.module
+
+    yield from walk(ast.parse(source).body)
+
+
+def test_only_the_job_side_and_engine_runtimes_load_torch_with_the_module() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}: {name}"
+        for module, path in MODULES.items()
+        if not any(module == p or module.startswith(p + ".") for p in HEAVY_AT_LOAD) and not module.endswith(".engine")
+        for line, name in _heavy_at_load(path.read_text(encoding="utf-8"))
+    ]
+    assert not found, "defer these into the function that needs them:\n  " + "\n  ".join(found)
+
+
+def test_the_heavy_import_reader_sees_only_imports_at_load() -> None:
+    source = """
+import torch
+from typing import TYPE_CHECKING
+if TYPE_CHECKING:
+    import deepspeed
+try:
+    from transformers import AutoConfig
+except ImportError:
+    pass
+def f():
+    import torch.nn
+"""
+    assert sorted(_heavy_at_load(source)) == [(2, "torch"), (7, "transformers")]
 
 
 def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -264,21 +294,22 @@ def test_the_reader_sees_local_type_checking_and_relative_imports() -> None:
 from typing import TYPE_CHECKING
 import numpy
 if TYPE_CHECKING:
-    from analysis.report import Report
+    from analysis.report.writer import Report
 def f():
-    from orchestrator import status, states
+    from orchestrator.submission import status
+    from orchestrator.store import states
     import orchestrator.engines.base
 from . import config
 from .. import base
 """
     found = {(i.line, i.imported) for i in imports_of("orchestrator.engines.fsdp.memory", source)}
     assert found == {
-        (5, "analysis.report"),
-        (7, "orchestrator.status"),
-        (7, "orchestrator.states"),
-        (8, "orchestrator.engines.base"),
-        (9, "orchestrator.engines.fsdp.config"),
-        (10, "orchestrator.engines.base"),
+        (5, "analysis.report.writer"),
+        (7, "orchestrator.submission.status"),
+        (8, "orchestrator.store.states"),
+        (9, "orchestrator.engines.base"),
+        (10, "orchestrator.engines.fsdp.config"),
+        (11, "orchestrator.engines.base"),
     }
 
 

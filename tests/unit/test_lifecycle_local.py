@@ -10,10 +10,11 @@ from pathlib import Path
 import cloudpickle
 import pytest
 
-from orchestrator import cli, launch
-from orchestrator.jobside import SIGNAL_DELAY_S, CellJob
-from orchestrator.paths import SweepPaths
-from orchestrator.schema import to_config
+from orchestrator.cli import main as cli
+from orchestrator.config.schema import to_config
+from orchestrator.job.entry import SIGNAL_DELAY_S, CellJob
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import launch
 
 
 def test_cell_job_checkpoint_resubmits_itself_with_the_requeue_counted() -> None:
@@ -70,7 +71,7 @@ def test_a_command_waiting_for_the_sweep_lock_says_so_and_for_whom(tmp_path: Pat
     # A second `sweep` on a locked folder waited about 75 s in silence.
     import threading
 
-    from orchestrator import intents
+    from orchestrator.submission import intents
 
     paths = SweepPaths(tmp_path / "s")
     held, release = threading.Event(), threading.Event()

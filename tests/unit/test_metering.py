@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.metering import GIB, MemoryMeter
+from orchestrator.job.metering import GIB, MemoryMeter
 
 
 def test_memory_meter_sees_a_host_allocation() -> None:

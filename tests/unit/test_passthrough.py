@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cells, launch
+from orchestrator.cells import cell as cells
+from orchestrator.submission import launch
 
 
 def _script(cell) -> str:
@@ -81,7 +82,7 @@ def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None
 
 
 def test_planning_refuses_a_repeated_flag_before_submission(make_cell) -> None:
-    from orchestrator.sweep import SweepError
+    from orchestrator.planning.plan import SweepError
 
     with pytest.raises(SweepError, match=r"cluster.sbatch_extra.time: gpudays sets --time itself"):
         make_cell("cluster=example-university", "gpu=a100-80gb", "+cluster.sbatch_extra.time=10")
@@ -141,7 +142,7 @@ def test_exclusive_is_not_passed_a_second_time(make_typed) -> None:
 
 
 def test_a_template_in_a_cd_folder_is_found_and_kept_as_its_path(tmp_path: Path) -> None:
-    from orchestrator.sweep import plan
+    from orchestrator.planning.plan import plan
 
     (tmp_path / "cluster").mkdir()
     (tmp_path / "sbatch_templates").mkdir()

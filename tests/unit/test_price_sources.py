@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.prices import CloudPrice, price_note
+from orchestrator.config.prices import CloudPrice, price_note
 
 CONF = Path(__file__).resolve().parents[2] / "conf" / "gpu"
 GPUS = {p.stem: yaml.safe_load(p.read_text()) for p in sorted(CONF.glob("*.yaml"))}
@@ -43,8 +43,8 @@ def test_the_note_names_source_and_date_and_no_price() -> None:
 
 
 def test_plan_names_the_source_of_its_prices() -> None:
-    from orchestrator.console import plan_table
-    from orchestrator.sweep import plan
+    from orchestrator.cli.display.console import plan_table
+    from orchestrator.planning.plan import plan
 
     table = plan_table(plan(["model=pythia-160m", "gpu=a100-80gb,a100-40gb", "num_gpus=4", "cluster=local"]))
     footer = "\n".join(table.footer)
@@ -54,7 +54,7 @@ def test_plan_names_the_source_of_its_prices() -> None:
 
 
 def test_budget_and_shortest_name_the_source_of_their_prices(capsys: pytest.CaptureFixture[str]) -> None:
-    from orchestrator.cli import main
+    from orchestrator.cli.main import main
 
     for argv in (["shortest", "--model", "pythia-160m", "--gpu", "a100-80gb"],
                  ["budget", "--gpu-hours", "1e3", "--gpu", "a100-80gb", "--model", "pythia-160m"]):  # fmt: skip
@@ -66,7 +66,7 @@ def test_budget_and_shortest_name_the_source_of_their_prices(capsys: pytest.Capt
 def test_report_md_names_the_source_of_its_prices() -> None:
     import pandas as pd
 
-    from analysis.report import _prices
+    from analysis.report.writer import _prices
 
     cells = pd.DataFrame({"gpu": ["a100-80gb", "a100-40gb"], "cloud_usd_per_gpu_hour": [2.736, float("nan")],
                           "cloud_price_source": ["RunPod list", "not listed by RunPod"],

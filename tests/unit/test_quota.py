@@ -8,9 +8,11 @@ from typing import Any
 
 import pytest
 
-from orchestrator import launch, lifecycle, quota, slurm_site
-from orchestrator.attempts import Attempt
-from orchestrator.paths import SweepPaths
+from orchestrator.cli import flow as lifecycle
+from orchestrator.slurm import site as slurm_site
+from orchestrator.store.attempts import Attempt
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import launch, quota
 
 
 def _cells(make_typed: Any, n: int, qos: str | None = None) -> dict[str, Any]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.record import (
+from orchestrator.config.schema import Config
+from orchestrator.store.record import (
     CHECKED_METRICS,
     RECORD_SCHEMA_VERSION,
     BadCellConfig,
@@ -22,8 +23,7 @@ from orchestrator.record import (
     record_from_json,
     write_record,
 )
-from orchestrator.schema import Config
-from orchestrator.states import RecordStatus, State
+from orchestrator.store.states import RecordStatus, State
 
 GOOD = {"schema_version": 1, "cell_id": "c1", "attempt": 2, "status": "ok", "metrics": {"step_time_s": 1.5}}
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.record import Trial
-from orchestrator.search import next_size, predicted_peak_bytes
+from orchestrator.job.search import next_size, predicted_peak_bytes
+from orchestrator.store.record import Trial
 
 GIB = 2**30
 SIZES = [1, 2, 4, 8, 16, 32, 64]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import slurm, slurm_errors, slurm_site
-from orchestrator.slurm import JobId
+from orchestrator.slurm import commands as slurm
+from orchestrator.slurm import errors as slurm_errors
+from orchestrator.slurm import site as slurm_site
+from orchestrator.slurm.commands import JobId
 
 
 def test_job_ids_parse_once_into_a_job_and_an_optional_task() -> None:
@@ -125,7 +127,7 @@ def test_slurm_without_a_configuration_is_one_line_naming_cluster_env() -> None:
 
 def test_a_sweep_the_scheduler_cannot_be_asked_about_exits_as_the_readme_says(monkeypatch, make_typed) -> None:
     # A sweep while the controller is down exited 2 (bad input); the README gives it 3 (the scheduler).
-    from orchestrator import lifecycle
+    from orchestrator.cli import flow as lifecycle
 
     def down() -> list[str]:
         raise slurm.SlurmUnavailable(slurm_errors.explain_failure("sinfo", 1, "Unable to contact slurm controller\n"))

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import states
-from orchestrator.console import SHOW_ORDER, STATE_STYLE
-from orchestrator.states import HeldAction, RecordStatus, State
+from orchestrator.cli.display.console import SHOW_ORDER, STATE_STYLE
+from orchestrator.store import states
+from orchestrator.store.states import RecordStatus, State
+from orchestrator.submission import scheduler_states
+from orchestrator.submission.scheduler_states import HeldAction
 
 
 @pytest.mark.parametrize(
@@ -34,14 +36,14 @@ from orchestrator.states import HeldAction, RecordStatus, State
     ],
 )
 def test_slurm_states_map_onto_cell_states(raw: str, reason: str | None, expected: State) -> None:
-    assert states.from_slurm(raw, reason) is expected
+    assert scheduler_states.from_slurm(raw, reason) is expected
 
 
 def test_holds_say_what_resume_does() -> None:
-    assert states.held_action("JobHeldUser") is HeldAction.RELEASE
-    assert states.held_action("JobHeldAdmin") is HeldAction.ADMIN
-    assert states.held_action("launch failed requeued held") is HeldAction.RESUBMIT
-    assert states.held_action("Resources") is None and states.held_action(None) is None
+    assert scheduler_states.held_action("JobHeldUser") is HeldAction.RELEASE
+    assert scheduler_states.held_action("JobHeldAdmin") is HeldAction.ADMIN
+    assert scheduler_states.held_action("launch failed requeued held") is HeldAction.RESUBMIT
+    assert scheduler_states.held_action("Resources") is None and scheduler_states.held_action(None) is None
 
 
 def test_oom_is_an_answer_and_host_oom_a_rerun() -> None:

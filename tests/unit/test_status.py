@@ -9,12 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import cli, slurm, status
-from orchestrator.attempts import Attempt
-from orchestrator.durable import append_jsonl, write_json_atomic
-from orchestrator.paths import SweepPaths
-from orchestrator.record import BadRecord, Record
-from orchestrator.states import STATES, HeldAction, RecordStatus, State
+from orchestrator.cli import main as cli
+from orchestrator.slurm import commands as slurm
+from orchestrator.store.attempts import Attempt
+from orchestrator.store.durable import append_jsonl, write_json_atomic
+from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import BadRecord, Record
+from orchestrator.store.states import STATES, RecordStatus, State
+from orchestrator.submission import status
+from orchestrator.submission.scheduler_states import HeldAction
 
 NOW = dt.datetime(2026, 11, 22, 12, 0, tzinfo=dt.timezone.utc)
 LONG_AGO = (NOW - dt.timedelta(hours=1)).isoformat()
@@ -331,7 +334,7 @@ def test_status_on_a_terminal_colours_each_state(sweep: SweepPaths, capsys, monk
 
     from rich.console import Console
 
-    from orchestrator import console
+    from orchestrator.cli.display import console
 
     _states_sweep(sweep)
     screen = Console(file=io.StringIO(), force_terminal=True, color_system="standard", width=200, record=True)

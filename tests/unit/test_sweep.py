@@ -7,9 +7,9 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
-from orchestrator.prediction import predict
-from orchestrator.schema import register_configs
-from orchestrator.sweep import CONF_DIR, plan
+from orchestrator.cli.display.prediction import predict
+from orchestrator.config.schema import register_configs
+from orchestrator.planning.plan import CONF_DIR, plan
 
 
 def test_bare_sweep_is_the_demo_grid() -> None:

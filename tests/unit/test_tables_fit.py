@@ -15,12 +15,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.records import Catalog
-from orchestrator import cli
-from orchestrator.budget_cli import _fmt as budget_fmt
-from orchestrator.tabular import fmt
+from analysis.sweeps.records import Catalog
+from orchestrator.cli import main as cli
+from orchestrator.cli.budget import _fmt as budget_fmt
+from orchestrator.cli.display.tabular import fmt
 
 WIDTHS = (80, 120, None)  # None: piped
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

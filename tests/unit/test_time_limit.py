@@ -6,7 +6,8 @@ import datetime as dt
 
 import pytest
 
-from orchestrator import jobside, slurm
+from orchestrator.job import entry as jobside
+from orchestrator.slurm import commands as slurm
 
 
 @pytest.mark.parametrize(

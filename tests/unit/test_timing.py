@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.timing import (
+from orchestrator.job.timing import (
     ComposedSample,
     SplitTimer,
     StoppingRule,
@@ -122,7 +122,7 @@ def test_split_timer_times_consecutive_regions() -> None:
 
 
 def test_a_composed_sample_lasts_long_enough_and_never_longer_than_the_cycle() -> None:
-    from orchestrator.timing import COMPOSED_MICRO_STEPS, COMPOSED_SAMPLE_S, composed_micro_steps
+    from orchestrator.job.timing import COMPOSED_MICRO_STEPS, COMPOSED_SAMPLE_S, composed_micro_steps
 
     assert composed_micro_steps(64, None) == COMPOSED_MICRO_STEPS + 1, "unmeasured: the fewest"
     assert composed_micro_steps(64, 10.0) == COMPOSED_MICRO_STEPS + 1, "slow micro-steps: still the fewest"

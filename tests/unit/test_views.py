@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import synthetic
 from rich.console import Console
 
-from analysis import synthetic
-from analysis.records import Catalog
-from analysis.report import CELLS_COLUMNS, write_report
-from orchestrator import answers, cli, console
-from orchestrator.lifecycle import Exit
-from orchestrator.tabular import Column, Tabular, choose_columns
+from analysis.report.writer import CELLS_COLUMNS, write_report
+from analysis.sweeps.records import Catalog
+from orchestrator.cli import main as cli
+from orchestrator.cli.display import answers, console
+from orchestrator.cli.display.tabular import Column, Tabular, choose_columns
+from orchestrator.cli.flow import Exit
 
 COLUMNS = (Column("a", "a"), Column("b", "b", drop=2), Column("c", "c", drop=1), Column("d", "d", drop=3))
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
+from orchestrator.config.schema import PRECISIONS, ZERO_STAGES
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
-from orchestrator.schema import PRECISIONS, ZERO_STAGES
 
 if TYPE_CHECKING:
-    from orchestrator.batch import BatchPlan
-    from orchestrator.schema import MethodConfig
+    from orchestrator.config.batch import BatchPlan
+    from orchestrator.config.schema import MethodConfig
 
 
 class Offload(TypedDict):

@@ -25,8 +25,8 @@ if TYPE_CHECKING:
 
     import torch
 
-    from orchestrator.batch import BatchPlan
-    from orchestrator.schema import Config
+    from orchestrator.config.batch import BatchPlan
+    from orchestrator.config.schema import Config
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 

@@ -30,8 +30,8 @@ from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
+    from orchestrator.config.schema import Config, MethodConfig, ModelConfig
     from orchestrator.engines.spec import CellArrays, Terms
-    from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
     "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "buffer_bytes", "estimate_micro_batch_size",
@@ -82,7 +82,7 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
 
 def memory_terms_of(x: CellArrays) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
-    instead), for every cell of ``x`` as the predictor adds them up (analysis/inputs.py), by its ZeRO fields."""
+    instead), for every cell of ``x`` as the predictor adds them up (analysis/predict/inputs.py), by its ZeRO fields."""
     m = x.method
     stage, offload_optimizer, offload_params = m["zero_stage"], m["offload_optimizer"], m["offload_params"]
     params, grads, optimizer = model_state_bytes(

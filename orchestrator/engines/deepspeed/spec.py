@@ -7,14 +7,14 @@ import math
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.refusal import Refusal
 from orchestrator.engines.spec import EngineSpec
-from orchestrator.refusal import Refusal
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from orchestrator.config.schema import Config
     from orchestrator.engines.spec import CellArrays, Links, Terms
-    from orchestrator.schema import Config
 
 FIELDS = ("zero_stage", "offload_optimizer", "offload_params")
 

@@ -1,4 +1,4 @@
-"""DeepSpeed's share of a step's time as the predictor models it (``analysis/step_time.py``): nominal seconds of
+"""DeepSpeed's share of a step's time as the predictor models it (``analysis/predict/step_time.py``): nominal seconds of
 communication and of offload for one optimizer step, element-wise over the predictor's arrays.
 
 Communication: a ring all-reduce moves 2(N-1)/N of the gradients per GPU; ZeRO-1/2's reduce-scatter plus

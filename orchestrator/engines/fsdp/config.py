@@ -15,14 +15,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.schema import FSDP_REDUCE_PRECISIONS, FSDP_SHARDINGS
+from orchestrator.config.schema import FSDP_REDUCE_PRECISIONS, FSDP_SHARDINGS
 
 if TYPE_CHECKING:
-    from orchestrator.schema import MethodConfig
+    from orchestrator.config.schema import MethodConfig
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 SHARDINGS = FSDP_SHARDINGS
-"""``method.fsdp_sharding``'s domain (orchestrator/schema.py)."""
+"""``method.fsdp_sharding``'s domain (orchestrator/config/schema.py)."""
 REDUCE_PRECISIONS = FSDP_REDUCE_PRECISIONS
 """``method.fsdp_reduce_precision``'s domain."""
 MESH_DIM_NAMES = ("replicate", "shard")
@@ -63,7 +63,7 @@ class FsdpOptions:
 
 def fsdp_options(method: MethodConfig, num_gpus: int, num_nodes: int) -> FsdpOptions:
     """FSDP2's options for ``method`` on ``num_gpus`` ranks over ``num_nodes`` nodes; ValueError naming the key
-    for what FSDP cannot run (the same rules refuse such cells before submission, in orchestrator.cells)."""
+    for what FSDP cannot run (the same rules refuse such cells before submission, in orchestrator.cells.cell)."""
     sharding = method.fsdp_sharding
     if sharding not in SHARDINGS:
         raise ValueError(f"method.fsdp_sharding={sharding!r}: accepted are {', '.join(SHARDINGS)}")

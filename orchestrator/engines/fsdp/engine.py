@@ -16,20 +16,20 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_regions
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module, implementation
-from orchestrator.schema import compile_scope_of
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import torch
 
-    from orchestrator.batch import BatchPlan
-    from orchestrator.schema import Config
+    from orchestrator.config.batch import BatchPlan
+    from orchestrator.config.schema import Config
 
 
 class FsdpEngine:

@@ -30,8 +30,8 @@ from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
+    from orchestrator.config.schema import Config, MethodConfig, ModelConfig
     from orchestrator.engines.spec import CellArrays, Terms
-    from orchestrator.schema import Config, MethodConfig, ModelConfig
 
 __all__ = [
     "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
@@ -97,7 +97,7 @@ def memory_terms(
     offload: Any,
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
-    instead), as the predictor adds them up (analysis/inputs.py)."""
+    instead), as the predictor adds them up (analysis/predict/inputs.py)."""
     params, grads, optimizer = model_state_bytes(
         num_parameters, sharding, num_gpus, num_nodes, reduce_precision, offload
     )

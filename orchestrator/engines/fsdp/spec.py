@@ -6,16 +6,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.refusal import Refusal
+from orchestrator.config.schema import MethodConfig
 from orchestrator.engines.fsdp.config import SHARDINGS
 from orchestrator.engines.spec import EngineSpec
-from orchestrator.refusal import Refusal
-from orchestrator.schema import MethodConfig
 
 if TYPE_CHECKING:
     import numpy as np
 
+    from orchestrator.config.schema import Config
     from orchestrator.engines.spec import CellArrays, Links, Terms
-    from orchestrator.schema import Config
 
 FIELDS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
 

@@ -1,4 +1,4 @@
-"""FSDP2's share of a step's time as the predictor models it (``analysis/step_time.py``): nominal seconds of
+"""FSDP2's share of a step's time as the predictor models it (``analysis/predict/step_time.py``): nominal seconds of
 communication and of offload for one optimizer step, element-wise over the predictor's arrays.
 
 Every micro-step gathers the parameters (compute dtype) for the forward and, under ``full`` and ``hybrid``, again

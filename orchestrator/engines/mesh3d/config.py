@@ -21,11 +21,11 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.refusal import Refusal
-from orchestrator.schema import PP_SCHEDULES
+from orchestrator.config.refusal import Refusal
+from orchestrator.config.schema import PP_SCHEDULES
 
 if TYPE_CHECKING:
-    from orchestrator.schema import Config, MethodConfig
+    from orchestrator.config.schema import Config, MethodConfig
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 STAGES_PER_RANK = {"1f1b": 1, "interleaved_1f1b": 2}

@@ -34,19 +34,19 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
 from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
-from orchestrator.probe_data import DATA_BATCHES, seed_of
-from orchestrator.schema import compile_scope_of
+from orchestrator.models.probe_data import DATA_BATCHES, seed_of
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.batch import BatchPlan
-    from orchestrator.schema import Config
+    from orchestrator.config.batch import BatchPlan
+    from orchestrator.config.schema import Config
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 

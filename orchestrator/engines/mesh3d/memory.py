@@ -28,8 +28,8 @@ from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
+    from orchestrator.config.schema import Config
     from orchestrator.engines.spec import CellArrays, Terms
-    from orchestrator.schema import Config
 
 REDUCE_BYTES = 4.0
 """Gradients are reduced and accumulated in fp32."""

@@ -1,4 +1,4 @@
-"""mesh3d's share of a step's time as the predictor models it (``analysis/step_time.py``): nominal seconds of
+"""mesh3d's share of a step's time as the predictor models it (``analysis/predict/step_time.py``): nominal seconds of
 communication for one optimizer step, element-wise over the predictor's arrays, with the pipeline's idle time.
 
 Per optimizer step each replica runs B/d sequences (B the global batch), whatever the micro-batch:

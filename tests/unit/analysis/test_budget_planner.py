@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import synthetic
 import yaml
 
-from analysis import synthetic
-from analysis.budget import (
+from analysis.planners.budget import (
     Measured,
     allowance,
     compute_optimal,
@@ -21,10 +21,10 @@ from analysis.budget import (
     sized_model,
     tokens_for_budget,
 )
-from analysis.parallelism import PREDICTOR, network_for
-from orchestrator.budget_cli import main
+from analysis.predict.parallelism import PREDICTOR, network_for
+from orchestrator.cli.budget import main
+from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters
-from orchestrator.schema import GpuConfig, ModelConfig
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 
@@ -161,10 +161,10 @@ def test_budget_command_errors_name_what_is_accepted(capsys: pytest.CaptureFixtu
 
 
 def test_help_quotes_the_defaults_the_analysis_uses() -> None:
-    from analysis.budget import DEFAULT_MAX_DAYS, DEFAULT_OVERRUN_PCT
-    from analysis.parallelism import DEFAULT_EFFICIENCY
-    from analysis.shortest import MAX_GPUS
-    from orchestrator.budget_cli import HELP_DEFAULTS
+    from analysis.planners.budget import DEFAULT_MAX_DAYS, DEFAULT_OVERRUN_PCT
+    from analysis.planners.shortest import MAX_GPUS
+    from analysis.predict.parallelism import DEFAULT_EFFICIENCY
+    from orchestrator.cli.budget import HELP_DEFAULTS
 
     assert HELP_DEFAULTS == {
         "efficiency": DEFAULT_EFFICIENCY, "max_days": DEFAULT_MAX_DAYS, "overrun_pct": DEFAULT_OVERRUN_PCT,
@@ -190,14 +190,14 @@ def test_the_cheapest_configuration_needs_the_fewest_gpu_hours() -> None:
 
 def test_budget_shortest_and_plan_each_name_the_model_behind_their_gpu_hours(capsys, tmp_path: Path) -> None:
     # pythia-1b on A100: 3,471 GPU-hours in `plan`, 3,218 at 256 GPUs in `shortest`, with no word of two models.
-    from orchestrator import cli
+    from orchestrator.cli import main as cli
 
     argv = ["shortest", "--model", "pythia-1b", "--gpu", "a100-80gb", "--out", str(tmp_path), "--width", "400"]
     assert main(argv) == 0
-    assert "the layout model (analysis/parallelism.py" in capsys.readouterr().out
+    assert "the layout model (analysis/predict/parallelism.py" in capsys.readouterr().out
     assert set(pd.read_csv(tmp_path / "shortest.csv")["predictor"]) == {PREDICTOR}
     assert main(["budget", "--gpu-hours", "1e4", "--gpu", "a100-80gb", "--model", "pythia-1b", "--width", "400"]) == 0
-    assert "step-time model (analysis/predict.py" in capsys.readouterr().out
+    assert "step-time model (analysis/predict/predictor.py" in capsys.readouterr().out
     assert cli.main(["plan", "model=pythia-1b", "gpu=a100-80gb"]) == 0
     out = capsys.readouterr().out
-    assert "predicted by the step-time model (analysis/predict.py" in out and "use the layout model" in out
+    assert "predicted by the step-time model (analysis/predict/predictor.py" in out and "use the layout model" in out

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.engine_comparison import ENGINE_COLUMNS, compare_engines
-from analysis.records import Catalog
-from analysis.report import write_report
+from analysis.report.engine_comparison import ENGINE_COLUMNS, compare_engines
+from analysis.report.writer import write_report
+from analysis.sweeps.records import Catalog
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.predict import flat_cell, predict_frame
+from analysis.predict.predictor import flat_cell, predict_frame
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records" / "h100-80gb").glob("*.json"))
 FREE_LUNCH = [path for path in RECORDS if "free-lunch" in path.name]

@@ -11,10 +11,10 @@ from typing import Any
 import pandas as pd
 import pytest
 
-from analysis.predict import flat_cell, predict_frame
-from orchestrator.batch import divisors
-from orchestrator.record import Metrics
-from orchestrator.search import next_size
+from analysis.predict.predictor import flat_cell, predict_frame
+from orchestrator.config.batch import divisors
+from orchestrator.job.search import next_size
+from orchestrator.store.record import Metrics
 
 FOLDER = Path(__file__).resolve().parents[2] / "data" / "gpu-records" / "h100-80gb-composed"
 RECORDS = sorted(FOLDER.glob("*.json"))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from analysis.records import scheduler_job_id
+from analysis.sweeps.records import scheduler_job_id
 
 
 def test_an_array_task_is_named_by_its_array_and_task() -> None:

@@ -1,4 +1,4 @@
-"""The layout model against measured mesh3d records (analysis/layout_check.py): calibrated on the cell without
+"""The layout model against measured mesh3d records (analysis/report/layout_check.py): calibrated on the cell without
 model parallelism, it predicts that cell back, carries each record's measured bubble beside the schedule's, and
 leaves out what it cannot check."""
 
@@ -8,11 +8,11 @@ import dataclasses
 
 import pytest
 
-from analysis.layout_check import achieved_tflops, cell_layout, check, check_rows
-from orchestrator.record import Metrics, Record
-from orchestrator.schema import Config, to_config, to_container
-from orchestrator.states import RecordStatus
-from orchestrator.sweep import plan
+from analysis.report.layout_check import achieved_tflops, cell_layout, check, check_rows
+from orchestrator.config.schema import Config, to_config, to_container
+from orchestrator.planning.plan import plan
+from orchestrator.store.record import Metrics, Record
+from orchestrator.store.states import RecordStatus
 
 
 def cell(*overrides: str) -> Config:
@@ -70,8 +70,9 @@ def test_a_cells_layout_is_its_mesh_and_schedule() -> None:
 
 
 def test_the_report_writes_layouts_csv_where_mesh3d_cells_were_measured(tmp_path) -> None:
-    from analysis import synthetic
-    from analysis.report import write_report
+    import synthetic
+
+    from analysis.report.writer import write_report
 
     sweep = tmp_path / "sweep"
     dp = record(DP, "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
@@ -94,9 +95,10 @@ def gpu_cell(*overrides: str) -> Config:
 
 
 def test_planners_from_a_sweep_of_3d_layouts_cost_them_with_the_calibrated_layout_model(tmp_path) -> None:
-    from analysis import synthetic
-    from analysis.layout_check import layout_efficiency
-    from orchestrator.budget_cli import main
+    import synthetic
+
+    from analysis.report.layout_check import layout_efficiency
+    from orchestrator.cli.budget import main
 
     sweep, peak = tmp_path / "sweep", 312.0  # the A100's dense bf16 peak (conf/gpu/a100-80gb.yaml)
     dp_cfg, tp_cfg = gpu_cell(), gpu_cell("method.tp=2")

@@ -1,4 +1,4 @@
-"""The layouts a plan offers (analysis/layouts.py) and the predictor's view of mesh3d cells: a 70B Llama-2 on
+"""The layouts a plan offers (analysis/predict/layouts.py) and the predictor's view of mesh3d cells: a 70B Llama-2 on
 1,024 A100-80GB gets a tensor × pipeline × data layout that data parallelism cannot match, the offered overrides
 make a cell the sweep accepts and predicts to fit, and a small model is left to data parallelism."""
 
@@ -8,12 +8,12 @@ import math
 
 import pytest
 
-from analysis.inputs import flat_cell, inputs_from_columns, layout_terms, memory_terms
-from analysis.layouts import offer, offers
-from analysis.predict import predict_cell
-from orchestrator import cells
-from orchestrator.schema import Config, to_config, to_container
-from orchestrator.sweep import plan
+from analysis.predict.inputs import flat_cell, inputs_from_columns, layout_terms, memory_terms
+from analysis.predict.layouts import offer, offers
+from analysis.predict.predictor import predict_cell
+from orchestrator.cells import cell as cells
+from orchestrator.config.schema import Config, to_config, to_container
+from orchestrator.planning.plan import plan
 
 LARGE = ["gpu=a100-80gb", "num_gpus=1024", "num_nodes=128", "cluster=slurm"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.parallelism import (
+from analysis.predict.parallelism import (
     Layout,
     Network,
     best_layout,
@@ -14,10 +14,10 @@ from analysis.parallelism import (
     network_for,
     stage_parameters,
 )
-from analysis.step_time import DEFAULT_EFFICIENCY
+from analysis.predict.step_time import DEFAULT_EFFICIENCY
+from orchestrator.config.schema import ClusterConfig, GpuConfig, ModelConfig
 from orchestrator.engines.memory import GIB
 from orchestrator.models import num_parameters
-from orchestrator.schema import ClusterConfig, GpuConfig, ModelConfig
 
 A100 = GpuConfig(
     name="a100-80gb", architecture="ampere", memory_gib=80, peak_tflops_bf16=312.0, nvlink_gbytes_s=600.0,

@@ -6,12 +6,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import synthetic
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from analysis import plots, synthetic
-from analysis.records import Catalog
-from analysis.report import write_report
+from analysis.report import plots
+from analysis.report.writer import write_report
+from analysis.sweeps.records import Catalog
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 """The predictor plans the model that was asked for: every field of the composed ModelConfig reaches it.
 
 The family tests check the family modules; these check what the predictor hands them, on the path `gpudays plan`
-takes (Hydra composition of the shipped conf/, then analysis.predict), and on the path a sweep's records take
+takes (Hydra composition of the shipped conf/, then analysis.predict.predictor), and on the path a sweep's records take
 (cells.yaml read back through the records table).
 """
 
@@ -16,14 +16,14 @@ import pandas as pd
 import pytest
 import torch
 
-from analysis.columns import ARCHITECTURE_FIELDS, model_of_row
-from analysis.inputs import flat_cell, inputs_from_columns
-from analysis.predict import plan as predict_plan
-from analysis.records import load_cells
-from orchestrator import sweep
+from analysis.predict.inputs import flat_cell, inputs_from_columns
+from analysis.predict.predictor import plan as predict_plan
+from analysis.sweeps.columns import ARCHITECTURE_FIELDS, model_of_row
+from analysis.sweeps.records import load_cells
+from orchestrator.config.schema import ModelConfig, to_config
 from orchestrator.models import family_module
-from orchestrator.paths import CELL_CONFIG_NAME
-from orchestrator.schema import ModelConfig, to_config
+from orchestrator.planning import plan as sweep
+from orchestrator.store.paths import CELL_CONFIG_NAME
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -168,7 +168,7 @@ def test_records_read_back_carry_the_whole_model(tmp_path: Path) -> None:
 def test_a_family_that_reaches_less_of_the_peak_is_costed_at_its_own_stated_efficiency(
     shipped: list[dict[str, Any]],
 ) -> None:
-    from analysis.step_time import DEFAULT_EFFICIENCY, step_terms
+    from analysis.predict.step_time import DEFAULT_EFFICIENCY, step_terms
 
     rows = [flat_cell(c) for c in shipped]
     x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))

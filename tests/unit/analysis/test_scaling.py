@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import scaling, synthetic
-from analysis.records import Catalog
-from analysis.report import write_report
+from analysis.report import scaling
+from analysis.report.writer import write_report
+from analysis.sweeps.records import Catalog
 
 # pythia-160m trains 1024 sequences x 2048 tokens = 2,097,152 tokens per optimizer step.
 TOKENS_PER_STEP = 1024 * 2048

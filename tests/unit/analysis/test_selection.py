@@ -1,4 +1,4 @@
-"""Which cells an adaptive sweep measures (analysis/selection.py): the expected reduction of the grid's uncertainty
+"""Which cells an adaptive sweep measures (analysis/planners/selection.py): the expected reduction of the grid's uncertainty
 is the exact posterior arithmetic, and the choice weighs it against each cell's cost in GPU-seconds."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis.selection import (
+from analysis.planners.selection import (
     Candidates,
     ProbeSteps,
     choose_round,

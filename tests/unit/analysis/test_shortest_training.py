@@ -8,16 +8,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.parallelism import network_for
-from analysis.shortest import (
+from analysis.planners.shortest import (
     chinchilla_loss,
     critical_batch_sequences,
     critical_batch_tokens,
     shortest_training,
     useful_point,
 )
-from orchestrator.budget_cli import main
-from orchestrator.schema import GpuConfig, ModelConfig
+from analysis.predict.parallelism import network_for
+from orchestrator.cli.budget import main
+from orchestrator.config.schema import GpuConfig, ModelConfig
 
 CONF = Path(__file__).resolve().parents[3] / "conf"
 

@@ -1,4 +1,4 @@
-"""Every prediction's 90% interval (analysis/uncertainty.py): it holds held-out truths about as often as it says,
+"""Every prediction's 90% interval (analysis/predict/uncertainty.py): it holds held-out truths about as often as it says,
 narrows as records come, and is wide, and says so, where nothing was measured."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.calibration import calibrate
-from analysis.predict import flat_cell, plan, predict_cell, predict_frame
-from analysis.uncertainty import bounds, quantile
+from analysis.predict.calibration import calibrate
+from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame
+from analysis.predict.uncertainty import bounds, quantile
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("*/*.json"))
 

@@ -226,9 +226,9 @@ def test_cluster_up_with_packages_missing_exits_as_the_readme_says(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # It exited 1, which the README gives to "a cell needs a rerun": a cluster that cannot start is the scheduler's 3.
+    from orchestrator.cli.flow import Exit
     from orchestrator.cluster import cli as cluster_cli
     from orchestrator.cluster import lifecycle as cluster_lifecycle
-    from orchestrator.lifecycle import Exit
 
     assert (cluster_cli.EXIT_SCHEDULER, cluster_cli.EXIT_BAD_INPUT) == (Exit.SCHEDULER, Exit.BAD_INPUT)
     monkeypatch.setenv("GPUDAYS_CLUSTER_DIR", str(tmp_path))

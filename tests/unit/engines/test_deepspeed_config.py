@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from omegaconf import OmegaConf
 
-from orchestrator.batch import BatchPlan
+from orchestrator.config.batch import BatchPlan
+from orchestrator.config.schema import MethodConfig
 from orchestrator.engines.deepspeed.config import build_ds_config
-from orchestrator.schema import MethodConfig
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 

@@ -7,7 +7,8 @@ import dataclasses
 
 import pytest
 
-from orchestrator.batch import divisors
+from orchestrator.config.batch import divisors
+from orchestrator.config.schema import Config, MethodConfig, to_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size, fixed_bytes, model_state_bytes
 from orchestrator.engines.memory import (
     ALLOCATOR_OVERHEAD,
@@ -17,8 +18,7 @@ from orchestrator.engines.memory import (
     peak_bytes,
     sequences_that_fit,
 )
-from orchestrator.schema import Config, MethodConfig, to_config
-from orchestrator.sweep import plan
+from orchestrator.planning.plan import plan
 
 
 def cell(*overrides: str) -> Config:

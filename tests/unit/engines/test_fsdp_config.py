@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from orchestrator import cells
+from orchestrator.cells import cell as cells
+from orchestrator.config.schema import MethodConfig, to_config
 from orchestrator.engines.base import engine_module_name, engine_name
 from orchestrator.engines.fsdp.config import fsdp_options
-from orchestrator.schema import MethodConfig, to_config
-from orchestrator.sweep import SweepError, plan
+from orchestrator.planning.plan import SweepError, plan
 
 
 def method(**overrides: object) -> MethodConfig:

@@ -7,12 +7,13 @@ import dataclasses
 
 import numpy as np
 import pytest
+import synthetic
 
-from analysis import synthetic
-from analysis.inputs import inputs_from_columns
-from analysis.predict import plan, predict_cell
-from analysis.records import Catalog
-from analysis.step_time import step_terms
+from analysis.predict.inputs import inputs_from_columns
+from analysis.predict.predictor import plan, predict_cell
+from analysis.predict.step_time import step_terms
+from analysis.sweeps.records import Catalog
+from orchestrator.config.schema import MethodConfig, to_config
 from orchestrator.engines import memory as shared_memory
 from orchestrator.engines.deepspeed import memory as ds_memory
 from orchestrator.engines.fsdp.memory import (
@@ -24,7 +25,6 @@ from orchestrator.engines.fsdp.memory import (
     shard_group_size,
 )
 from orchestrator.models import num_parameters
-from orchestrator.schema import MethodConfig, to_config
 
 PSI = 1e9
 
@@ -118,7 +118,7 @@ def test_step_time_terms_follow_the_gathers_and_the_one_reduction(catalog: Catal
 
 
 def synthetic_row(cell: dict) -> dict:
-    from analysis.inputs import flat_cell
+    from analysis.predict.inputs import flat_cell
 
     return flat_cell(cell)
 

@@ -9,12 +9,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from orchestrator import cells
+from orchestrator.cells import cell as cells
+from orchestrator.config.schema import MethodConfig, to_config
 from orchestrator.engines.mesh3d.config import layout_of
 from orchestrator.engines.mesh3d.memory import memory_terms, rank_parameters
 from orchestrator.engines.mesh3d.step_time import bubble
 from orchestrator.engines.registry import method_label
-from orchestrator.schema import MethodConfig, to_config
 
 
 def method(**overrides: object) -> MethodConfig:

@@ -13,20 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from analysis.catalog import Catalog
-from analysis.inputs import flat_cell, inputs_from_columns, memory_terms
-from analysis.predict import predict_cell
-from analysis.scaling import sharding_label
-from analysis.step_time import step_terms
-from analysis.tables import engine_label, settings_label
-from orchestrator import cells, schema
-from orchestrator.domains import domain_of
+from analysis.predict.inputs import flat_cell, inputs_from_columns, memory_terms
+from analysis.predict.predictor import predict_cell
+from analysis.predict.step_time import step_terms
+from analysis.report.scaling import sharding_label
+from analysis.report.tables import engine_label, settings_label
+from analysis.sweeps.catalog import Catalog
+from orchestrator.cells import cell as cells
+from orchestrator.config import schema
+from orchestrator.config.domains import domain_of
+from orchestrator.config.refusal import Refusal
+from orchestrator.config.schema import Config, MethodConfig, to_config
 from orchestrator.engines import engine_folders, registry
 from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
 from orchestrator.engines.spec import MEMORY_HOLDERS, STEP_TIME_TERMS, EngineSpec, Links
-from orchestrator.refusal import Refusal
-from orchestrator.schema import Config, MethodConfig, to_config
-from orchestrator.sweep import plan
+from orchestrator.planning.plan import plan
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +174,7 @@ def test_every_engine_gives_every_memory_and_step_time_term(spec: EngineSpec) ->
 
 def test_the_specs_and_the_checks_import_no_numerics() -> None:
     code = (
-        "import sys, orchestrator.cells, orchestrator.engines.registry; "
+        "import sys, orchestrator.cells.cell, orchestrator.engines.registry; "
         "print(sorted(m for m in ('numpy', 'torch', 'pandas', 'deepspeed') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from orchestrator.schema import ModelConfig, to_config
-from orchestrator.sweep import plan
+from orchestrator.config.schema import ModelConfig, to_config
+from orchestrator.planning.plan import plan
 
 
 @cache

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
+from orchestrator.config.schema import MethodConfig, ModelConfig
 from orchestrator.engines.memory import activation_bytes_per_sequence
 from orchestrator.models import enable_activation_checkpointing, gpt_neox
-from orchestrator.schema import MethodConfig, ModelConfig
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

@@ -12,9 +12,9 @@ from typing import Any, cast
 import pytest
 import transformers
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.models import FAMILIES
 from orchestrator.models.building import Builder
-from orchestrator.schema import ModelConfig
 
 BUILDER_FUNCTIONS = ("architecture_errors", "build_model_config", "build_model")
 

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from orchestrator.models import FAMILIES, Family, LanguageFamily, language_families
-from orchestrator.sweep import plan
+from orchestrator.planning.plan import plan
 
 CONF_MODELS = sorted((Path(__file__).resolve().parents[3] / "conf" / "model").glob("*.yaml"))
 PROTOCOL = [name for name, _ in inspect.getmembers(Family, inspect.isfunction) if not name.startswith("_")]
@@ -42,7 +42,7 @@ def test_every_shipped_model_names_a_known_family() -> None:
 def test_a_grid_can_mix_families_and_every_cell_gets_a_prediction() -> None:
     p = plan(["model=smollm2-135m,pythia-160m,qwen3-0.6b,olmo2-1b", "gpu=h100-80gb", "num_gpus=8"], sweep_dir=None)
     assert len(p.cells) == 4
-    from orchestrator.prediction import predict
+    from orchestrator.cli.display.prediction import predict
 
     predict(p, run_anyway=True)
     for cell in p.cells:
@@ -59,14 +59,14 @@ def test_a_grid_can_mix_families_and_every_cell_gets_a_prediction() -> None:
     ],
 )
 def test_a_shape_the_module_cannot_build_is_refused_at_planning(overrides: list[str], key: str) -> None:
-    from orchestrator.sweep import SweepError
+    from orchestrator.planning.plan import SweepError
 
     with pytest.raises(SweepError, match=key):
         plan(["gpu=h100-80gb", *overrides], sweep_dir=None)
 
 
 def test_the_scaling_law_planners_refuse_other_families_by_name_and_leave_them_out_of_their_defaults() -> None:
-    from orchestrator.budget_cli import _models
+    from orchestrator.cli.budget import _models
     from orchestrator.models import SCALING_LAW_FAMILIES
 
     with pytest.raises(ValueError) as err:

@@ -13,8 +13,8 @@ import dataclasses
 
 import pytest
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.models import enable_activation_checkpointing, gpt_neox
-from orchestrator.schema import ModelConfig
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

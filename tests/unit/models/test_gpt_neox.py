@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.schema import Config, MethodConfig, to_config
+from orchestrator.job.throughput import throughput_metrics
 from orchestrator.models import (
     check_num_parameters,
     gpt_neox,
     num_parameters,
     parameter_count_error,
     peak_tflops,
-    throughput_metrics,
 )
 from orchestrator.models.gpt_neox import build_model_config, flops_per_token, reference_flops_per_step
-from orchestrator.schema import Config, MethodConfig, to_config
-from orchestrator.sweep import plan
+from orchestrator.planning.plan import plan
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("pythia-*.yaml"))  # the GPT-NeoX family
@@ -164,7 +164,7 @@ def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
 
 
 def test_a_sweep_with_a_wrong_published_count_is_refused_naming_the_key() -> None:
-    from orchestrator.sweep import SweepError
+    from orchestrator.planning.plan import SweepError
 
     with pytest.raises(SweepError, match=r"model\.num_parameters.*162322944"):
         plan(["model=pythia-160m", "model.num_parameters=5"], sweep_dir=None)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from orchestrator.config.schema import MethodConfig, ModelConfig
 from orchestrator.models import enable_activation_checkpointing, llama
-from orchestrator.schema import MethodConfig, ModelConfig
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 MODELS = [

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.models import enable_activation_checkpointing, mamba
-from orchestrator.schema import ModelConfig
 
 TINY = ModelConfig(
     name="tiny", family="mamba", num_layers=2, hidden_size=32, num_heads=1, vocab_size=256, tie_word_embeddings=True,

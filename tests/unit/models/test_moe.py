@@ -10,8 +10,8 @@ import torch
 import transformers
 from torch.utils.flop_counter import FlopCounterMode
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.models import FAMILIES, enable_activation_checkpointing, moe
-from orchestrator.schema import ModelConfig
 
 TINY = ModelConfig(
     name="tiny", family="olmoe", num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=2, vocab_size=256,
@@ -102,8 +102,8 @@ def test_on_the_cpu_a_mixture_of_experts_runs_without_onednn_whose_kernel_cache_
     """The CPU's "device memory" is the resident set's growth. A token's experts change every step, so with oneDNN
     every step JIT-compiles and caches GEMM kernels of new shapes (46 MiB over these three steps, 0.8 GiB in a
     probe): the probe turns it off for such a family, and the memory then holds still from step to step."""
-    from orchestrator.metering import MemoryMeter
-    from orchestrator.ranks import cpu_onednn
+    from orchestrator.job.metering import MemoryMeter
+    from orchestrator.job.ranks import cpu_onednn
 
     assert cpu_onednn("llama") is None and torch.backends.mkldnn.is_available() == torch.backends.mkldnn.enabled
     try:

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from orchestrator.config.schema import MethodConfig, ModelConfig
 from orchestrator.models import enable_activation_checkpointing, llama, olmo2
-from orchestrator.schema import MethodConfig, ModelConfig
 
 TINY = ModelConfig(
     name="tiny",

@@ -8,8 +8,8 @@ from collections.abc import Callable
 import pytest
 import torch
 
+from orchestrator.config.schema import MethodConfig, ModelConfig
 from orchestrator.models import enable_activation_checkpointing, llama, qwen3
-from orchestrator.schema import MethodConfig, ModelConfig
 
 MODELS = ["qwen3-0.6b", "qwen3-1.7b", "qwen3-4b"]
 

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from orchestrator.config.schema import ModelConfig
 from orchestrator.models import enable_activation_checkpointing, roberta
-from orchestrator.schema import ModelConfig
 
 TINY = ModelConfig(
     name="tiny",

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from orchestrator.config.schema import MethodConfig, ModelConfig
 from orchestrator.models import FAMILIES, convnext, enable_activation_checkpointing, tokens_per_sample, vit
-from orchestrator.schema import MethodConfig, ModelConfig
 
 VIT = ModelConfig(
     name="v", family="vit", num_layers=2, hidden_size=64, num_heads=4, vocab_size=10, intermediate_size=256,

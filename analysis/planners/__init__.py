@@ -1,0 +1,1 @@
+"""What to run: budgets, the shortest training, and which cells an adaptive sweep measures next."""

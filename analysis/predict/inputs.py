@@ -1,0 +1,319 @@
+"""The predictor's inputs: the flat columns of the cells table as arrays, with the model's figures derived.
+
+A cell's model appears as its architecture (``model_num_layers``, ``model_hidden_size``...); its parameter count,
+FLOPs per token and activation bytes come from its family module (:mod:`orchestrator.models`), evaluated once per
+distinct model or model × method in the table, so thousands of cells cost a handful of calls. A published
+``model_num_parameters`` is never used as a figure: the architecture decides.
+
+A cell's method is every field of ``MethodConfig`` (:func:`analysis.sweeps.catalog.method_kinds`), each an array typed by
+the field's kind in :attr:`Inputs.method`; each engine reads its own fields there by name, so an engine's field
+reaches its memory and step-time terms without a change here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.sweeps.catalog import method_column, method_defaults, method_kinds
+from analysis.sweeps.columns import ARCHITECTURE_FIELDS, columns_of, config_of
+from orchestrator.config.domains import problems as domain_problems
+from orchestrator.config.schema import GpuConfig, MethodConfig, ModelConfig, compile_scope_of
+from orchestrator.config.values import Row
+from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
+from orchestrator.engines.registry import by_engine
+from orchestrator.models import config_errors, family_module
+
+if TYPE_CHECKING:
+    from orchestrator.engines.spec import EngineSpec
+
+DEFAULT_FAMILY = ModelConfig.family
+
+
+def flat_cell(cell: Mapping[str, Any]) -> Row:
+    """A nested cell config (as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table."""
+    if not isinstance(cell, Mapping) or hasattr(cell, "_get_node"):
+        from omegaconf import OmegaConf  # only needed for configs straight from Hydra
+
+        cell = OmegaConf.to_container(cell, resolve=True)  # type: ignore[assignment]
+        if not isinstance(cell, Mapping):
+            raise TypeError(f"a cell config must be a mapping, got {type(cell).__name__}")
+
+    def section(key: str) -> Mapping[str, Any]:
+        value = cell.get(key)
+        return value if isinstance(value, Mapping) else {}
+
+    model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
+    row: Row = columns_of(ModelConfig, "model", model)
+    row.update(columns_of(GpuConfig, "gpu", gpu))
+    row.update({method_column(k): method.get(k) for k in method_defaults()})
+    row[method_column("compile_scope")] = compile_scope_of(method)
+    row.update(
+        model=model.get("name"),
+        gpu=gpu.get("name"),
+        num_gpus=cell.get("num_gpus"),
+        num_nodes=cell.get("num_nodes"),
+        probe_memory_limit_gib=probe.get("memory_limit_gib"),
+    )
+    return row
+
+
+@dataclass
+class Inputs:
+    """The predictor's inputs as arrays, one element per cell."""
+
+    layers: np.ndarray
+    hidden: np.ndarray
+    heads: np.ndarray
+    vocab: np.ndarray
+    seq: np.ndarray
+    batch: np.ndarray
+    params: np.ndarray
+    """Parameters, from the family's formula."""
+    flops_per_sample: np.ndarray
+    """Training FLOPs of one sample (a sequence, an image) with what activation checkpointing recomputes
+    (hardware FLOPs)."""
+    per_sequence: np.ndarray
+    """Activation bytes one sample (a sequence, an image) adds to the peak (the family's figures)."""
+    largest_weight: np.ndarray
+    tokens_per_sample: np.ndarray
+    """Tokens one sample trains on; NaN where the family's samples are not tokens (images) or unknown."""
+    throughput_unit: np.ndarray
+    """What each cell's throughput is counted in, ``tokens`` or ``images`` (its family's); None where unknown."""
+    family_efficiency: np.ndarray
+    """The share of the peak the family's step is assumed to reach before calibration (``COMPUTE_EFFICIENCY`` of
+    its module, e.g. ConvNeXt's depthwise convolutions reach less); NaN where the family says nothing (the
+    decoders' default applies). ``analysis.predict.step_time`` scales the compute term by it."""
+    known: np.ndarray
+    gpu: np.ndarray
+    accelerator: np.ndarray
+    arch: np.ndarray
+    memory_gib: np.ndarray
+    limit_gib: np.ndarray
+    reference_tflops: np.ndarray
+    """The dense peak for the cell's precision; NaN where the device has none."""
+    num_gpus: np.ndarray
+    num_nodes: np.ndarray
+    engine: np.ndarray
+    """The engine whose memory and step-time terms each cell takes (the default engine's name where none)."""
+    precision: np.ndarray
+    attention: np.ndarray
+    checkpointing: np.ndarray
+    compile: np.ndarray
+    micro_setting: np.ndarray
+    """The cell's fixed micro-batch; NaN for ``auto``."""
+    method: Mapping[str, np.ndarray]
+    """Every method field's array by the field's name, typed by its kind: numbers as floats, text as objects,
+    flags as bools, anything else as the values themselves; the field's default where a cell has none (NaN for a
+    number without one). Each engine reads its own fields here (``EngineSpec.memory_terms``)."""
+
+    @property
+    def per_gpu_batch(self) -> np.ndarray:
+        """Sequences of one micro-batch slot per optimizer step: the global batch over the ways a micro-step splits
+        it (each cell's engine's ``layout_terms``; one way per GPU for the data-parallel engines)."""
+        out: np.ndarray = np.maximum(np.floor(self.batch / layout_terms(self)["batch_split"]), 1.0)
+        return out
+
+
+
+def family_efficiency(model: ModelConfig | None) -> float:
+    """:attr:`Inputs.family_efficiency` of one model (NaN where unknown or where the family says nothing)."""
+    own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None) if model is not None else None
+    return float(own) if own else float("nan")
+
+def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
+    """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""
+
+    def num(name: str, default: float = np.nan) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default)
+        series = values if isinstance(values, pd.Series) else pd.Series(values, dtype=object)
+        out = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
+        return np.where(np.isnan(out), default, out)
+
+    def text(name: str, default: str | None) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default, dtype=object)
+        return np.array([v if isinstance(v, str) and v else default for v in values], dtype=object)
+
+    def raw(name: str) -> list[Any]:
+        values = columns.get(name)
+        return [None] * length if values is None else list(values)
+
+    def flag(name: str, default: bool) -> np.ndarray:
+        values = columns.get(name)
+        if values is None:
+            return np.full(length, default)
+        return np.array([bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in values], dtype=bool)
+
+    def value(name: str, default: Any) -> np.ndarray:
+        out = np.empty(length, dtype=object)
+        for row, v in enumerate(raw(name)):
+            out[row] = default if _missing(v) else v
+        return out
+
+    def typed(kind: str, name: str, default: Any) -> np.ndarray:
+        if kind in ("int", "float"):
+            return num(name, np.nan if default is None else float(default))
+        if kind == "str":
+            return text(name, default)
+        if kind == "bool":
+            return flag(name, bool(default))
+        return value(name, default)
+
+    defaults = method_defaults()
+    method = {key: typed(kind, method_column(key), defaults[key]) for key, kind in method_kinds().items()}
+
+    layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
+    heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")
+    # The whole architecture, one typed ModelConfig per distinct combination of its fields' columns.
+    architecture = [raw(f"model_{name}") for name in ARCHITECTURE_FIELDS]
+    models = _models(architecture, length)
+    known = np.array([m is not None for m in models], dtype=bool) & np.isfinite(batch) & (batch > 0)
+
+    precision, attention = method["precision"], method["attention"]
+    checkpointing, compiled = method["activation_checkpointing"], method["compile"]
+    tf32 = method["tf32"] & flag("gpu_supports_tf32", True)
+    peak_tf32 = num("gpu_peak_tflops_tf32")
+    fp32_peak = np.where(tf32 & (peak_tf32 > 0), peak_tf32, num("gpu_peak_tflops_fp32"))
+    reference = np.select(
+        [precision == "bf16", precision == "fp16"],
+        [num("gpu_peak_tflops_bf16"), num("gpu_peak_tflops_fp16")],
+        default=fp32_peak,
+    )
+
+    def per_model(model: ModelConfig) -> tuple[float, ...]:
+        fam = family_module(model.family)
+        tokens = fam.tokens_per_sample(model)
+        return (
+            float(fam.num_parameters(model)),
+            fam.flops_per_sample(model, False),
+            fam.flops_per_sample(model, True),
+            float(fam.largest_weight_elements(model)),
+            float(tokens) if tokens is not None else np.nan,
+        )
+
+    def per_model_method(model: ModelConfig, key: tuple[Any, ...]) -> tuple[float, ...]:
+        method = MethodConfig(
+            attention=key[0], activation_checkpointing=bool(key[1]), compile=bool(key[2]), precision=key[3]
+        )
+        return (activation_bytes_per_sequence(model, method),)
+
+    methods = [attention, checkpointing, compiled, precision]
+    params, flops, flops_recompute, largest, tokens_per_sample = _by_distinct(models, [], known, per_model, 5)
+    (per_sequence,) = _by_distinct(models, methods, known, per_model_method, 1)
+    micro_setting = num("micro_batch_size_setting")
+    return Inputs(
+        layers=layers,
+        hidden=hidden,
+        heads=heads,
+        vocab=vocab,
+        seq=seq,
+        batch=batch,
+        params=params,
+        flops_per_sample=np.where(checkpointing, flops_recompute, flops),
+        per_sequence=per_sequence,
+        largest_weight=largest,
+        tokens_per_sample=tokens_per_sample,
+        throughput_unit=np.array(
+            [family_module(m.family).THROUGHPUT_UNIT if m is not None else None for m in models], dtype=object
+        ),
+        family_efficiency=np.array([family_efficiency(m) for m in models], dtype=float),
+        known=known,
+        gpu=text("gpu", ""),
+        accelerator=text("gpu_accelerator", "cuda"),
+        arch=text("gpu_architecture", ""),
+        memory_gib=num("gpu_memory_gib"),
+        limit_gib=num("probe_memory_limit_gib"),
+        reference_tflops=np.where(reference > 0, reference, np.nan),
+        num_gpus=np.maximum(num("num_gpus", 1.0), 1.0),
+        num_nodes=np.maximum(num("num_nodes", 1.0), 1.0),
+        engine=method["engine"],
+        precision=precision,
+        attention=attention,
+        checkpointing=checkpointing,
+        compile=compiled,
+        micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
+        method=method,
+    )
+
+
+def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
+    """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
+    and what offload keeps in host memory instead: each cell by its engine's memory model (its
+    ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
+    terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
+    holders = ("params", "grads", "optimizer", "buffers")
+    per_sequence = x.per_sequence * layout_terms(x)["activation_share"]
+    out = {**{k: terms[k] for k in holders}, "per_sequence": per_sequence, "offloaded": terms["offloaded"]}
+    # On the CPU the measured peak is the process's resident growth, its runtime's own memory included.
+    out["buffers"] = out["buffers"] + np.where(x.accelerator == "cpu", CPU_RUNTIME_GIB * GIB, 0.0)
+    return out
+
+
+def layout_terms(x: Inputs) -> dict[str, np.ndarray]:
+    """Each cell's ``batch_split`` and ``activation_share`` (``EngineSpec.layout_terms``; ``num_gpus`` ways and
+    all of the activations for an engine that declares none)."""
+
+    def of(spec: EngineSpec) -> dict[str, np.ndarray]:
+        if spec.layout_terms is not None:
+            return spec.layout_terms(x)
+        return {"batch_split": x.num_gpus, "activation_share": np.ones(len(x.num_gpus))}
+
+    return by_engine(x.engine, of)
+
+
+def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | None]:
+    """Each row's ModelConfig, built once per distinct architecture; None where it is incomplete, of an unknown
+    family, or a shape its family cannot build."""
+    built: dict[tuple[Any, ...], ModelConfig | None] = {}
+    out: list[ModelConfig | None] = []
+    for values in zip(*architecture, strict=True):
+        key = tuple(None if _missing(v) else _plain(v) for v in values)
+        if key not in built:
+            built[key] = _buildable(config_of(ModelConfig, dict(zip(ARCHITECTURE_FIELDS, key, strict=True))))
+        out.append(built[key])
+    return out
+
+
+def _buildable(model: ModelConfig | None) -> ModelConfig | None:
+    """The model where it is inside its fields' domains and its family can build it (the checks planning runs)."""
+    if model is None or any(domain_problems(model)) or config_errors(model):
+        return None
+    return model
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA
+
+
+def _by_distinct(
+    models: list[ModelConfig | None],
+    keys: list[np.ndarray],
+    known: np.ndarray,
+    compute: Callable[..., tuple[float, ...]],
+    width: int,
+) -> list[np.ndarray]:
+    """``compute(model[, key])`` once per distinct model (and key), spread back to every row (NaN where unknown)."""
+    out = np.full((width, len(known)), np.nan)
+    done: dict[tuple[int, tuple[Any, ...]], tuple[float, ...]] = {}
+    for row in np.flatnonzero(known):
+        model = models[row]
+        assert model is not None
+        key = tuple(_plain(k[row]) for k in keys)
+        memo = (id(model), key)
+        if memo not in done:
+            done[memo] = compute(model, key) if keys else compute(model)
+        out[:, row] = done[memo]
+    return list(out)
+
+
+def _plain(value: Hashable) -> Any:
+    # numpy scalars from the index, as plain Python values for the dataclasses.
+    return value.item() if isinstance(value, np.generic) else value

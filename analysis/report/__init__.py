@@ -1,0 +1,1 @@
+"""Records to tables, plots and report.md."""

@@ -1,0 +1,339 @@
+"""Read sweep folders into one table: a row per cell, with its settings, status, measurements and inputs.
+
+Each cell folder holds ``cell.yaml`` (the resolved config, written before submission) and, once its job ran,
+``record.json`` (written by the job). Both are read by :mod:`orchestrator.store.record`, the one reader ``status`` and
+``resume`` use too, so a record is ``corrupt`` here exactly when it is there. Anything can be wrong: a record that
+is missing (job still queued, or lost) or corrupt, a GPU that ``conf/gpu`` no longer knows. None of that stops
+the table: the cell gets a status that says so and a line in ``problems``.
+
+The ``status`` column holds the record's status (``ok``, ``does_not_fit``, ``oom``, ``failed``, ``comm_error``,
+``compile_error``, ``timeout``, ``invalid``), ``corrupt`` for a record that cannot be used, and for a cell
+without a record its state from ``status`` when given (``pending``, ``lost``...), else ``no_record``.
+
+Rows are flattened to scalars as each record is read, and the parsed JSON is dropped at once, so memory grows
+with the table, not with the records' size. Several sweeps merge on the cell id: a cell measured more than once
+keeps its newest ``ok`` record (or, with none ok, its newest record of any kind).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import json
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.sweeps.catalog import Catalog
+from analysis.sweeps.columns import as_int, as_name, as_number
+from orchestrator.config.values import Row
+from orchestrator.store import states as vocab
+from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
+from orchestrator.store.attempts import damaged_lines
+from orchestrator.store.paths import CELL_CONFIG_NAME, RECORD_NAME, SweepPaths
+from orchestrator.store.record import (
+    METRIC_KINDS,
+    BadCellConfig,
+    BadRecord,
+    Metrics,
+    Record,
+    read_cell_config,
+    read_record,
+)
+
+__all__ = ["MEASURED_DOES_NOT_FIT", "MEASURED_FITS", "RESULT_STATUSES", "Catalog", "LoadedCells", "load_cells"]
+
+NO_RECORD = "no_record"
+UNMEASURED = "unmeasured"
+"""The status of an adaptive sweep's cell that no round chose (``adaptive-grid.jsonl``): its answer is predicted."""
+CORRUPT_RECORD = vocab.State.CORRUPT.value
+MEASURED_FITS = frozenset(s.value for s in vocab.MEASURED_FITS)
+MEASURED_DOES_NOT_FIT = frozenset(s.value for s in vocab.MEASURED_DOES_NOT_FIT)
+RESULT_STATUSES = MEASURED_FITS | MEASURED_DOES_NOT_FIT
+"""Statuses that are an answer about the cell; every other status is a problem to look at."""
+
+METRIC_KEYS: tuple[str, ...] = tuple(name for name, kind in METRIC_KINDS.items() if kind in (int, float))
+"""The metrics that are one number (every field of :class:`orchestrator.store.record.Metrics` but its lists and words),
+each a column of the table (``peak_memory_allocated_gib`` as ``peak_memory_gib``)."""
+WHOLE_METRIC_KEYS: tuple[str, ...] = tuple(name for name in METRIC_KEYS if METRIC_KINDS[name] is int)
+"""Those that count something: whole numbers in the table."""
+SKIPPED_COLUMNS = ("sweep", "cell_id", "label", "reasons")
+
+
+@dataclass
+class LoadedCells:
+    """What :func:`load_cells` found: the table, the cells refused before submission, and the problems."""
+
+    frame: pd.DataFrame
+    problems: list[str]
+    skipped: pd.DataFrame = field(default_factory=lambda: pd.DataFrame(columns=list(SKIPPED_COLUMNS)))
+
+
+WAITING_STATES = frozenset({vocab.State.NEW.value, vocab.State.UNKNOWN.value} | {s.value for s in vocab.ACTIVE})
+"""States of a cell that is simply not done yet: not a problem."""
+
+
+def read_skipped(paths: SweepPaths, problems: list[str]) -> list[dict[str, str | None]]:
+    """The cells a sweep refused before submission (``skipped.jsonl``), one dict per line that can be read."""
+    try:
+        lines = paths.skipped.read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        problems.append(f"sweep {paths.root}: cannot read {paths.skipped.name}: {exc}")
+        return []
+    out, bad = [], 0
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            bad += 1
+            continue
+        if not isinstance(entry, dict):
+            bad += 1
+            continue
+        reasons = entry.get("reasons")
+        out.append(
+            {
+                "sweep": paths.root.name,
+                "cell_id": as_name(entry.get("cell_id")),
+                "label": as_name(entry.get("label")),
+                "reasons": "; ".join(map(str, reasons)) if isinstance(reasons, list) else as_name(reasons),
+            }
+        )
+    if bad:
+        problems.append(f"sweep {paths.root}: {bad} line(s) of {paths.skipped.name} could not be read")
+    return out
+
+
+def _section(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
+    value = config.get(key)
+    return value if isinstance(value, Mapping) else {}
+
+
+def scheduler_job_id(environment: Mapping[str, Any]) -> str | None:
+    """The job's id as ``gpudays status`` and ``squeue`` show it: ``ARRAY_TASK`` (``9_0``) for an array task, else
+    the plain job id. SLURM_JOB_ID alone (``18``) names an array task by a number nobody sees elsewhere."""
+    array, task = as_name(environment.get("slurm_array_job_id")), as_name(environment.get("slurm_array_task_id"))
+    if array and task:
+        return f"{array}_{task}"
+    return as_name(environment.get("job_id")) or as_name(environment.get("slurm_job_id"))
+
+
+def flatten_cell(
+    cell_id: str,
+    sweep: str,
+    config: Mapping[str, Any],
+    record: Record | None,
+    catalog: Catalog,
+    problems: list[str],
+) -> dict[str, object]:
+    """One table row from a cell's config and (optional) record; appends what was wrong to ``problems``."""
+    settings: Mapping[str, Any] = record.settings if record else {}
+    model, gpu, method, probe = (_section(config, key) for key in ("model", "gpu", "method", "probe"))
+
+    model_name = as_name(model.get("name")) or as_name(settings.get("model"))
+    gpu_name = as_name(gpu.get("name")) or as_name(settings.get("gpu"))
+    where = f"cell {cell_id} (sweep {sweep})"
+
+    model_columns, model_problem = catalog.model_columns(model_name, model)
+    if model_problem:
+        problems.append(f"{where}: {model_problem}")
+    gpu_columns, gpu_problem = catalog.gpu_columns(gpu_name, gpu)
+    if gpu_problem:
+        problems.append(f"{where}: {gpu_problem}")
+
+    row: dict[str, object] = {"sweep": sweep, "cell_id": cell_id, "model": model_name, "gpu": gpu_name}
+    row["num_gpus"] = as_int(config.get("num_gpus", settings.get("num_gpus")))
+    row["num_nodes"] = as_int(config.get("num_nodes", settings.get("num_nodes"))) or 1
+    row.update(catalog.method_columns(method, settings))
+
+    metrics = Metrics()
+    environment: Mapping[str, Any] = {}
+    if record is not None:
+        row["status"] = record.status.value
+        row["reason"] = as_name(record.reason)
+        row["attempt"] = record.attempt
+        metrics = record.metrics
+        environment = record.environment
+        if row["status"] == "ok" and as_number(metrics.step_time_s) is None:
+            problems.append(f"{where}: status ok but no step_time_s in its metrics; estimates left empty")
+    for key in METRIC_KEYS:
+        value = as_number(getattr(metrics, key))
+        out_key = "peak_memory_gib" if key == "peak_memory_allocated_gib" else key
+        row[out_key] = value
+    for key in WHOLE_METRIC_KEYS:
+        row[key] = as_int(row[key])
+
+    hostnames = environment.get("hostnames")
+    row["hostnames"] = " ".join(map(str, hostnames)) if isinstance(hostnames, list) else as_name(hostnames)
+    row["device_name"] = as_name(environment.get("device_name"))
+    row["torch_version"] = as_name(environment.get("torch"))
+    row["deepspeed_version"] = as_name(environment.get("deepspeed"))
+    row["slurm_job_id"] = scheduler_job_id(environment)
+    shared = environment.get("shared_node")
+    row["shared_node"] = shared if isinstance(shared, bool) else None
+    if shared is True:
+        others = [*(environment.get("node_jobs_at_start") or []), *(environment.get("node_jobs_at_end") or [])]
+        problems.append(
+            f"{where}: measured on a node shared with other jobs ({', '.join(dict.fromkeys(map(str, others)))}); "
+            "its timing may be theirs too (cluster.exclusive)"
+        )
+    row["started_at"] = as_name(record.started_at) if record else None
+    row["finished_at"] = as_name(record.finished_at) if record else None
+
+    row.update(model_columns)
+    row.update(gpu_columns)
+    row["probe_memory_limit_gib"] = as_number(probe.get("memory_limit_gib"))
+    return row
+
+
+def _cell_config(cell_dir: str, record: Record | None, problems: list[str], where: str) -> Mapping[str, Any]:
+    if record is not None and record.config:
+        return record.config
+    try:
+        return read_cell_config(Path(cell_dir, CELL_CONFIG_NAME))
+    except BadCellConfig as e:
+        problems.append(f"{where}: {e}; its settings are taken from the record, if any")
+        return {}
+
+
+def _cell_dirs(cells_dir: Path) -> list[tuple[str, str]]:
+    """(cell id, folder) of every real folder under ``cells/`` (a link is never followed into another cell), sorted;
+    plain strings, as pathlib costs add up."""
+    try:
+        entries = [(e.name, e.path) for e in os.scandir(cells_dir) if e.is_dir(follow_symlinks=False)]
+    except FileNotFoundError:
+        return []
+    return sorted(entries)
+
+
+def _rank(row: Mapping[str, Any], has_record: bool, order: int) -> tuple[int, int, str, int]:
+    """Which of two rows for the same cell wins: ok over not ok, a record over none, then the newest."""
+    return (int(row.get("status") == "ok"), int(has_record), str(row.get("finished_at") or ""), order)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc() -> Iterator[None]:
+    """Pause the cyclic garbage collector: parsing thousands of records makes millions of short-lived objects
+    without a single reference cycle, and the collector's passes over them cost a tenth of the load time."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def load_cells(
+    sweep_dirs: Iterable[Path],
+    states: Mapping[str, str] | None = None,
+    catalog: Catalog | None = None,
+) -> LoadedCells:
+    """Read every cell of every sweep folder into one table (see the module docstring).
+
+    ``states`` maps a cell id to a scheduler state (``PENDING``, ``RUNNING``...) used as the status of a cell
+    that has no record yet; without one such a cell's status is ``no_record``.
+    """
+    with _no_cyclic_gc():
+        return _load_cells(sweep_dirs, states, catalog)
+
+
+def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, catalog: Catalog | None) -> LoadedCells:
+    catalog = catalog if catalog is not None else Catalog.load()
+    problems: list[str] = []
+    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]] = {}
+    seen: set[Path] = set()
+    skipped: list[dict[str, str | None]] = []
+    for order, sweep_dir in enumerate(sweep_dirs):
+        paths = SweepPaths(Path(sweep_dir))
+        if paths.root in seen:
+            continue
+        seen.add(paths.root)
+        sweep = paths.root.name
+        if not paths.root.is_dir():
+            problems.append(f"sweep {paths.root}: folder does not exist")
+            continue
+        refused = read_skipped(paths, problems)
+        skipped.extend(refused)
+        cell_dirs = _cell_dirs(paths.cells_dir)
+        problems.extend(f"sweep {paths.root}: {line}" for line in [*paths.damaged_cells(), *damaged_lines(paths)])
+        found = 0
+        for cell_id, cell_dir in cell_dirs:
+            where = f"cell {cell_id} (sweep {sweep})"
+            cell_problems: list[str] = []
+            read = read_record(Path(cell_dir, RECORD_NAME), cell_id)
+            if read is None and not os.path.isfile(os.path.join(cell_dir, CELL_CONFIG_NAME)):
+                continue  # not a cell (SweepPaths.cell_ids has the same rule)
+            record = read if isinstance(read, Record) else None
+            record_error = read.reason if isinstance(read, BadRecord) else None
+            found += 1
+            config = _cell_config(cell_dir, record, cell_problems, where)
+            row = flatten_cell(cell_id, sweep, config, record, catalog, cell_problems)
+            if record is None:
+                if record_error:
+                    row["status"], row["reason"] = CORRUPT_RECORD, record_error
+                    cell_problems.append(f"{where}: cells/{cell_id}/{RECORD_NAME}: {record_error}")
+                else:
+                    state = (states or {}).get(cell_id)
+                    row["status"], row["reason"] = (state or NO_RECORD), None
+                    if str(state).lower() not in WAITING_STATES:
+                        cell_problems.append(f"{where}: no record" + (f" (state {state})" if state else " yet"))
+            if row["status"] not in RESULT_STATUSES and record is not None and not record_error:
+                reason = f": {row['reason']}" if row.get("reason") else ""
+                cell_problems.append(f"{where}: status {row['status']}{reason}")
+            rank = _rank(row, record is not None, order)
+            previous = best.get(cell_id)
+            if previous is None or rank > previous[0]:
+                best[cell_id] = (rank, row, cell_problems)
+        found += _unmeasured_cells(paths, {cid for cid, _ in cell_dirs}, catalog, order, best, problems)
+        if not found and not refused:
+            problems.append(f"sweep {paths.root}: no cells in it (expected cells/<cell_id>/cell.yaml)")
+    rows = []
+    for _, row, cell_problems in best.values():
+        problems.extend(cell_problems)
+        rows.append(row)
+    frame = pd.DataFrame(rows)
+    refused = pd.DataFrame(skipped, columns=list(SKIPPED_COLUMNS)).drop_duplicates(["cell_id"], keep="last")
+    return LoadedCells(frame=frame, problems=problems, skipped=refused.reset_index(drop=True))
+
+
+def _unmeasured_cells(
+    paths: SweepPaths,
+    written: set[str],
+    catalog: Catalog,
+    order: int,
+    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]],
+    problems: list[str],
+) -> int:
+    """Rows of an adaptive sweep's cells that no round chose (status :data:`UNMEASURED`, no problem: predicted
+    by design); how many."""
+    try:
+        grid = read_grid(paths.adaptive_grid)
+    except BadAdaptiveState as e:
+        problems.append(f"sweep {paths.root}: {e}; its unmeasured cells are left out")
+        return 0
+    count = 0
+    for cell_id, config in grid:
+        if cell_id in written or cell_id in best:
+            continue
+        row = flatten_cell(cell_id, paths.root.name, config, None, catalog, problems)
+        row["status"], row["reason"] = UNMEASURED, None
+        best[cell_id] = (_rank(row, False, order), row, [])
+        count += 1
+    return count
+
+
+def rows_of(frame: pd.DataFrame, columns: Iterable[str]) -> list[Row]:
+    """The rows of ``frame`` as plain dicts of the given columns (those it has); missing values stay NaN or NA.
+
+    Much faster than ``DataFrame.to_dict("records")`` on wide frames, which boxes every value of every column.
+    """
+    names = [c for c in dict.fromkeys(columns) if c in frame.columns]
+    values = [frame[c].tolist() for c in names]
+    return [dict(zip(names, row, strict=True)) for row in zip(*values, strict=True)] if names else [{}] * len(frame)

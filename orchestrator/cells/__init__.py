@@ -1,0 +1,1 @@
+"""What a cell is (its identity, label and settings) and whether it can run."""

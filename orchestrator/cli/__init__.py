@@ -1,0 +1,1 @@
+"""``gpudays``: parsing, command flow, errors and exit codes."""

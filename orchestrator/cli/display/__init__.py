@@ -1,0 +1,1 @@
+"""Every table and line ``gpudays`` prints on the terminal."""

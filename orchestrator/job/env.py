@@ -1,0 +1,77 @@
+"""Where a job runs, as the scheduler tells it: rank 0's address and port, the scheduler's ids for the record,
+this node's name, the environment torch.distributed reads, and the node's other jobs (whether the probe was
+timed on a node it shared)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+from orchestrator.slurm import commands as slurm
+
+PORT_BASE, PORT_SPAN = 20_000, 12_000
+"""Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
+which the kernel hands to any process's outgoing connection or port-0 bind (as the probe's own collectives do), so
+that another job's connection cannot hold the port when rank 0 binds it (EADDRINUSE, seen at port 35970)."""
+
+MAX_NODE_JOBS = 20
+"""At most this many of a node's other jobs are listed in a record."""
+
+
+def say(message: str) -> None:
+    """A line in the job's stderr log (signal handlers included: no logging locks)."""
+    print(f"gpudays: {message}", file=sys.stderr, flush=True)
+
+
+def rendezvous(job_id: str, hostnames: list[str]) -> tuple[str, int]:
+    """Address and port of rank 0, from the scheduler's environment."""
+    address = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or (hostnames[0] if hostnames else "127.0.0.1")
+    digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
+    return address, PORT_BASE + int(digits) % PORT_SPAN
+
+
+def scheduler_ids() -> dict[str, str | None]:
+    keys = {
+        "slurm_job_id": "SLURM_JOB_ID",
+        "slurm_array_job_id": "SLURM_ARRAY_JOB_ID",
+        "slurm_array_task_id": "SLURM_ARRAY_TASK_ID",
+        "slurm_job_partition": "SLURM_JOB_PARTITION",
+        "slurm_job_nodelist": "SLURM_JOB_NODELIST",
+        "slurm_restart_count": "SLURM_RESTART_COUNT",
+    }
+    return {name: os.environ.get(var) for name, var in keys.items()}
+
+
+def node_name() -> str:
+    """The scheduler's name for this node (several SLURM nodes may share one host name)."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def set_distributed_env(
+    rank: int, world_size: int, local_rank: int, local_world_size: int, addr: str, port: int
+) -> None:
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(local_world_size),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+        }
+    )
+
+
+def node_jobs() -> list[str] | None:
+    """The other jobs running on this job's nodes (``12_3 alice``), at most ``MAX_NODE_JOBS``; None where SLURM
+    cannot say (not a SLURM job, or squeue failed: a probe is never failed for it)."""
+    nodes, own = os.environ.get("SLURM_JOB_NODELIST"), os.environ.get("SLURM_JOB_ID")
+    if not nodes or not own:
+        return None
+    try:
+        jobs = slurm.jobs_on_nodes(nodes)
+    except slurm.SlurmUnavailable as e:
+        say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
+        return None
+    return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]

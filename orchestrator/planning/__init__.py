@@ -1,0 +1,1 @@
+"""Hydra overrides to a checked ``Plan``: the only user of Hydra."""

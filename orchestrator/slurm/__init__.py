@@ -1,0 +1,1 @@
+"""Everything said to or read from SLURM: commands, the site's limits, errors, options and sbatch templates."""

@@ -1,0 +1,96 @@
+"""What the cluster has and would accept, asked of SLURM before anything is submitted: MaxArraySize, partitions
+and their nodes, accounting's QOS and association limits, the user's queued jobs, and ``sbatch --test-only``.
+
+The jobs themselves (sacct, squeue, scontrol on one job) are :mod:`orchestrator.slurm.commands`'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from orchestrator.slurm import commands as slurm
+from orchestrator.slurm.errors import controller_down, explain_failure
+
+
+def max_array_size(timeout_s: float = 30) -> int | None:
+    """The cluster's MaxArraySize from ``scontrol show config``, or None if it cannot be read."""
+    try:
+        out = slurm.run(["scontrol", "show", "config"], timeout_s=timeout_s).stdout
+    except slurm.SlurmUnavailable:
+        return None
+    m = re.search(r"^MaxArraySize\s*=\s*(\d+)", out, re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def partitions() -> list[str]:
+    """The partition names ``sinfo`` lists; raises SlurmUnavailable when it fails."""
+    return sorted(set(slurm.checked(["sinfo", "-h", "-o", "%R"]).split()))
+
+
+@dataclass(frozen=True)
+class Partition:
+    """One line of ``sinfo -e``: a partition and the nodes of one kind in it."""
+
+    name: str
+    nodes: str
+    cpus: str
+    memory_mb: str
+    gres: str
+    features: str
+    time_limit: str
+
+    def describe(self) -> str:
+        return (
+            f"partition {self.name}: {self.nodes} node(s) of {self.cpus} CPUs, {self.memory_mb} MB, gres {self.gres}, "
+            f"features {self.features}, time limit {self.time_limit}"
+        )
+
+
+def parse_sinfo(text: str) -> list[Partition]:
+    """``sinfo -h -e -o '%R|%D|%c|%m|%G|%f|%l'`` -> one Partition a line."""
+    return [Partition(*(line.split("|") + [""] * 7)[:7]) for line in text.splitlines() if line.strip()]
+
+
+def partition_summary() -> list[Partition]:
+    """Partitions with their nodes, CPUs, memory, GPUs, features and time limit."""
+    return parse_sinfo(slurm.run(["sinfo", "-h", "-e", "-o", "%R|%D|%c|%m|%G|%f|%l"]).stdout)
+
+
+def sacctmgr_rows(args: Sequence[str]) -> list[list[str]] | None:
+    """The rows of a ``sacctmgr -n -P`` listing, split at ``|``; None where accounting cannot be asked."""
+    try:
+        result = slurm.run(["sacctmgr", "-n", "-P", *args], timeout_s=30)
+    except slurm.SlurmUnavailable:
+        return None
+    if result.returncode != 0:
+        return None
+    return [line.split("|") for line in result.stdout.splitlines() if line.strip()]
+
+
+def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
+    """First column of a ``sacctmgr -n -P`` listing; None where accounting cannot be asked."""
+    rows = sacctmgr_rows(args)
+    return None if rows is None else sorted({row[0] for row in rows})
+
+
+def user_jobs_by_qos(user: str) -> dict[str, int]:
+    """How many jobs ``user`` has in the queue (pending, running, completing), by QOS, each array task counted
+    (``squeue -r``) as MaxSubmitJobsPerUser counts them; raises SlurmUnavailable when squeue fails."""
+    out = slurm.checked(["squeue", "-h", "-r", "-u", user, "-o", "%q"])
+    counts: dict[str, int] = {}
+    for qos in out.split():
+        counts[qos] = counts.get(qos, 0) + 1
+    return counts
+
+
+def sbatch_test_only(script: str) -> str | None:
+    """``sbatch --test-only`` of a job script: None if SLURM would accept it, else what it said."""
+    result = slurm.run(["sbatch", "--test-only"], stdin=script)
+    if result.returncode == 0:
+        return None
+    said = explain_failure("sbatch", result.returncode, result.stderr)
+    if controller_down(said):
+        raise slurm.SlurmUnavailable(said)  # not the cells' fault: the scheduler could not be asked
+    return " ".join(line.strip() for line in result.stderr.splitlines() if line.strip()) or f"exit {result.returncode}"
