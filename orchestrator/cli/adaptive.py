@@ -24,19 +24,18 @@ from analysis.planners.selection import ProbeSteps
 from analysis.predict.inputs import flat_cell
 from analysis.sweeps.records import UNMEASURED, load_cells
 from orchestrator.cli import flow as lifecycle
+from orchestrator.cli import folder
 from orchestrator.cli.display import console
-from orchestrator.cli.flow import Exit, LifecycleError
+from orchestrator.cli.errors import CommandError, Exit
 from orchestrator.config.schema import to_config
 from orchestrator.store.adaptive_state import (
     MAX_ATTEMPTS,
     AdaptiveState,
-    BadAdaptiveState,
     Round,
     Stopped,
     is_adaptive,
     now,
     read_grid,
-    read_state,
     write_grid,
     write_state,
 )
@@ -50,13 +49,13 @@ def goal_from_flags(
     target_pct: float | None, budget_gpu_hours: float | None, round_cells: int | None, size: int
 ) -> Goal:
     """The goal of ``--target-pct``, ``--budget-gpu-hours`` and ``--round-cells`` (default: 1% of the grid, at
-    least 2 cells); LifecycleError naming the flag and what it accepts."""
+    least 2 cells); CommandError naming the flag and what it accepts."""
     if target_pct is not None and not (math.isfinite(target_pct) and target_pct > 0):
-        raise LifecycleError(f"--target-pct {target_pct}: give the interval's half-width in %, above 0 (e.g. 10)")
+        raise CommandError(f"--target-pct {target_pct}: give the interval's half-width in %, above 0 (e.g. 10)")
     if budget_gpu_hours is not None and not (budget_gpu_hours > 0):
-        raise LifecycleError(f"--budget-gpu-hours {budget_gpu_hours}: give GPU-hours above 0 (e.g. 5)")
+        raise CommandError(f"--budget-gpu-hours {budget_gpu_hours}: give GPU-hours above 0 (e.g. 5)")
     if round_cells is not None and round_cells < 1:
-        raise LifecycleError(f"--round-cells {round_cells}: give the cells measured per round, 1 or more")
+        raise CommandError(f"--round-cells {round_cells}: give the cells measured per round, 1 or more")
     return Goal(
         target_pct=10.0 if target_pct is None else target_pct,
         budget_gpu_hours=math.inf if budget_gpu_hours is None else budget_gpu_hours,
@@ -71,9 +70,9 @@ def start(plan: Any, goal: Goal, wait: bool, report: bool, interval_s: float = 5
     paths.root.mkdir(parents=True, exist_ok=True)
     with intents.sweep_lock(paths):
         if is_adaptive(paths) or paths.cell_ids():
-            raise LifecycleError(
+            raise CommandError(
                 f"{paths.root} holds a sweep already; an adaptive sweep starts in a folder of its own "
-                f"(`--dir NEW`), and `{lifecycle.shell_hint('gpudays', 'resume', paths.root)}` goes on with one"
+                f"(`--dir NEW`), and `{folder.shell_hint('gpudays', 'resume', paths.root)}` goes on with one"
             )
         append_jsonl(
             paths.sweep_log,
@@ -88,7 +87,7 @@ def start(plan: Any, goal: Goal, wait: bool, report: bool, interval_s: float = 5
         write_state(paths, AdaptiveState(goal.target_pct, goal.budget_gpu_hours, goal.round_cells))
     console.out(
         f"adaptive sweep of {len(plan.cells)} cell(s): rounds of up to {goal.round_cells}, until every unmeasured "
-        f"cell's 90% interval is within ±{goal.target_pct:g}% or {_budget(goal.budget_gpu_hours)} is spent"
+        f"cell's 90% interval is within ±{goal.target_pct:g}% or {folder.budget_text(goal.budget_gpu_hours)} is spent"
     )
     return advance(paths, wait, report, interval_s)
 
@@ -106,17 +105,17 @@ def advance(
     first = True
     while True:
         with intents.sweep_lock(paths):
-            state = _state(paths)
+            state = folder.adaptive_state(paths)
             if state.stopped is not None:
                 if first:  # stopped before this command: nothing new to report
-                    console.out(describe(paths) or "")
+                    console.out(folder.describe(paths) or "")
                     return lifecycle.finish(paths, report=False)
                 break
             first = False
             try:
                 states = status.cell_states(paths, holding_lock=True)
             except status.SchedulerUnavailable as e:
-                raise LifecycleError(f"cannot tell whether the round has ended: {e}", Exit.SCHEDULER) from e
+                raise CommandError(f"cannot tell whether the round has ended: {e}", Exit.SCHEDULER) from e
             waves: quota.Waves | None = None
             if any(is_active(s.state) for s in states):
                 console.out(f"round {len(state.rounds)}: {_counts(states)}; still running")
@@ -130,11 +129,11 @@ def advance(
         if waves is not None and not waves.to_slurm:
             continue  # the round ran here
         if wait:
-            lifecycle.wait_for(paths, interval_s, waves)  # cells a job limit held back go out as others end
+            folder.wait_for(paths, interval_s, waves)  # cells a job limit held back go out as others end
             continue
         console.out(
-            f"follow it with: {lifecycle.shell_hint('gpudays', 'status', paths.root)}; once the round has ended, "
-            f"{lifecycle.shell_hint('gpudays', 'resume', paths.root)} starts the next (or `resume --wait`: all)"
+            f"follow it with: {folder.shell_hint('gpudays', 'status', paths.root)}; once the round has ended, "
+            f"{folder.shell_hint('gpudays', 'resume', paths.root)} starts the next (or `resume --wait`: all)"
         )
         return Exit.OK
     return lifecycle.finish(paths, report)
@@ -207,43 +206,8 @@ def _standing(decision: Decision, size: int) -> str:
     )
 
 
-def _budget(hours: float) -> str:
-    return "no budget limit" if math.isinf(hours) else f"{hours:g} GPU-hours"
-
-
 def _counts(states: Sequence[status.CellState]) -> str:
     return str(console.summary_line(list(states), markup=False))
 
 
-def _state(paths: SweepPaths) -> AdaptiveState:
-    try:
-        return read_state(paths)
-    except BadAdaptiveState as e:
-        raise LifecycleError(str(e)) from e
-
-
-def describe(paths: SweepPaths) -> str | None:
-    """``status``'s line about an adaptive sweep (None for any other sweep)."""
-    if not is_adaptive(paths):
-        return None
-    state = _state(paths)
-    grid = len(read_grid(paths.adaptive_grid))
-    head = f"adaptive sweep: {grid} cells, {len(state.chosen())} chosen in {len(state.rounds)} round(s)"
-    goal = f"target ±{state.target_pct:g}%, {_budget(state.budget_gpu_hours)}"
-    if state.stopped is not None:
-        s = state.stopped
-        widest = "unknown" if math.isinf(s.widest_pct) else f"±{s.widest_pct:.1f}%"
-        return (f"{head}; stopped ({STOP_REASONS.get(s.reason, s.reason)}): {s.measured} measured, "
-                f"{s.spent_gpu_hours:.3g} GPU-hours, widest unmeasured interval {widest} ({goal})")  # fmt: skip
-    return (
-        f"{head}; round {len(state.rounds)} is the latest ({goal}); once it has ended, "
-        f"`{lifecycle.shell_hint('gpudays', 'resume', paths.root)}` decides the next"
-    )
-
-
-def rounds_to_go(paths: SweepPaths) -> bool:
-    """True for an adaptive sweep that has not stopped (``status --check`` then says it is not done)."""
-    return is_adaptive(paths) and _state(paths).stopped is None
-
-
-__all__ = ["advance", "describe", "goal_from_flags", "is_adaptive", "rounds_to_go", "start"]
+__all__ = ["advance", "goal_from_flags", "is_adaptive", "start"]

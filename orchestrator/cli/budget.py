@@ -1,8 +1,8 @@
 """``gpudays budget`` (what a budget buys) and ``gpudays shortest`` (the shortest possible training).
 
 Both read ``conf/model``, ``conf/gpu`` and ``conf/cluster``; ``budget --from SWEEP_DIR`` adds measured throughput
-from a sweep's records. Each writes a CSV (every column) and prints a table (the main columns). Run without the
-main CLI as ``python -m orchestrator.cli.budget budget ...`` or ``python -m orchestrator.cli.budget shortest ...``.
+from a sweep's records. Each writes a CSV (every column) and prints a table (the main columns); their arguments are
+``orchestrator.cli.parser``'s.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from orchestrator.cli.display.views import MODEL_COLUMNS, OPTIMAL_COLUMNS, SHORTEST_COLUMNS
 from orchestrator.store.durable import write_text_atomic
 
-# The analysis (numpy, pandas, rich) is imported when a command runs, not when the main CLI builds its parser:
-# every other gpudays command would pay for it.
+# The analysis (numpy, pandas, rich) is imported when a command runs: ``gpudays`` loads this module only then.
 if TYPE_CHECKING:
     import pandas as pd
     from _typeshed import DataclassInstance
@@ -30,8 +29,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T", bound="DataclassInstance")
 
-HELP_DEFAULTS = {"efficiency": 0.54, "max_days": 90.0, "overrun_pct": 25.0, "max_gpus": 1 << 20}
-"""The defaults the help text quotes; the values used come from analysis (a test keeps the two equal)."""
 
 SMALLEST_DEFAULT_MODEL = 10_000_000
 """Models under this many parameters (the CPU demo model) are left out unless named."""
@@ -363,82 +360,3 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"gpudays {args.budget_command}: error: {exc}", file=sys.stderr)
         return 2
-
-
-def _common(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", help="GPU types on offer, comma-separated (conf/gpu; default: every GPU with a peak)")
-    p.add_argument("--model", help="models from conf/model, comma-separated")
-    p.add_argument("--size", help="models described by size, comma-separated (70B, 350M, 1.3e9)")
-    p.add_argument("--cluster", help="conf/cluster file for GPUs per node and the inter-node network "
-                   "(default: 8 GPUs a node, 8 x 200 Gb/s InfiniBand)")  # fmt: skip
-    p.add_argument(
-        "--efficiency",
-        type=float,
-        help="achieved share of the bf16 peak in the matrix products (default: the median HFU of --from records "
-        f"for that GPU type, else {HELP_DEFAULTS['efficiency']:g})",
-    )
-    p.add_argument(
-        "--from",
-        dest="sweeps",
-        action="append",
-        metavar="SWEEP_DIR",
-        help="this sweep's records: measured throughput where it measured the model on the GPU (budget), and "
-        "the efficiency of each GPU type, the mesh3d layout model's calibration where it measured 3D layouts",
-    )
-    p.add_argument("--out", help="folder for the CSV files (default: print only)")
-    p.add_argument("--width", type=int, help="fit the table to this many columns (default: the terminal's; piped: "
-                   "all of it)")  # fmt: skip
-    p.add_argument("--format", choices=("table", "csv", "json"), default="table",
-                   help="table: fitted to the terminal; csv or json: every column of every table, on stdout alone")  # fmt: skip
-
-
-def add_parser(subparsers: Any) -> None:
-    """Add the ``budget`` and ``shortest`` commands to an argparse subparsers object."""
-    bp = subparsers.add_parser("budget", help="what a budget (GPU-hours, dollars, GPUs x days) trains, and the "
-                               "compute-optimal model for it")  # fmt: skip
-    amount = bp.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--gpu-hours", type=float, help="a budget of GPU-hours")
-    amount.add_argument("--usd", type=float, help="a budget in dollars (see --pricing)")
-    amount.add_argument("--gpus", type=int, help="a budget of GPUs (with --days)")
-    bp.add_argument(
-        "--pricing",
-        choices=("cloud", "purchase"),
-        default="cloud",
-        help="dollars buy cloud GPU-hours (conf/gpu cloud_usd_per_gpu_hour) or GPUs with their servers",
-    )
-    bp.add_argument("--days", type=float, help="days the GPUs are used (with --gpus or --pricing purchase)")
-    bp.add_argument(
-        "--max-days",
-        type=float,
-        help="spread the budget over enough GPUs to end within this many days; (b)'s cheapest "
-        f"configuration ends within it (default {HELP_DEFAULTS['max_days']:g})",
-    )
-    bp.add_argument(
-        "--overrun-pct",
-        type=float,
-        help=f"(b) the fastest configuration may spend this much more (default {HELP_DEFAULTS['overrun_pct']:g})",
-    )
-    _common(bp)
-    bp.set_defaults(func=run, budget_command="budget")
-
-    sp = subparsers.add_parser("shortest", help="the critical batch and the shortest possible training of a model")
-    sp.add_argument(
-        "--tokens",
-        help="tokens to train: 20x (per parameter), 300B; default: a conf/model's own run, 20x for --size models",
-    )
-    sp.add_argument("--loss", type=float, help="loss (nats a token) for the critical batch (default: Hoffmann fit)")
-    sp.add_argument("--global-batch", type=int, help="global batch in sequences, instead of the critical batch")
-    sp.add_argument("--max-gpus", type=int, help=f"most GPUs considered (default {HELP_DEFAULTS['max_gpus']})")
-    _common(sp)
-    sp.set_defaults(func=run, budget_command="shortest")
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpudays", description=__doc__)
-    add_parser(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

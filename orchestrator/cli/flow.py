@@ -2,92 +2,31 @@
 
 ``start`` (for ``gpudays sweep``) and ``resume`` each choose the cells to submit under the sweep folder's lock,
 then share the rest: the pre-submission checks, submission to SLURM or a run on this machine, and, with waiting,
-the wait and the report. Each returns an ``Exit`` code; bad input raises ``LifecycleError`` with its code, so that
+the wait and the report. Each returns an ``Exit`` code; bad input raises ``CommandError`` with its code, so that
 the command line has only to print it.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import shlex
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from orchestrator.cells import cell as cells
 from orchestrator.cli.display import console
+from orchestrator.cli.errors import CommandError, Exit
+from orchestrator.cli.folder import say_damaged, shell_hint, states_or_records, wait_for
 from orchestrator.config.schema import Config
-from orchestrator.store.attempts import damaged_lines, read_attempts
+from orchestrator.store.attempts import read_attempts
 from orchestrator.store.durable import WriteFailed, append_jsonl
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import BadCellConfig, Record, read_cell_config, read_record
 from orchestrator.store.states import UNFIXABLE, parse_state, rerun_selectable
 from orchestrator.submission import admission, intents, launch, local, quota, status
-
-
-class Exit(IntEnum):
-    """Exit codes of ``gpudays``; ``EXIT_MEANING`` says what each means (``gpudays --help`` lists them)."""
-
-    OK = 0
-    CELLS_FAILED = 1
-    BAD_INPUT = 2
-    SCHEDULER = 3
-    ACTIVE = 4
-    WRITE_FAILED = 5
-    INTERNAL = 70
-    INTERRUPTED = 130
-
-
-EXIT_MEANING = {
-    Exit.OK: "done: every cell that ended has an answer (ok, does_not_fit), or the jobs were submitted",
-    Exit.CELLS_FAILED: "some cell failed, timed out, was lost...: it needs a rerun (gpudays resume)",
-    Exit.BAD_INPUT: "bad input (config, override, flag, folder): nothing was submitted",
-    Exit.SCHEDULER: "the scheduler refused the submission or could not be asked",
-    Exit.ACTIVE: "status --check: no cell needs a rerun, but some are still pending or running",
-    Exit.WRITE_FAILED: "a file could not be written (disk full, quota, read-only): the message names it; "
-    "the old file is kept",
-    Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
-    Exit.INTERRUPTED: "stopped with Ctrl-C",
-}
-
-
-class LifecycleError(Exception):
-    """A command cannot go on; the message says why and what to do, ``code`` is its exit code."""
-
-    def __init__(self, message: str, code: Exit = Exit.BAD_INPUT) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def shell_hint(*words: str | Path) -> str:
-    """A command a user can paste: every word shell-quoted (a folder may hold spaces or ``$``)."""
-    return shlex.join(str(w) for w in words)
-
-
-SWEEP_FOLDER_HOLDS = (
-    "a sweep folder is written by `gpudays sweep` and holds sweep.json, cells/<cell_id>/cell.yaml for each cell "
-    "and, once they ran, cells/<cell_id>/record.json"
-)
-
-
-def sweep_folder(arg: str | Path) -> SweepPaths:
-    """The sweep folder named on the command line; LifecycleError when it is not one (nothing is created)."""
-    paths = SweepPaths(Path(arg))
-    if not paths.root.exists():
-        raise LifecycleError(f"{paths.root} does not exist; {SWEEP_FOLDER_HOLDS}")
-    if not paths.root.is_dir():
-        raise LifecycleError(f"{paths.root} is a file, not a sweep folder; {SWEEP_FOLDER_HOLDS}")
-    if not paths.cell_ids():
-        hint = paths.sweeps_inside_hint()
-        raise LifecycleError(
-            f"{paths.root} is not a sweep folder, or not yet one (no cells in it){hint}; {SWEEP_FOLDER_HOLDS}"
-        )
-    return paths
 
 
 def check(configs: Mapping[str, Config]) -> None:
@@ -101,9 +40,9 @@ def check(configs: Mapping[str, Config]) -> None:
         local.check_local_gpus(here)
         admission.check_slurm(slurm)
     except launch.SchedulerUnreachable as e:
-        raise LifecycleError(f"the scheduler could not be asked; nothing was submitted: {e}", Exit.SCHEDULER) from e
+        raise CommandError(f"the scheduler could not be asked; nothing was submitted: {e}", Exit.SCHEDULER) from e
     except launch.SubmissionRefused as e:
-        raise LifecycleError(str(e)) from e
+        raise CommandError(str(e)) from e
 
 
 def _say_waiting(paths: SweepPaths, holder: str) -> None:
@@ -134,7 +73,7 @@ def submit_cells(
             said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")
-            raise LifecycleError(
+            raise CommandError(
                 f"sbatch failed: {str(said).strip()[:500]}\nCells submitted before the failure are recorded; those "
                 "of the array that failed are `lost` once the scheduler is seen to have no job of its name (else "
                 f"adopted), and `{shell_hint('gpudays', 'resume', paths.root)}` submits them; the others are as "
@@ -230,7 +169,7 @@ def resume(
         try:
             states = status.cell_states(paths, holding_lock=True)
         except status.SchedulerUnavailable as e:
-            raise LifecycleError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
+            raise CommandError(f"cannot tell which cells need a rerun: {e}", Exit.SCHEDULER) from e
         wanted = None if only is None else [parse_state(name) for name in only]
         say_damaged(paths)
         todo = [s for s in states if rerun_selectable(s.state, wanted)]
@@ -266,11 +205,11 @@ def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor:
     try:
         cfg, refusals = cells.typed_cell(read_cell_config(where))
     except BadCellConfig as e:
-        raise LifecycleError(f"cell {s.cell_id}: {e}") from e
+        raise CommandError(f"cell {s.cell_id}: {e}") from e
     if cfg is None:
-        raise LifecycleError(f"cell {s.cell_id}: {where} is not a cell config: {'; '.join(refusals)}")
+        raise CommandError(f"cell {s.cell_id}: {where} is not a cell config: {'; '.join(refusals)}")
     if refusals:
-        raise LifecycleError(f"cell {s.cell_id}: {where}: " + "; ".join(refusals))
+        raise CommandError(f"cell {s.cell_id}: {where}: " + "; ".join(refusals))
     if s.state == "timeout" and (time_limit or time_factor):
         old = cells.time_limit_min(cfg)
         new = max(time_limit or int(round(old * (time_factor or 1))), 1)
@@ -291,35 +230,6 @@ def archive_record(paths: SweepPaths, s: Any) -> None:
         # A record names its own attempt (the latest may be a submission cut short, which wrote none).
         attempt = found.attempt if isinstance(found, Record) else s.attempt
         record.rename(paths.archived_record(s.cell_id, attempt, corrupt=s.state == "corrupt"))
-
-
-def say_damaged(paths: SweepPaths) -> None:
-    """Entries under cells/ that are not cells, and attempts.jsonl lines skipped, on stderr: nothing is dropped
-    from a sweep without a word."""
-    for line in [*paths.damaged_cells(), *damaged_lines(paths)]:
-        console.note(f"{paths.root}: {line}")
-
-
-def states_or_records(paths: SweepPaths) -> list[Any]:
-    """Every cell's state; from the records alone (with a note) when the scheduler cannot be asked."""
-    try:
-        return status.cell_states(paths)
-    except status.SchedulerUnavailable as e:
-        console.note(f"the scheduler could not be asked ({e}); states come from the records alone")
-        return status.cell_states(paths, query_scheduler=False)
-
-
-def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: quota.Waves | None = None) -> None:
-    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts."""
-    states = states_or_records(paths)
-    with console.WaitProgress(len(states)) as progress:
-        while not status.is_done(states) or (waves is not None and waves.held):
-            progress.update(states)
-            time.sleep(interval_s)
-            if waves is not None and (subs := waves.refill()):
-                console.out(waves.summary(subs))
-            states = states_or_records(paths)
-        progress.update(states)
 
 
 def finish(paths: SweepPaths, report: bool) -> Exit:
@@ -350,16 +260,16 @@ def finish(paths: SweepPaths, report: bool) -> Exit:
 
 
 def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str | None, plots: bool) -> Exit:
-    """``gpudays report``: the tables, plots and report.md of one or more sweeps; LifecycleError on a bad budget."""
+    """``gpudays report``: the tables, plots and report.md of one or more sweeps; CommandError on a bad budget."""
     from analysis.predict.estimates import parse_token_budget
     from analysis.report.writer import write_report
 
     try:
         budget = parse_token_budget(tokens)
     except ValueError as e:
-        raise LifecycleError(f"--tokens {tokens}: {e}") from e
+        raise CommandError(f"--tokens {tokens}: {e}") from e
     if budget.value is not None and not (0 < budget.value < 1e18):
-        raise LifecycleError(f"--tokens {tokens}: give a budget above 0 and below 1e18 tokens, e.g. 20x or 300B")
+        raise CommandError(f"--tokens {tokens}: give a budget above 0 and below 1e18 tokens, e.g. 20x or 300B")
     states: dict[str, str] = {}
     for paths in sweep_dirs:
         states.update({s.cell_id: s.state for s in states_or_records(paths)})
@@ -369,62 +279,3 @@ def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str |
     c.print(console.problems(rep.problems))
     c.print(console.files_written(rep.files))
     return Exit.OK
-
-
-def show_status(
-    paths: SweepPaths, only: set[str] | None, summary: bool, watch: bool, interval_s: float, check: bool
-) -> Exit:
-    """``gpudays status``: the table (``watch``: refreshed until no cell is pending or running); with ``check``,
-    CELLS_FAILED while any cell needs a rerun."""
-    c = console.make_console()
-    states = states_or_records(paths)
-    if watch and c.is_terminal and not status.is_done(states):
-        from rich.live import Live
-
-        rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
-        with Live(console.status_view(states, only, summary, rows), console=c, auto_refresh=False) as live:
-            while not status.is_done(states):
-                time.sleep(interval_s)
-                states = states_or_records(paths)
-                live.update(console.status_view(states, only, summary, rows), refresh=True)
-    elif watch:
-        wait_for(paths, interval_s)
-        states = states_or_records(paths)
-    console.table_out(console.status_view(states, only, summary, None))
-    say_damaged(paths)
-    if check and any(status.needs_rerun(s.state) for s in states):
-        return Exit.CELLS_FAILED
-    if check and not status.is_done(states):
-        return Exit.ACTIVE
-    return Exit.OK
-
-
-def show_cell(paths: SweepPaths, wanted: str) -> Exit:
-    """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
-    ids = paths.cell_ids()
-    say_damaged(paths)
-    matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
-    if len(matches) != 1:
-        what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
-        more = " ..." if len(ids) > 20 else ""
-        raise LifecycleError(f"{what} of {paths.root} match {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
-    (cid,) = matches
-    state = next(s for s in states_or_records(paths) if s.cell_id == cid)
-    attempts = status.read_attempts(paths, cid)
-    logs = sorted(p for a in attempts if a.job_id for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
-    traceback = state.record.traceback if state.record is not None else None
-    if not isinstance(traceback, str) or not traceback:
-        traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
-    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
-    return Exit.CELLS_FAILED if status.needs_rerun(state.state) else Exit.OK
-
-
-def _tail(path: Path, max_bytes: int = 8192) -> str | None:
-    """The end of a log (where a job that died without a record left its traceback)."""
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, 2)
-            f.seek(max(0, f.tell() - max_bytes))
-            return f.read().decode(errors="replace") or None
-    except OSError:
-        return None

@@ -10,7 +10,7 @@ from orchestrator.cluster.lifecycle import LocalCluster
 
 EXIT_BAD_INPUT = 2
 EXIT_SCHEDULER = 3
-"""gpudays' exit codes (``orchestrator.cli.flow.Exit``, which this layer may not import; a test keeps them equal):
+"""gpudays' exit codes (``orchestrator.cli.errors.Exit``, which this layer may not import; a test keeps them equal):
 a bad option value is bad input; a cluster that cannot be started or stopped (packages missing, a daemon that
 does not come up), or ``status`` of one that is not up, is the scheduler that cannot be asked."""
 

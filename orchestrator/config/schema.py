@@ -1,4 +1,4 @@
-"""Typed schemas for every config group, registered in Hydra's ConfigStore.
+"""Typed schemas for every config group (``orchestrator.planning`` registers them in Hydra's ConfigStore).
 
 Each YAML file under ``conf/<group>/`` names its schema in its defaults list (``- /schema/<group>@_here_``), so a
 misspelt key or a value of the wrong type fails when the config is composed, on the user's machine, not on the
@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
-from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
-
 from orchestrator.config.domains import domain
 from orchestrator.config.values import Container
+
+MISSING: Any = "???"
+"""omegaconf's MISSING (its value, so that this module loads without omegaconf): a field a config file must set."""
 
 # The named values of the fields below; each field's domain (``orchestrator.config.domains``) is declared beside it.
 ACCELERATORS = ("cuda", "cpu")
@@ -400,14 +400,3 @@ _GROUP_TYPES: dict[str, type] = {
     "cluster": ClusterConfig,
     "probe": ProbeConfig,
 }
-
-
-def register_configs() -> None:
-    """Register the schemas so that ``conf/`` files can validate against them."""
-    cs = ConfigStore.instance()
-    cs.store(name="config_schema", node=Config)
-    cs.store(group="schema/model", name="model", node=ModelConfig, package="model")
-    cs.store(group="schema/gpu", name="gpu", node=GpuConfig, package="gpu")
-    cs.store(group="schema/method", name="method", node=MethodConfig, package="method")
-    cs.store(group="schema/cluster", name="cluster", node=ClusterConfig, package="cluster")
-    cs.store(group="schema/probe", name="probe", node=ProbeConfig, package="probe")

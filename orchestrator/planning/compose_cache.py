@@ -21,7 +21,7 @@ from typing import TypeVar
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig
 
-from orchestrator.config.schema import register_configs
+from orchestrator.config.schema import ClusterConfig, Config, GpuConfig, MethodConfig, ModelConfig, ProbeConfig
 
 CACHE_MAX = 256
 """Entries per cache; past it the least recently used goes."""
@@ -79,3 +79,14 @@ def fingerprint(dirs: Sequence[Path]) -> str | None:
                 digest.update(b"\0f\0" + os.fsencode(os.path.relpath(path, top)) + b"\0" + str(len(data)).encode())
                 digest.update(data)
     return digest.hexdigest()
+
+
+def register_configs() -> None:
+    """Register the schemas so that ``conf/`` files can validate against them."""
+    cs = ConfigStore.instance()
+    cs.store(name="config_schema", node=Config)
+    cs.store(group="schema/model", name="model", node=ModelConfig, package="model")
+    cs.store(group="schema/gpu", name="gpu", node=GpuConfig, package="gpu")
+    cs.store(group="schema/method", name="method", node=MethodConfig, package="method")
+    cs.store(group="schema/cluster", name="cluster", node=ClusterConfig, package="cluster")
+    cs.store(group="schema/probe", name="probe", node=ProbeConfig, package="probe")

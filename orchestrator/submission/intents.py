@@ -29,18 +29,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import cloudpickle
 import psutil
-import submitit
 
 from orchestrator.cells import cell as cells
-from orchestrator.job.entry import CellJob
 from orchestrator.slurm import commands as slurm
 from orchestrator.store.attempts import Attempt, append_attempt
 from orchestrator.store.durable import WriteFailed, write_with
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import BadCellConfig, read_cell_config
-from orchestrator.submission.launch import REQUEUE_BACKSTOP, release_held
 
 
 @contextmanager
@@ -122,6 +118,10 @@ def reconcile(
             out.unsure = dict.fromkeys(pending, "being submitted by another gpudays command")
             return out
         adopted = {**_find_slurm(paths, pending, out), **_find_local(paths, pending, out)}
+        if not adopted:
+            return out
+        from orchestrator.submission.launch import release_held  # submitit and the templates: only to adopt
+
         recorded = []
         for cid, a in adopted.items():
             try:
@@ -222,6 +222,12 @@ def _when(text: str) -> dt.datetime:
 def _rescue_pickle(paths: SweepPaths, a: Attempt) -> None:
     """Write the job's pickle where submitit looks for it, if the command that submitted the job was killed before
     moving it there (the job waits a minute for it before failing)."""
+    import cloudpickle  # deferred with submitit: ``status`` loads neither unless it adopts a job
+    import submitit
+
+    from orchestrator.job.entry import CellJob
+    from orchestrator.submission.launch import REQUEUE_BACKSTOP
+
     assert a.job_id is not None
     target = submitit.core.utils.JobPaths(paths.submitit_folder(), job_id=a.job_id, task_id=0).submitted_pickle
     if target.exists():

@@ -23,7 +23,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from orchestrator.config.schema import register_configs
+from orchestrator.planning.compose_cache import register_configs
 
 pytestmark = pytest.mark.deepspeed
 

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from test_probe import CONF_DIR, run_probe_ranks
 
-from orchestrator.config.schema import register_configs
+from orchestrator.planning.compose_cache import register_configs
 
 TINY = {
     "roberta-tiny": "tokens",

@@ -17,7 +17,7 @@ import pytest
 from orchestrator.cli import flow as lifecycle
 from orchestrator.cli import main as cli
 from orchestrator.cli.display import console
-from orchestrator.cli.flow import Exit
+from orchestrator.cli.errors import Exit
 from orchestrator.config.schema import GpuConfig, to_config
 from orchestrator.store.attempts import next_attempt, read_attempts
 from orchestrator.store.durable import append_jsonl

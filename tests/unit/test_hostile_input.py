@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import main as cli
-from orchestrator.cli.flow import Exit
+from orchestrator.cli.errors import Exit
 from orchestrator.store.paths import SweepPaths
 from orchestrator.submission import local
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.cli import flow as lifecycle
+from orchestrator.cli import folder
 from orchestrator.slurm import site as slurm_site
 from orchestrator.store.attempts import Attempt
 from orchestrator.store.paths import SweepPaths
@@ -91,8 +91,8 @@ def test_wait_goes_on_while_cells_are_held_back(tmp_path: Path, monkeypatch: pyt
             return [Attempt("cell9", 1, "8", "slurm", "x")]
 
     waves = FakeWaves(SweepPaths(tmp_path), held={"cell9": None})  # type: ignore[dict-item]
-    monkeypatch.setattr(lifecycle, "states_or_records", lambda paths: [])
+    monkeypatch.setattr(folder, "states_or_records", lambda paths: [])
     said: list[str] = []
-    monkeypatch.setattr(lifecycle.console, "out", said.append)
-    lifecycle.wait_for(SweepPaths(tmp_path), interval_s=0, waves=waves)
+    monkeypatch.setattr(folder.console, "out", said.append)
+    folder.wait_for(SweepPaths(tmp_path), interval_s=0, waves=waves)
     assert said == ["submitted 1 cell(s) to SLURM as 1 array job(s): 8"], "nothing active, yet a held cell waited"

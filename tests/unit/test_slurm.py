@@ -127,15 +127,16 @@ def test_slurm_without_a_configuration_is_one_line_naming_cluster_env() -> None:
 
 def test_a_sweep_the_scheduler_cannot_be_asked_about_exits_as_the_readme_says(monkeypatch, make_typed) -> None:
     # A sweep while the controller is down exited 2 (bad input); the README gives it 3 (the scheduler).
+    from orchestrator.cli import errors
     from orchestrator.cli import flow as lifecycle
 
     def down() -> list[str]:
         raise slurm.SlurmUnavailable(slurm_errors.explain_failure("sinfo", 1, "Unable to contact slurm controller\n"))
 
     monkeypatch.setattr(slurm_site, "partitions", down)
-    with pytest.raises(lifecycle.LifecycleError) as info:
+    with pytest.raises(errors.CommandError) as info:
         lifecycle.check({"c1": make_typed("cluster=slurm", "gpu=cpu", "model=pythia-tiny")})
-    assert info.value.code == lifecycle.Exit.SCHEDULER and "could not be asked" in str(info.value)
+    assert info.value.code == errors.Exit.SCHEDULER and "could not be asked" in str(info.value)
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ from hydra.core.global_hydra import GlobalHydra
 from omegaconf import OmegaConf
 
 from orchestrator.cli.display.prediction import predict
-from orchestrator.config.schema import register_configs
+from orchestrator.planning.compose_cache import register_configs
 from orchestrator.planning.plan import CONF_DIR, plan
 
 

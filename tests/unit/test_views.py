@@ -19,7 +19,7 @@ from analysis.sweeps.records import Catalog
 from orchestrator.cli import main as cli
 from orchestrator.cli.display import answers, console
 from orchestrator.cli.display.tabular import Column, Tabular, choose_columns
-from orchestrator.cli.flow import Exit
+from orchestrator.cli.errors import Exit
 
 COLUMNS = (Column("a", "a"), Column("b", "b", drop=2), Column("c", "c", drop=1), Column("d", "d", drop=3))
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from orchestrator.cli.display import console, prediction
-from orchestrator.cli.flow import Exit, LifecycleError, check, in_sweep_already
+from orchestrator.cli.errors import CommandError, Exit
+from orchestrator.cli.flow import check, in_sweep_already
 from orchestrator.models import family_module
 from orchestrator.store.paths import SweepPaths
 from orchestrator.submission import launch
@@ -53,7 +54,7 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     new, clause = _new_cells(plan)
     if ask_scheduler:
         if not plan.cells:
-            raise LifecycleError("no cell of this sweep can run (reasons above); nothing was submitted")
+            raise CommandError("no cell of this sweep can run (reasons above); nothing was submitted")
         check(configs)
         if script := launch.first_job_script(configs, SweepPaths(plan.sweep_dir).submitit_folder()):
             console.out(script)
@@ -62,7 +63,7 @@ def preview(plan: Any, ask_scheduler: bool) -> Exit:
     try:
         launch.check_gpu_types(configs)
     except launch.SubmissionRefused as e:
-        raise LifecycleError(str(e)) from e
+        raise CommandError(str(e)) from e
     console.out(f"plan: {new} cell(s) would be submitted{clause}; nothing was, and no scheduler was asked")
     if not plan.cells:
         console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")

@@ -20,7 +20,8 @@ from rich.console import Console, ConsoleOptions, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-FORMATS = ("table", "csv", "json")
+from orchestrator.cli.parser import FORMATS as FORMATS  # noqa: E402 - one list of formats, the parser's
+
 """What ``--format`` accepts: a table fitted to the terminal, or every column as CSV or JSON."""
 
 GAP = 2

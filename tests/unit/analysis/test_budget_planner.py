@@ -22,7 +22,7 @@ from analysis.planners.budget import (
     tokens_for_budget,
 )
 from analysis.predict.parallelism import PREDICTOR, network_for
-from orchestrator.cli.budget import main
+from orchestrator.cli.main import main
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters
 
@@ -164,7 +164,7 @@ def test_help_quotes_the_defaults_the_analysis_uses() -> None:
     from analysis.planners.budget import DEFAULT_MAX_DAYS, DEFAULT_OVERRUN_PCT
     from analysis.planners.shortest import MAX_GPUS
     from analysis.predict.parallelism import DEFAULT_EFFICIENCY
-    from orchestrator.cli.budget import HELP_DEFAULTS
+    from orchestrator.cli.parser import HELP_DEFAULTS
 
     assert HELP_DEFAULTS == {
         "efficiency": DEFAULT_EFFICIENCY, "max_days": DEFAULT_MAX_DAYS, "overrun_pct": DEFAULT_OVERRUN_PCT,

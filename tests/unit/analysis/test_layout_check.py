@@ -98,7 +98,7 @@ def test_planners_from_a_sweep_of_3d_layouts_cost_them_with_the_calibrated_layou
     import synthetic
 
     from analysis.report.layout_check import layout_efficiency
-    from orchestrator.cli.budget import main
+    from orchestrator.cli.main import main
 
     sweep, peak = tmp_path / "sweep", 312.0  # the A100's dense bf16 peak (conf/gpu/a100-80gb.yaml)
     dp_cfg, tp_cfg = gpu_cell(), gpu_cell("method.tp=2")

@@ -16,7 +16,7 @@ from analysis.planners.shortest import (
     useful_point,
 )
 from analysis.predict.parallelism import network_for
-from orchestrator.cli.budget import main
+from orchestrator.cli.main import main
 from orchestrator.config.schema import GpuConfig, ModelConfig
 
 CONF = Path(__file__).resolve().parents[3] / "conf"

@@ -226,7 +226,7 @@ def test_cluster_up_with_packages_missing_exits_as_the_readme_says(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # It exited 1, which the README gives to "a cell needs a rerun": a cluster that cannot start is the scheduler's 3.
-    from orchestrator.cli.flow import Exit
+    from orchestrator.cli.errors import Exit
     from orchestrator.cluster import cli as cluster_cli
     from orchestrator.cluster import lifecycle as cluster_lifecycle
 

@@ -1,0 +1,179 @@
+"""The commands that read a sweep folder and change nothing: ``status`` and ``show``, waiting for a sweep's cells,
+and the line ``status`` prints about an adaptive sweep. Only the store, the scheduler's answers and the terminal:
+no Hydra, submitit, pandas or torch is loaded on this path."""
+
+from __future__ import annotations
+
+import math
+import shlex
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.cli.display import console
+from orchestrator.cli.errors import CommandError, Exit
+from orchestrator.store.adaptive_state import (
+    STOP_REASONS,
+    AdaptiveState,
+    BadAdaptiveState,
+    is_adaptive,
+    read_grid,
+    read_state,
+)
+from orchestrator.store.attempts import damaged_lines
+from orchestrator.store.paths import SweepPaths
+from orchestrator.submission import status
+
+if TYPE_CHECKING:
+    from orchestrator.submission.quota import Waves
+
+
+def shell_hint(*words: str | Path) -> str:
+    """A command a user can paste: every word shell-quoted (a folder may hold spaces or ``$``)."""
+    return shlex.join(str(w) for w in words)
+
+
+SWEEP_FOLDER_HOLDS = (
+    "a sweep folder is written by `gpudays sweep` and holds sweep.json, cells/<cell_id>/cell.yaml for each cell "
+    "and, once they ran, cells/<cell_id>/record.json"
+)
+
+
+def sweep_folder(arg: str | Path) -> SweepPaths:
+    """The sweep folder named on the command line; CommandError when it is not one (nothing is created)."""
+    paths = SweepPaths(Path(arg))
+    if not paths.root.exists():
+        raise CommandError(f"{paths.root} does not exist; {SWEEP_FOLDER_HOLDS}")
+    if not paths.root.is_dir():
+        raise CommandError(f"{paths.root} is a file, not a sweep folder; {SWEEP_FOLDER_HOLDS}")
+    if not paths.cell_ids():
+        hint = paths.sweeps_inside_hint()
+        raise CommandError(
+            f"{paths.root} is not a sweep folder, or not yet one (no cells in it){hint}; {SWEEP_FOLDER_HOLDS}"
+        )
+    return paths
+
+
+def say_damaged(paths: SweepPaths) -> None:
+    """Entries under cells/ that are not cells, and attempts.jsonl lines skipped, on stderr: nothing is dropped
+    from a sweep without a word."""
+    for line in [*paths.damaged_cells(), *damaged_lines(paths)]:
+        console.note(f"{paths.root}: {line}")
+
+
+def states_or_records(paths: SweepPaths) -> list[status.CellState]:
+    """Every cell's state; from the records alone (with a note) when the scheduler cannot be asked."""
+    try:
+        return status.cell_states(paths)
+    except status.SchedulerUnavailable as e:
+        console.note(f"the scheduler could not be asked ({e}); states come from the records alone")
+        return status.cell_states(paths, query_scheduler=False)
+
+
+def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: Waves | None = None) -> None:
+    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts."""
+    states = states_or_records(paths)
+    with console.WaitProgress(len(states)) as progress:
+        while not status.is_done(states) or (waves is not None and waves.held):
+            progress.update(states)
+            time.sleep(interval_s)
+            if waves is not None and (subs := waves.refill()):
+                console.out(waves.summary(subs))
+            states = states_or_records(paths)
+        progress.update(states)
+
+
+def show_status(
+    paths: SweepPaths, only: set[str] | None, summary: bool, watch: bool, interval_s: float, check: bool
+) -> Exit:
+    """``gpudays status``: the table (``watch``: refreshed until no cell is pending or running); with ``check``,
+    CELLS_FAILED while any cell needs a rerun."""
+    c = console.make_console()
+    states = states_or_records(paths)
+    if watch and c.is_terminal and not status.is_done(states):
+        from rich.live import Live
+
+        rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
+        with Live(console.status_view(states, only, summary, rows), console=c, auto_refresh=False) as live:
+            while not status.is_done(states):
+                time.sleep(interval_s)
+                states = states_or_records(paths)
+                live.update(console.status_view(states, only, summary, rows), refresh=True)
+    elif watch:
+        wait_for(paths, interval_s)
+        states = states_or_records(paths)
+    console.table_out(console.status_view(states, only, summary, None))
+    say_damaged(paths)
+    if check and any(status.needs_rerun(s.state) for s in states):
+        return Exit.CELLS_FAILED
+    if check and not status.is_done(states):
+        return Exit.ACTIVE
+    return Exit.OK
+
+
+def show_cell(paths: SweepPaths, wanted: str) -> Exit:
+    """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
+    ids = paths.cell_ids()
+    say_damaged(paths)
+    matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
+    if len(matches) != 1:
+        what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
+        more = " ..." if len(ids) > 20 else ""
+        raise CommandError(f"{what} of {paths.root} match {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
+    (cid,) = matches
+    state = next(s for s in states_or_records(paths) if s.cell_id == cid)
+    attempts = status.read_attempts(paths, cid)
+    logs = sorted(p for a in attempts if a.job_id for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
+    traceback = state.record.traceback if state.record is not None else None
+    if not isinstance(traceback, str) or not traceback:
+        traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
+    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
+    return Exit.CELLS_FAILED if status.needs_rerun(state.state) else Exit.OK
+
+
+def _tail(path: Path, max_bytes: int = 8192) -> str | None:
+    """The end of a log (where a job that died without a record left its traceback)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - max_bytes))
+            return f.read().decode(errors="replace") or None
+    except OSError:
+        return None
+
+
+def budget_text(hours: float) -> str:
+    """An adaptive sweep's budget in words."""
+    return "no budget limit" if math.isinf(hours) else f"{hours:g} GPU-hours"
+
+
+def adaptive_state(paths: SweepPaths) -> AdaptiveState:
+    """The adaptive sweep's state; CommandError where its file is damaged."""
+    try:
+        return read_state(paths)
+    except BadAdaptiveState as e:
+        raise CommandError(str(e)) from e
+
+
+def describe(paths: SweepPaths) -> str | None:
+    """``status``'s line about an adaptive sweep (None for any other sweep)."""
+    if not is_adaptive(paths):
+        return None
+    state = adaptive_state(paths)
+    grid = len(read_grid(paths.adaptive_grid))
+    head = f"adaptive sweep: {grid} cells, {len(state.chosen())} chosen in {len(state.rounds)} round(s)"
+    goal = f"target ±{state.target_pct:g}%, {budget_text(state.budget_gpu_hours)}"
+    if state.stopped is not None:
+        s = state.stopped
+        widest = "unknown" if math.isinf(s.widest_pct) else f"±{s.widest_pct:.1f}%"
+        return (f"{head}; stopped ({STOP_REASONS.get(s.reason, s.reason)}): {s.measured} measured, "
+                f"{s.spent_gpu_hours:.3g} GPU-hours, widest unmeasured interval {widest} ({goal})")  # fmt: skip
+    return (
+        f"{head}; round {len(state.rounds)} is the latest ({goal}); once it has ended, "
+        f"`{shell_hint('gpudays', 'resume', paths.root)}` decides the next"
+    )
+
+
+def rounds_to_go(paths: SweepPaths) -> bool:
+    """True for an adaptive sweep that has not stopped (``status --check`` then says it is not done)."""
+    return is_adaptive(paths) and adaptive_state(paths).stopped is None
