@@ -8,7 +8,6 @@ numbers; nothing reads files. The model's own figures (parameters, FLOPs) are it
 
 from __future__ import annotations
 
-import math
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -133,13 +132,6 @@ def gpu_hours(num_gpus: Any, train_steps: Any, step_time_s: Any) -> Any:
         * np.asarray(step_time_s, dtype=float)
         / SECONDS_PER_HOUR
     )
-
-
-def t_quantile_975(dof: int) -> float:
-    """The 97.5% quantile of Student's t with ``dof`` degrees of freedom (scipy.stats); NaN below one."""
-    if dof < 1:
-        return math.nan
-    return float(stats.t.ppf(0.975, dof))
 
 
 def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = None, steps_timed: Any = None) -> Any:

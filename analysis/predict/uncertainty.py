@@ -100,20 +100,6 @@ def prior_spread(gpu: str) -> Spread:
     return Spread(prior_covariance(gpu), STEP_TIME_DISCREPANCY * factor, MEMORY_DISCREPANCY * factor, float(PRIOR_DOF))
 
 
-def posterior_covariance(prior: np.ndarray, weighted: np.ndarray, noise_sd: float) -> np.ndarray:
-    """Covariance of the coefficients after records whose terms over their measured times are ``weighted`` (one
-    row each), each with relative noise ``noise_sd``: ``(Σ₀⁻¹ + WᵀW / σ²)⁻¹``."""
-    precision = np.linalg.inv(prior) + weighted.T @ weighted / noise_sd**2
-    out: np.ndarray = np.linalg.inv(precision)
-    return out
-
-
-def relative_variance(weighted: np.ndarray, covariance: np.ndarray) -> np.ndarray:
-    """``w Σ wᵀ`` for every row of ``weighted`` (terms over the central step time): the coefficients' share."""
-    out: np.ndarray = np.einsum("ij,jk,ik->i", weighted, covariance, weighted).clip(min=0.0)
-    return out
-
-
 def pooled_sd(prior_sd: float, squared_errors: np.ndarray) -> float:
     """The discrepancy: the prior's, as :data:`PRIOR_RECORDS` records, pooled with the leave-one-out errors."""
     total = PRIOR_RECORDS * prior_sd**2 + float(np.sum(np.maximum(squared_errors, 0.0)))

@@ -18,6 +18,7 @@ import yaml
 
 from analysis.sweeps.columns import as_int, coerce, columns_of, field_kinds
 from orchestrator.cells.cell import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
+from orchestrator.config.places import CONF_DIR
 from orchestrator.config.schema import GpuConfig, ModelConfig, compile_scope_of
 from orchestrator.config.values import Container, Row
 from orchestrator.engines.registry import DEFAULT_ENGINE, engine_specs, method_type
@@ -27,7 +28,6 @@ try:  # libyaml's loader is about ten times faster; fall back to the pure-Python
 except AttributeError:  # pragma: no cover - depends on how PyYAML was built
     _YamlLoader = yaml.SafeLoader
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 SETTING_KEYS = (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)
 """The method settings of a cell in the order of a record's settings (the columns' order; a field outside them,

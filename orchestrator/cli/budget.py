@@ -43,7 +43,7 @@ def _typed(cls: type[T], data: Container, where: str) -> T:
 def _group(group: str) -> dict[str, Container]:
     import yaml
 
-    from analysis.sweeps.catalog import CONF_DIR
+    from orchestrator.config.places import CONF_DIR
 
     out: dict[str, Container] = {}
     for path in sorted((CONF_DIR / group).glob("*.yaml")):

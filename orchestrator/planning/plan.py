@@ -34,6 +34,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from orchestrator.cells import cell as cells_mod
+from orchestrator.config.places import CONF_DIR
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import ConfigValue, Container, Row
@@ -41,7 +42,6 @@ from orchestrator.engines.registry import engine_spec
 from orchestrator.planning.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint, register_schemas, remember
 from orchestrator.slurm import templates as sbatch_template
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 DEMO_OVERRIDES = ["+experiment=demo"]
 CONFIG_NAME = "config"
 

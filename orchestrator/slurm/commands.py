@@ -382,7 +382,3 @@ def jobs_on_nodes(nodes: str, timeout_s: float = 10) -> list[tuple[str, str, str
     return [(row[0], row[1], row[2]) for row in rows]
 
 
-def show_job(job_id: JobId) -> dict[str, str]:
-    """``scontrol show job -o``: the job's fields (``JobState``, ``Reason``...) as a dict."""
-    out = checked(["scontrol", "show", "job", "-o", str(job_id)])
-    return dict(re.findall(r"(\w+)=(\S*)", out.splitlines()[0] if out.strip() else ""))

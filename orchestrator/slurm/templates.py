@@ -15,7 +15,6 @@ from pathlib import Path
 
 from orchestrator.config.schema import Config
 
-PACKAGE_TEMPLATES = Path(__file__).resolve().parents[2] / "sbatch_templates"
 FOLDER = "sbatch_templates"
 """The folder of a ``-cd`` folder that holds its templates."""
 
@@ -39,6 +38,3 @@ def resolved(cell: Config, search_dirs: Sequence[Path]) -> Config:
     return replace(cell, cluster=replace(cell.cluster, template=str(found)))
 
 
-def where_looked(search_dirs: Sequence[Path] = ()) -> str:
-    """The folders a template name is looked for in, for a refusal."""
-    return ", ".join([*(str(Path(d) / FOLDER) for d in search_dirs), str(PACKAGE_TEMPLATES)])

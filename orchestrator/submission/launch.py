@@ -30,6 +30,7 @@ import submitit
 import yaml
 
 from orchestrator.cells import cell as cells
+from orchestrator.config.places import SBATCH_TEMPLATES_DIR as TEMPLATES_DIR
 from orchestrator.config.schema import Config, to_container
 from orchestrator.job.entry import SIGNAL_DELAY_S, CellJob
 from orchestrator.slurm import commands as slurm
@@ -39,7 +40,6 @@ from orchestrator.store.durable import WriteFailed, refused_write, write_text_at
 from orchestrator.store.paths import SweepPaths
 from orchestrator.submission import faults
 
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "sbatch_templates"
 REQUEUE_BACKSTOP = 20
 """submitit's own limit on requeues after a timeout (see submit_slurm)."""
 

@@ -45,11 +45,6 @@ def set_format(form: str) -> None:
     _FORMAT[0] = form
 
 
-def output_format() -> str:
-    """What ``set_format`` chose."""
-    return _FORMAT[0]
-
-
 def make_console(stderr: bool = False) -> Console:
     """A console on stdout (or stderr). A terminal (rich's judgement, ``COLUMNS`` and ``TTY_COMPATIBLE`` included)
     has its own width; anything else no colours and a width that never wraps. Under ``--format csv|json`` the

@@ -17,7 +17,6 @@ splits it ``num_gpus`` ways) and accumulation runs whole schedules, each ending 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -251,6 +250,3 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
     return out
 
 
-def layers_per_gpu(num_layers: int, layout: Mesh3dLayout) -> int:
-    """Decoder layers one rank holds (all its stages)."""
-    return math.ceil(num_layers / layout.pp)
