@@ -11,14 +11,15 @@ registered, is predicted as that one (records from before there was a choice).
 from __future__ import annotations
 
 import importlib
+import pkgutil
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import MethodConfig
-from orchestrator.engines import engine_folders
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -28,6 +29,13 @@ if TYPE_CHECKING:
     from orchestrator.engines.spec import Terms
 
 DEFAULT_ENGINE: str = MethodConfig.engine
+
+
+def engine_folders() -> tuple[str, ...]:
+    """The engine folders under orchestrator/engines/, sorted: the names ``method.engine`` accepts (read from the
+    folder, so that no engine's runtime is imported to list them)."""
+    here = [str(Path(__file__).parent)]
+    return tuple(sorted(info.name for info in pkgutil.iter_modules(here) if info.ispkg))
 
 
 def _discover() -> dict[str, EngineSpec]:

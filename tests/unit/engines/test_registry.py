@@ -24,8 +24,9 @@ from orchestrator.config import schema
 from orchestrator.config.domains import domain_of
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, MethodConfig, to_config
-from orchestrator.engines import engine_folders, registry
+from orchestrator.engines import registry
 from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
+from orchestrator.engines.registry import engine_folders
 from orchestrator.engines.spec import MEMORY_HOLDERS, STEP_TIME_TERMS, EngineSpec, Links
 from orchestrator.planning.plan import plan
 
