@@ -38,3 +38,21 @@ def test_the_submission_benchmark_says_when_the_launcher_it_compares_against_is_
     spec.loader.exec_module(module)
     # With no hydra_plugins package installed, importlib's find_spec raises instead of answering None.
     assert module._launcher_installed() is (importlib.util.find_spec("hydra_plugins") is not None)
+
+
+def test_a_job_pickled_before_the_packages_moved_still_unpickles() -> None:
+    """A sweep submitted before the move pickled ``orchestrator.jobside.CellJob``; its held and requeued jobs
+    unpickle that name after an upgrade, and get the job's entry as it is now."""
+    import pickle
+
+    from orchestrator.job.entry import CellJob
+
+    job = CellJob("/sweeps/s", "abc123", 2)
+    CellJob.__module__ = "orchestrator.jobside"  # pickle it as the old code did
+    try:
+        old = pickle.dumps(job)
+    finally:
+        CellJob.__module__ = "orchestrator.job.entry"
+    assert b"orchestrator.jobside" in old
+    back = pickle.loads(old)
+    assert type(back) is CellJob and (back.sweep_root, back.cell_id, back.attempt) == ("/sweeps/s", "abc123", 2)
