@@ -69,7 +69,9 @@ def submit_cells(
             subs = waves.submit(slurm)
         except WriteFailed:
             raise
-        except (subprocess.CalledProcessError, OSError, launch.SubmissionRefused) as e:
+        except launch.SubmissionRefused as e:  # sbatch's refusal: the cells, SLURM's words, where they stand
+            raise CommandError(str(e), Exit.SCHEDULER) from e
+        except (subprocess.CalledProcessError, OSError) as e:
             said = getattr(e, "stderr", None) or getattr(e, "output", None) or str(e)
             if isinstance(said, bytes):
                 said = said.decode(errors="replace")

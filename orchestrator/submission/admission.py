@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
-from orchestrator.cells import cell as cells
 from orchestrator.config.schema import Config
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm import site as slurm_site
@@ -20,6 +19,7 @@ from orchestrator.submission.launch import (
     SchedulerUnreachable,
     SubmissionRefused,
     group_by_resources,
+    name_cells,
     slurm_executor,
     submission_environment,
 )
@@ -82,7 +82,7 @@ def check_slurm(configs: Mapping[str, Config]) -> None:
     if any(res.qos is not None for res in groups):
         qos_names = _sacctmgr_names(["show", "qos", "format=name"])
     for res, cell_ids in groups.items():
-        who = _name_cells(cell_ids, configs)
+        who = name_cells(cell_ids, configs)
         wrong = []
         # A comma list lets SLURM start the job in whichever of them can run it first.
         unknown = [p for p in (res.partition or "").split(",") if p and p not in partitions]
@@ -133,9 +133,3 @@ def describe_request(res: Resources) -> str:
     parts += [f"{k}={v}" for k, v in optional.items() if v is not None]
     parts.append(f"--time={res.time_limit_min}")
     return " ".join(parts)
-
-
-def _name_cells(cell_ids: Sequence[str], configs: Mapping[str, Config], shown: int = 3) -> str:
-    names = [f"{cid} ({cells.label(configs[cid])})" for cid in cell_ids[:shown]]
-    more = f" and {len(cell_ids) - shown} more" if len(cell_ids) > shown else ""
-    return f"{len(cell_ids)} cell(s) " + ", ".join(names) + more

@@ -214,3 +214,15 @@ def test_a_node_setting_per_gpu_type_must_be_a_positive_integer(make_typed) -> N
     cell = make_typed("cluster=example-university", "gpu=a100-80gb")
     cell.cluster.cpus_per_gpu_by_gpu = {"a100-80gb": 0}
     assert [r.key for r in cells.check_values(cell)] == ["cluster.cpus_per_gpu_by_gpu.a100-80gb"]
+
+
+def test_a_sweeps_jobs_carry_its_name_so_squeue_shows_whose_they_are(make_typed, tmp_path: Path) -> None:
+    # Every sweep's jobs were `gpudays-<hex>` unless `name` was set: in squeue, no sweep could be told apart.
+    default = launch.resources(make_typed("cluster=slurm"))
+    assert launch.job_name(default, SweepPaths(tmp_path / "llama-h100")) == "gpudays-llama-h100"
+    assert launch.job_name(default, SweepPaths(tmp_path / "2026-01-02_03-04-05")) == "gpudays-2026-01-02_03-04-05"
+    named = launch.resources(make_typed("cluster=slurm", "name=scaling"))
+    assert launch.job_name(named, SweepPaths(tmp_path / "2026-01-02_03-04-05")) == "gpudays-scaling"
+    # squeue --name takes a comma list, and sbatch a line: neither a comma, a space nor a newline gets through.
+    odd = launch.job_name(default, SweepPaths(tmp_path / "a,b c\nd$"))
+    assert odd == "gpudays-a_b_c_d" and len(launch.job_name(default, SweepPaths(tmp_path / ("x" * 300)))) == 60
