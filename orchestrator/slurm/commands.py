@@ -140,6 +140,9 @@ class Accounting:
     """An array's own record (tasks never started: a pending range, or the bare array id), by array id."""
     seen: set[str] = field(default_factory=set)
     """Arrays (and plain jobs) either command listed at all."""
+    unconfirmed: set[JobId] = field(default_factory=set)
+    """Jobs whose newest run sacct lists as ended in a way SLURM may requeue, which squeue could not be asked
+    about: whether they run again is not known."""
 
     def merge(self, other: Accounting, prefer_other: bool = False) -> None:
         """Add what ``other`` knows; where both know a job, keep ours unless ``prefer_other``."""
@@ -150,6 +153,7 @@ class Accounting:
             if prefer_other or array not in self.arrays:
                 self.arrays[array] = info
         self.seen |= other.seen
+        self.unconfirmed |= other.unconfirmed
 
 
 SACCT_FORMAT = "JobID,JobIDRaw,State,ExitCode,Reason"

@@ -3,8 +3,9 @@
 A cell's latest attempt is the last line of ``attempts.jsonl``. A record decides when it belongs to that attempt
 (or a later one); a record of an older attempt never hides what the scheduler says of the newer one. Otherwise
 the scheduler decides: ``sacct`` is asked once for the whole sweep (every array in one call), ``squeue`` once
-more for jobs sacct does not list or lists as pending (accounting lags submission by a moment, and only the
-controller knows why a job waits, e.g. that it is held).
+more for jobs sacct does not list, lists as pending, or lists as ended in a way SLURM may requeue (accounting lags
+the controller by seconds, and only the controller knows why a job waits, e.g. that it is held, or that a job
+just preempted is queued again).
 
 A cell is ``pending`` or ``running`` only when the scheduler says so. A task neither command lists is gone:
 ``cancelled`` when the array's own record says it was cancelled before the task started, else ``lost`` (a
@@ -13,6 +14,10 @@ nothing of, array included, is taken as just submitted, for LOST_GRACE_S.
 
 A requeued job (preemption, node failure, ``scontrol requeue``, a timeout requeued by the job itself) keeps its
 job id; sacct lists each of its runs, and the state comes from the newest while the reason names the earlier.
+For a few seconds after a preemption or a node failure sacct's newest run is the one that ended (``PREEMPTED``,
+``NODE_FAIL``) while the controller already has the job queued again: squeue's word wins, so the cell is
+``pending``, never ``preempted`` (which ``resume`` would submit a second job for). Where squeue cannot be asked
+then, the cell is ``unknown``: a second job must not go out while SLURM may still requeue the first.
 """
 
 from __future__ import annotations
@@ -74,8 +79,14 @@ class CellState:
     """For a held cell: what ``resume`` does with it."""
 
 
+MAY_BE_REQUEUED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+"""sacct states of a run that SLURM may follow with another run of the same job (``PreemptMode=REQUEUE``,
+``JobRequeue=1`` or ``--requeue``): the controller alone says at once whether it did."""
+
+
 def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]:
-    """sacct for every job; squeue for those sacct lacks or lists as pending; a note when sacct could not answer.
+    """sacct for every job; squeue for those sacct lacks, lists as pending or as ended in a way SLURM may requeue
+    (MAY_BE_REQUEUED); a note when sacct could not answer.
 
     Raises SchedulerUnavailable when neither answers.
     """
@@ -90,20 +101,25 @@ def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]
         acct = slurm.sacct(ids)
     except slurm.SlurmUnavailable as e:
         acct, note = slurm.Accounting(), str(e)
-    unsure = [j for j in ids if j not in acct.jobs or acct.jobs[j].state == "PENDING"]
+    unsure = [j for j in ids if j not in acct.jobs or acct.jobs[j].state in ("PENDING", *MAY_BE_REQUEUED)]
     if unsure:
         try:
             live = slurm.squeue(unsure)
         except slurm.SlurmUnavailable as e:
             if note is not None:
                 raise SchedulerUnavailable(note if str(e) == note else f"{note}; {e}") from e
+            acct.unconfirmed |= {j for j in unsure if j in acct.jobs and acct.jobs[j].state in MAY_BE_REQUEUED}
         else:
             # squeue lists every queued job; one accounting still calls pending but squeue does not list was
             # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
-            # alone says why a job waits.
+            # alone says why a job waits. A run that ended as one SLURM may requeue stands where squeue no
+            # longer lists the job (MinJobAge later); where it lists it queued or running again, that wins.
             for j in unsure:
-                if j not in live.jobs and j in acct.jobs:
+                if j not in live.jobs and j in acct.jobs and acct.jobs[j].state == "PENDING":
                     del acct.jobs[j]
+            for j, info in live.jobs.items():
+                if j in acct.jobs and info.state != acct.jobs[j].state and acct.jobs[j].state in MAY_BE_REQUEUED:
+                    live.jobs[j] = replace(info, history=(*acct.jobs[j].history, acct.jobs[j].state))
             acct.merge(live, prefer_other=True)
     return acct, note
 
@@ -296,6 +312,15 @@ def _from_scheduler(
     job = acct.jobs.get(jid)
     if job is None:
         return _unlisted(base, jid, latest, acct, note, now)
+    if jid in acct.unconfirmed:
+        return replace(
+            base,
+            state=State.UNKNOWN,
+            reason=f"sacct says {job.raw_state or job.state}, and squeue could not be asked whether SLURM queued "
+            "it again; `gpudays status` asks again",
+            scheduler_state=job.raw_state or job.state,
+            history=job.history,
+        )
     state = from_slurm(job.state, job.reason)
     reasons = []
     if state is State.HELD:

@@ -127,21 +127,27 @@ def test_a_preempted_cell_is_requeued_by_the_cluster_and_ends_ok_once(
     cluster.run_client(
         ["sbatch", "-p", "urgent", "-w", node, "--exclusive", "--time=1", "--output=/dev/null", "--wrap", "sleep 1"]
     )
+    observed: list[str] = []
+
+    def look() -> status.CellState:
+        state = status.cell_states(paths)[0]
+        observed.append(state.state.value)
+        return state
+
     seen = wait_until(
-        lambda: (lambda s: s if s.state in status.ACTIVE and "PREEMPTED" in (s.reason or "") else None)(
-            status.cell_states(paths)[0]
-        ),
+        lambda: (lambda s: s if s.state in status.ACTIVE and "PREEMPTED" in (s.reason or "") else None)(look()),
         60,
         "status to show the preempted cell waiting to run again",
+        0.25,
     )
     assert seen.history[0] == "PREEMPTED"
+    # Looked at often: for seconds after the preemption sacct's newest run is the preempted one while the
+    # controller has the job queued again; status called it `preempted` then, and resume submitted it again.
     final = wait_until(
-        lambda: (lambda s: s if s.state not in status.ACTIVE else None)(status.cell_states(paths)[0]),
-        120,
-        "the preempted cell to end",
-        2,
+        lambda: (lambda s: s if s.state not in status.ACTIVE else None)(look()), 120, "the preempted cell to end", 0.25
     )
     assert final.state == "ok", final
+    assert "preempted" not in observed, observed
     assert final.record is not None and final.record.environment["slurm_restart_count"] == "1"
     assert len(status.read_attempts(paths, cid)) == 1, "SLURM requeued it; gpudays submitted nothing more"
 

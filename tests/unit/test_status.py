@@ -15,7 +15,7 @@ from orchestrator.store.attempts import Attempt
 from orchestrator.store.durable import append_jsonl, write_json_atomic
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import BadRecord, Record
-from orchestrator.store.states import STATES, RecordStatus, State
+from orchestrator.store.states import STATES, RecordStatus, State, rerun_selectable
 from orchestrator.submission import status
 from orchestrator.submission.scheduler_states import HeldAction
 
@@ -392,3 +392,77 @@ def test_a_job_that_writes_its_record_while_the_scheduler_is_asked_is_ok_not_fai
     monkeypatch.setattr(slurm, "sacct", finishes_meanwhile)
     states = {s.cell_id: s for s in status.cell_states(sweep, now=NOW)}
     assert states["aaa"].state == "ok", states["aaa"]
+
+
+# ---- a run SLURM may requeue -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("ended", "live", "expected"),
+    [
+        # Seconds after a preemption (PreemptMode=REQUEUE) on the local cluster: sacct's newest run is the one
+        # preempted, squeue has the job queued again.
+        ("PREEMPTED", "40_3|PENDING|BeginTime", "pending"),
+        ("PREEMPTED", "40_3|COMPLETING|None", "running"),
+        ("PREEMPTED", "40_3|REQUEUED|None", "pending"),
+        ("NODE_FAIL", "40_3|PENDING|BeginTime", "pending"),
+        ("BOOT_FAIL", "40_3|PENDING|None", "pending"),
+        # Not requeued: squeue lists the same end, or no longer lists the job at all (MinJobAge later).
+        ("PREEMPTED", "40_3|PREEMPTED|None", "preempted"),
+        ("NODE_FAIL", "", "node_fail"),
+    ],
+)
+def test_a_run_slurm_may_requeue_is_asked_of_squeue_and_queued_again_is_pending(
+    monkeypatch: pytest.MonkeyPatch, ended: str, live: str, expected: str
+) -> None:
+    asked: list[list[str]] = []
+    monkeypatch.setattr(slurm, "sacct", lambda ids: sacct(f"40_3|43|{ended}|0:0|None"))
+
+    def squeue(ids: list[slurm.JobId]) -> slurm.Accounting:
+        asked.append([str(i) for i in ids])
+        return slurm.parse_squeue(live + "\n")
+
+    monkeypatch.setattr(slurm, "squeue", squeue)
+    acct, _ = status.ask_scheduler(["40_3"])
+    state = classify(submission(), acct=acct)
+    assert asked == [["40_3"]], "squeue was not asked about a job sacct lists as ended"
+    assert state.state == expected, state
+    if expected in status.ACTIVE:
+        assert ended in (state.reason or "") and state.history == (ended,), "the run that ended is named"
+        assert not status.needs_rerun(state.state)
+
+
+def test_a_preempted_job_squeue_cannot_be_asked_about_is_unknown_and_resume_leaves_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def down(ids: list[slurm.JobId]) -> slurm.Accounting:
+        raise slurm.SlurmUnavailable("squeue: error: slurm_load_jobs error: Socket timed out")
+
+    monkeypatch.setattr(slurm, "sacct", lambda ids: sacct("40_3|43|PREEMPTED|0:0|None", "41|41|FAILED|1:0|None"))
+    monkeypatch.setattr(slurm, "squeue", down)
+    acct, _ = status.ask_scheduler(["40_3", "41"])
+    state = classify(submission(), acct=acct)
+    assert state.state == "unknown" and "PREEMPTED" in (state.reason or ""), state
+    assert not rerun_selectable(state.state, None) and not rerun_selectable(state.state, [State.PREEMPTED])
+    assert classify(submission(job_id="41"), acct=acct).state == "failed", "an ended job needs no squeue"
+
+
+def test_resume_submits_nothing_for_a_cell_slurm_has_queued_again_after_a_preemption(
+    sweep: SweepPaths, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # resume submitted a second job for the cell while SLURM ran the first again under its own id.
+    for cid in sweep.cell_ids():
+        append_jsonl(sweep.attempts(cid), {**asdict(submission(job_id="40_3")), "cell_id": cid})
+        write_json_atomic(sweep.record(cid), {"schema_version": 1, "cell_id": cid, "status": "ok", "attempt": 1})
+    sweep.record("aaa").unlink()
+    monkeypatch.setattr(slurm, "sacct", lambda ids: sacct("40_3|43|PREEMPTED|0:0|None"))
+    monkeypatch.setattr(slurm, "squeue", lambda ids: slurm.parse_squeue("40_3|PENDING|BeginTime\n"))
+
+    def no_submission(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a second job was submitted for a cell SLURM requeues")
+
+    from orchestrator.cli import flow
+
+    monkeypatch.setattr(flow, "submit_cells", no_submission)
+    assert cli.main(["resume", str(sweep.root)]) == 0
+    assert "nothing to resume" in capsys.readouterr().out
