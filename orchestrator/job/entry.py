@@ -50,7 +50,7 @@ from orchestrator.store.attempts import current_attempt
 from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_cell_config, read_record, write_record
-from orchestrator.store.states import RecordStatus
+from orchestrator.store.states import ANSWERS, RecordStatus
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
 """``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same
@@ -230,8 +230,7 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             finished_at=_now(),
         )
         if not superseded(paths, cell_id, attempt):
-            keep_earlier_record(paths, cell_id, attempt)
-            write_record(paths.record(cell_id), record)
+            write_record(keep_earlier_record(paths, cell_id, attempt), record)
     return result.status.value
 
 
@@ -262,18 +261,40 @@ def superseded(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
     return False
 
 
-def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> None:
-    """Keep the record of an earlier attempt beside the new one, under its attempt's name (``resume`` moves it
-    aside once the new attempt is submitted; this is for a resume killed before it could)."""
+def answered(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
+    """Whether this job's own attempt already has an answer (ok, does_not_fit, oom): a run SLURM started again
+    after the first had written it (a node that failed after the record, before the job ended) must not measure
+    the cell a second time under the same attempt; it stops here, the record as it is."""
+    found = read_record(paths.record(cell_id), cell_id)
+    if isinstance(found, Record) and found.attempt == attempt and found.state in ANSWERS:
+        say(f"cell {cell_id}: attempt {attempt} is already answered ({found.status}); this run measures nothing")
+        return True
+    return False
+
+
+def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> Path:
+    """Keep the record already there beside the new one, under its attempt's name: an earlier attempt's (``resume``
+    moves it aside once the new attempt is submitted; this is for a resume killed before it could), or an earlier
+    run's of this attempt (SLURM requeued the job after it wrote one). Returns where the new record goes: its own
+    place, or, should the old one not move, beside it, so that no record is ever written over another."""
     target = paths.record(cell_id)
     found = read_record(target, cell_id)
+    if found is None:
+        return target
+    aside = (
+        paths.archived_record(cell_id, found.attempt)
+        if isinstance(found, Record)
+        else paths.archived_record(cell_id, attempt - 1, corrupt=True)
+    )
     try:
-        if isinstance(found, Record) and found.attempt < attempt:
-            target.rename(paths.archived_record(cell_id, found.attempt))
-        elif found is not None and not isinstance(found, Record):
-            target.rename(paths.archived_record(cell_id, attempt - 1, corrupt=True))
+        target.rename(aside)
+    except FileNotFoundError:
+        pass  # moved aside meanwhile (a resume)
     except OSError as e:
-        say(f"the record of an earlier attempt could not be kept aside ({e}); it is replaced")
+        instead = paths.archived_record(cell_id, attempt)
+        say(f"the record already there could not be kept aside ({e}); this one is written to {instead}")
+        return instead
+    return target
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
@@ -309,8 +330,11 @@ class CellJob(submitit.helpers.Checkpointable):
         return state
 
     def __call__(self) -> str:
-        if superseded(SweepPaths(Path(self.sweep_root)), self.cell_id, self.attempt):
+        paths = SweepPaths(Path(self.sweep_root))
+        if superseded(paths, self.cell_id, self.attempt):
             return "superseded"
+        if answered(paths, self.cell_id, self.attempt):
+            return "answered"
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             self._guard_time_limit()
         status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))

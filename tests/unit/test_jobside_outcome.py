@@ -149,3 +149,56 @@ def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
     assert status == "ok" and raw["environment"]["shared_node"] is None, "unknown, and the cell is not failed for it"
     monkeypatch.delenv("SLURM_JOB_NODELIST")
     assert job("probe.kind=sleep")[2]["environment"]["node_jobs_at_start"] is None, "not a SLURM job"
+
+
+@pytest.mark.parametrize("answer", ["ok", "does_not_fit", "oom"])
+def test_a_run_that_finds_its_own_attempt_answered_measures_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, answer: str
+) -> None:
+    # A node failed after the record was written, before the job ended: SLURM requeued the job (same id, same
+    # attempt), and the second run measured the cell again and wrote over the first answer.
+    from orchestrator.store.attempts import Attempt, append_attempt
+    from orchestrator.store.record import write_record
+
+    paths = SweepPaths(tmp_path)
+    append_attempt(paths, Attempt("abc", 2, "7", "slurm"))
+    write_record(paths.record("abc"), Record("abc", RecordStatus(answer), 2, reason="measured"))
+    before = paths.record("abc").read_bytes()
+
+    def measures(*args: Any) -> str:
+        raise AssertionError("the cell was measured twice under one attempt")
+
+    monkeypatch.setattr(jobside, "run_cell", measures)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    assert jobside.CellJob(str(tmp_path), "abc", 2)() == "answered"
+    assert paths.record("abc").read_bytes() == before
+    # An answer of an earlier attempt, or a failure of this one, is no answer to this attempt: it runs.
+    ran: list[int] = []
+    monkeypatch.setattr(jobside, "run_cell", lambda root, cid, attempt, requeues: ran.append(attempt) or "ok")
+    for record in (Record("abc", RecordStatus(answer), 1), Record("abc", RecordStatus.FAILED, 2, reason="boom")):
+        write_record(paths.record("abc"), record)
+        assert jobside.CellJob(str(tmp_path), "abc", 2)() == "ok"
+    assert ran == [2, 2]
+
+
+def test_a_record_is_never_written_over_another_without_the_first_kept(
+    job: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A run of attempt 1 failed and wrote its record; SLURM ran the job again (a node failure), and it ended ok:
+    # the failure was written over, and with it what the first run said.
+    paths = SweepPaths(tmp_path)
+    assert job("probe.kind=fail", "probe.sleep_s=0")[0] == "failed"
+    assert job("probe.kind=sleep", "probe.sleep_s=0")[0] == "ok"
+    kept = read_record(paths.cell_dir("abc") / "record.attempt1.json", "abc")
+    assert isinstance(kept, Record) and kept.status is RecordStatus.FAILED and kept.attempt == 1
+    # Where the record there cannot be moved aside, the new one goes beside it, never over it.
+    before = paths.record("abc").read_bytes()
+
+    def refused(self: Path, target: Any) -> Path:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "rename", refused)
+    jobside.run_cell(str(tmp_path), "abc", 1)
+    assert paths.record("abc").read_bytes() == before
+    beside = read_record(paths.cell_dir("abc") / "record.attempt1.2.json", "abc")
+    assert isinstance(beside, Record) and beside.status is RecordStatus.OK
