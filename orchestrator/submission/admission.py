@@ -14,15 +14,8 @@ from orchestrator.config.schema import Config
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm import site as slurm_site
 from orchestrator.slurm.errors import controller_down
-from orchestrator.submission.launch import (
-    Resources,
-    SchedulerUnreachable,
-    SubmissionRefused,
-    group_by_resources,
-    name_cells,
-    slurm_executor,
-    submission_environment,
-)
+from orchestrator.submission.launch import Resources, group_by_resources, slurm_executor, submission_environment
+from orchestrator.submission.refused import SchedulerUnreachable, SubmissionRefused, name_cells
 
 
 def scheduler_max_array_size() -> int | None:

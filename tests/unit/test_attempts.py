@@ -48,6 +48,7 @@ def test_intents_the_scheduler_never_got_are_taken_back_and_a_full_disk_is_a_wri
     from orchestrator.slurm import commands as slurm
     from orchestrator.store.durable import WriteFailed
     from orchestrator.submission import launch
+    from orchestrator.submission.refused import unsubmitted
 
     paths = SweepPaths(tmp_path)
     append_attempt(paths, Attempt("c1", 1, "40_3", "slurm"))
@@ -58,14 +59,14 @@ def test_intents_the_scheduler_never_got_are_taken_back_and_a_full_disk_is_a_wri
 
     # The scheduler has a job of that name (sbatch ran after all): the intents stay, for the next command to adopt.
     monkeypatch.setattr(slurm, "jobs_named", lambda names, since: slurm.Named({"gpudays-t": "41"}, complete=True))
-    raised = launch._unsubmitted(paths, written, "gpudays-t", full)
+    raised = unsubmitted(paths, written, "gpudays-t", full)
     assert isinstance(raised, WriteFailed) and "x.pkl" in str(raised) and "nothing of it was submitted" in str(raised)
     assert [a.attempt for a in read_attempts(paths, "c1")] == [1, 2]
 
     # It has none: every cell is as it was (an `ok` cell stays ok, not `lost`), its log as it was byte for byte.
     monkeypatch.setattr(slurm, "jobs_named", lambda names, since: slurm.Named({}, complete=True))
     refused = RuntimeError("sbatch: error: invalid partition")
-    assert launch._unsubmitted(paths, written, "gpudays-t", refused) is refused
+    assert unsubmitted(paths, written, "gpudays-t", refused) is refused
     assert paths.attempts("c1").read_bytes() == before
     assert not paths.attempts("c2").exists(), "a cell never submitted has no attempts.jsonl, not an empty one"
 
