@@ -126,8 +126,10 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     logs = sorted(p for a in attempts if a.job_id for p in paths.job_dir(a.job_id).glob("*_log.*") if p.is_file())
     traceback = state.record.traceback if state.record is not None else None
     if not isinstance(traceback, str) or not traceback:
-        traceback = _tail(state.log) if state.log is not None and status.needs_rerun(state.state) else None
-    console.make_console().print(console.cell_detail(state, attempts, logs, traceback))
+        traceback = None
+    logged = status.job_logs(paths, state.job_id) if state.job_id else ()
+    tails = [(p, t) for p in logged if (t := _tail(p)) and t.strip()]  # the job's output and error: either may say
+    console.make_console().print(console.cell_detail(state, attempts, logs, traceback, tails))
     return Exit.CELLS_FAILED if status.needs_rerun(state.state) else Exit.OK
 
 

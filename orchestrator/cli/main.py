@@ -13,10 +13,13 @@ import argparse
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.cli.errors import CommandError, Exit, outcome_of, save_traceback
 from orchestrator.cli.parser import build_parser
+
+if TYPE_CHECKING:
+    from orchestrator.store.paths import SweepPaths
 
 EXIT_BAD_INPUT = Exit.BAD_INPUT
 
@@ -43,6 +46,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         named = ", ".join("--" + f.replace("_", "-") for f in adaptive_flags)
         raise CommandError(f"{named}: only with --adaptive (measure part of the grid, predict the rest)")
     plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
+    if not args.planning and any(c.typed.cluster.backend == "slurm" for c in plan.cells):
+        _one_line_folder(plan.sweep_dir)
     if not args.dry_run:  # what this machine cannot take, said before seconds of predicting (the scheduler later)
         lifecycle.check({c.cell_id: c.typed for c in plan.cells if c.typed.cluster.backend == "local"})
     prediction.predict(plan, margin=args.margin, run_anyway=args.run_unfit, calibrate_from=[plan.sweep_dir])
@@ -141,6 +146,8 @@ def cmd_resume(args: argparse.Namespace) -> int:
         raise CommandError(f"--time-factor {args.time_factor}: give a factor above 0, e.g. 2 to double the limit")
     interval = _interval(args.interval)
     paths = folder.sweep_folder(args.sweep_dir)
+    if _has_line_break(paths.root) and _slurm_cells(paths):
+        _one_line_folder(paths.root)
     from orchestrator.cli import adaptive
 
     if adaptive.is_adaptive(paths):
@@ -148,6 +155,63 @@ def cmd_resume(args: argparse.Namespace) -> int:
             raise CommandError("--only: an adaptive sweep chooses which cells to measure; resume it without --only")
         return adaptive.advance(paths, args.wait, True, interval, args.time_limit, args.time_factor)
     return lifecycle.resume(paths, only, args.time_limit, args.time_factor, args.wait, interval)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    """scancel the sweep's queued and running jobs (or the named cells'), each recorded as cancelled."""
+    from orchestrator.cli import folder
+    from orchestrator.cli.display import console
+    from orchestrator.submission import cancel, status
+
+    paths = folder.sweep_folder(args.sweep_dir)
+    try:
+        done = cancel.cancel(paths, [c.strip() for c in args.cells if c.strip()])
+    except cancel.UnknownCells as e:
+        raise CommandError(f"{paths.root}: {e}") from e
+    except status.SchedulerUnavailable as e:
+        raise CommandError(f"cannot cancel: the scheduler could not be asked or refused: {e}", Exit.SCHEDULER) from e
+    for cid, why in done.left:
+        console.note(f"{cid}: not cancelled: {why}")
+    if not done.cancelled:
+        console.out(f"nothing to cancel: no cell of {paths.root} is pending, held or running")
+        return Exit.OK
+    shown = [f"{s.cell_id} (job {s.job_id}, was {s.state})" for s in done.cancelled[:10]]
+    more = f" and {len(done.cancelled) - 10} more" if len(done.cancelled) > 10 else ""
+    console.out(
+        f"cancelled {len(done.cancelled)} cell(s) of {paths.root}: {', '.join(shown)}{more}; "
+        f"`{folder.shell_hint('gpudays', 'resume', paths.root)}` reruns them"
+    )
+    for cid, answer in done.answered.items():
+        console.note(f"{cid}: its job had ended {answer} before the cancel reached it; the record stands")
+    return Exit.OK
+
+
+def _has_line_break(path: Path) -> bool:
+    return "\n" in str(path) or "\r" in str(path)
+
+
+def _one_line_folder(path: Path) -> None:
+    """SLURM cells cannot be submitted from a sweep folder whose path holds a line break: sbatch reads the job
+    script, which names the folder (the jobs' logs, their pickles), a line at a time. Cells on this machine can."""
+    if _has_line_break(path):
+        raise CommandError(
+            f"sweep folder {str(path)!r}: SLURM cells cannot be submitted from a folder whose path holds a line "
+            "break (sbatch reads the job script, which names it, a line at a time); choose a folder without one"
+        )
+
+
+def _slurm_cells(paths: SweepPaths) -> bool:
+    """Whether any cell of the sweep goes to SLURM (read only where the folder's path holds a line break)."""
+    from orchestrator.store.record import BadCellConfig, read_cell_config
+
+    for cid in paths.cell_ids():
+        try:
+            cluster = read_cell_config(paths.cell_config(cid)).get("cluster")
+        except BadCellConfig:
+            continue
+        if isinstance(cluster, dict) and cluster.get("backend") == "slurm":
+            return True
+    return False
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -178,6 +242,7 @@ HANDLERS = {
     "status": cmd_status,
     "show": cmd_show,
     "resume": cmd_resume,
+    "cancel": cmd_cancel,
     "report": cmd_report,
     "cluster": cmd_cluster,
     "budget": cmd_budget,

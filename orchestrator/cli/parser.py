@@ -120,6 +120,14 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     rs.add_argument("--interval", type=float, default=5.0, help="seconds between checks with --wait")
     rs.set_defaults(func=handlers["resume"])
 
+    cn = command(
+        "cancel", "scancel a sweep's queued and running jobs (or the named cells'), recorded as cancelled for resume"
+    )
+    cn.add_argument("sweep_dir")
+    cn.add_argument("cells", nargs="*", metavar="CELL", help="cells to cancel (ids or their starts); default: every "
+                    "cell pending, held or running")  # fmt: skip
+    cn.set_defaults(func=handlers["cancel"])
+
     rp = command("report", "tables (CSV), plots and report.md from the records of one or more sweeps")
     rp.add_argument("sweep_dirs", nargs="+")
     rp.add_argument("--out", help="output folder (default: the first sweep folder)")

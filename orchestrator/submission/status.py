@@ -139,6 +139,13 @@ def job_log(paths: SweepPaths, job_id: str) -> Path:
     return paths.job_dir(job_id) / f"{job_id}_0_log.err"
 
 
+def job_logs(paths: SweepPaths, job_id: str) -> tuple[Path, Path]:
+    """Standard output and standard error of task 0 of a job: a failure may say itself in either (a full disk's
+    ``No space left on device`` comes on the output from the job's shell, a traceback on the error)."""
+    err = job_log(paths, job_id)
+    return err.with_suffix(".out"), err
+
+
 def cell_states(
     paths: SweepPaths, query_scheduler: bool = True, now: dt.datetime | None = None, holding_lock: bool = False
 ) -> list[CellState]:

@@ -1,6 +1,7 @@
 """A sweep's life on the real local SLURM cluster: requests the cluster refuses stop before anything is submitted,
 arrays split at MaxArraySize with one sbatch call each, ``status`` asks sacct once, a preempted cell comes back by
-itself, and two ``resume`` processes on one folder at the same time never submit a cell twice."""
+itself (never ``preempted`` while SLURM queues it again), two ``resume`` processes on one folder at the same time
+never submit a cell twice, and ``gpudays cancel`` of a pending cell records it cancelled for ``resume``."""
 
 from __future__ import annotations
 
@@ -199,15 +200,22 @@ def test_tasks_cancelled_while_pending_are_lost_at_once_and_resume_reruns_them(
     # Submitted a moment ago, yet not pending: squeue lists the array, and these tasks are not in it.
     now = {s.job_id: s for s in status.cell_states(paths)}
     assert {now[v].state for v in victims} == {"lost"}, [(v, now[v].state, now[v].reason) for v in victims]
+    # `gpudays cancel` of one cell still pending (task 7): scancelled, and recorded cancelled, not lost.
+    capsys.readouterr()
+    assert cli.main(["cancel", str(sweep_dir), job_of[f"{array}_7"][:6]]) == 0
+    assert f"cancelled 1 cell(s) of {sweep_dir}: {job_of[f'{array}_7']} (job {array}_7, was pending)" in (
+        capsys.readouterr().out
+    )
     states = wait_until(
         lambda: (lambda s: s if status.is_done(s) else None)(status.cell_states(paths)), 120, "the others to end", 1
     )
-    assert status.counts(states) == {"ok": 8, "lost": 4}, [(s.job_id, s.state, s.reason) for s in states]
+    seen = [(s.job_id, s.state, s.reason) for s in states]
+    assert status.counts(states) == {"ok": 7, "cancelled": 1, "lost": 4}, seen
     capsys.readouterr()
     assert cli.main(["resume", str(sweep_dir), "--wait", "--interval", "1"]) == 0
     out = capsys.readouterr().out
-    assert "resubmitting 4 cell(s)" in out and out.strip().splitlines()[-1] == "12 cell(s): ok 12", out
-    assert sorted(len(status.read_attempts(paths, cid)) for cid in paths.cell_ids()) == [1] * 8 + [2] * 4
+    assert "resubmitting 5 cell(s)" in out and out.strip().splitlines()[-1] == "12 cell(s): ok 12", out
+    assert sorted(len(status.read_attempts(paths, cid)) for cid in paths.cell_ids()) == [1] * 7 + [2] * 5
 
 
 def test_a_held_task_is_released_by_resume_and_a_cancelled_array_is_rerun(

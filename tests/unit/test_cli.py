@@ -367,3 +367,36 @@ def test_report_names_entries_that_are_not_cells_and_does_not_follow_links(tmp_p
     loaded = load_cells([tmp_path])
     assert list(loaded.frame["cell_id"]) == [good], "the link's target is one cell, read once"
     assert any("cells/alias is a link" in p for p in loaded.problems)
+
+
+def test_show_prints_the_tail_of_both_the_jobs_output_and_its_error(tmp_path: Path, tiny_config, capsys) -> None:
+    # A full disk's "No space left on device" came on the job's output while show printed only its empty error log.
+    cid = _cell(tmp_path, tiny_config, "failed", reason="the job ended without a record")
+    job = SweepPaths(tmp_path).job_dir("999999999")
+    steps = "".join(f"step {i}\n" for i in range(40))
+    (job / "999999999_0_log.out").write_text(f"{steps}cp: error writing 'x.pt': No space left on device\n")
+    (job / "999999999_0_log.err").write_text("")
+    assert cli.main(["show", str(tmp_path), cid]) == Exit.CELLS_FAILED
+    out = capsys.readouterr().out
+    assert "No space left on device" in out and "step 39" in out and "step 3\n" not in out, out
+    assert "999999999_0_log.out (tail" in out and "999999999_0_log.err (tail" not in out, "an empty log: no tail"
+    (job / "999999999_0_log.err").write_text("Traceback (most recent call last):\nOSError: [Errno 28]\n")
+    assert cli.main(["show", str(tmp_path), cid]) == Exit.CELLS_FAILED
+    out = capsys.readouterr().out
+    assert "No space left on device" in out and "OSError: [Errno 28]" in out, "both logs' tails"
+
+
+def test_a_slurm_sweep_in_a_folder_whose_path_holds_a_line_break_is_refused_as_bad_input(
+    tmp_path: Path, tiny_config, capsys
+) -> None:
+    # sbatch reads the job script, which names the folder, a line at a time: resume exited 70, "a bug in gpudays".
+    # (A local sweep there works: tests/unit/test_hostile_input.py.)
+    folder = tmp_path / "a\nb"
+    code = cli.main(["sweep", "--dir", str(folder), "cluster=slurm", "model=pythia-tiny", "gpu=cpu"])
+    assert code == Exit.BAD_INPUT and "whose path holds a line break" in capsys.readouterr().err
+    assert not folder.exists(), "nothing written"
+    slurm = json.loads(json.dumps(tiny_config))
+    slurm["cluster"]["backend"] = "slurm"
+    _cell(folder, slurm, "failed", reason="boom")
+    assert cli.main(["resume", str(folder)]) == Exit.BAD_INPUT
+    assert "SLURM cells cannot be submitted from a folder whose path holds a line break" in capsys.readouterr().err

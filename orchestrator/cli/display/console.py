@@ -130,8 +130,15 @@ SUBMITIT_LOG = re.compile(r"^submitit (DEBUG|INFO|WARNING|ERROR) \(")
 """submitit's own log lines in a job's output (``Loading pickle``, ``Job completed``): not what the job said."""
 
 
-def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], traceback: str | None) -> Group:
-    """One cell: state, reason, attempts with their job ids, log files, the tail of its traceback."""
+def cell_detail(
+    state: Any,
+    attempts: Sequence[Attempt],
+    logs: Sequence[Path],
+    traceback: str | None,
+    log_tails: Sequence[tuple[Path, str]] = (),
+) -> Group:
+    """One cell: state, reason, attempts with their job ids, log files, the tail of its traceback and of each of
+    ``log_tails`` (its latest job's output and error)."""
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold", no_wrap=True)
     t.add_column()
@@ -164,6 +171,9 @@ def cell_detail(state: Any, attempts: Sequence[Attempt], logs: Sequence[Path], t
         lines = traceback.rstrip().splitlines()
         cut = f"  ... {len(lines) - 20} earlier line(s)\n" if len(lines) > 20 else ""
         parts += [_t("traceback (tail)", style="bold"), _t(cut + "\n".join(lines[-20:]))]
+    for path, text in log_tails:
+        lines = text.rstrip().splitlines()[-15:]
+        parts += [_t(f"{path.name} (tail, {path})", style="bold"), _t("\n".join(lines))]
     return Group(*parts)
 
 
