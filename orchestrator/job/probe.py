@@ -49,8 +49,10 @@ from orchestrator.config.batch import BatchPlan, divisors, per_gpu_batch_size, p
 from orchestrator.config.schema import Config, to_config
 from orchestrator.engines.base import batch_split
 from orchestrator.job.build_cache import pin_build_environment
+from orchestrator.job.env import say
 from orchestrator.job.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.job.metering import GIB, gib
+from orchestrator.job.op_lock import guard_op_builds
 from orchestrator.job.ranks import Outcome, RankGroup
 from orchestrator.job.search import next_size
 from orchestrator.job.throughput import throughput_metrics
@@ -372,8 +374,11 @@ def run_probe(
     for a failure of the cell: returns the outcome on every rank, its status decided with ``time_signal()``, the
     job's time-limit signal if one came (asked once the probe has ended)."""
     build_cache = pin_build_environment()  # before torch is imported
+    removed = guard_op_builds(Path(build_cache["TORCH_EXTENSIONS_DIR"]), say)  # before any op is built
     probe = _Probe(cell, rank, world_size, local_rank)
     probe.environment["build_cache"] = build_cache
+    if removed:
+        probe.environment["stale_op_locks_removed"] = [str(p) for p in removed]
     try:
         happened = probe.run()
     except CellFailed as exc:
