@@ -70,16 +70,47 @@ def states_or_records(paths: SweepPaths) -> list[status.CellState]:
         return status.cell_states(paths, query_scheduler=False)
 
 
+MAX_INTERVAL_S = 60.0
+"""The longest wait between two checks while nothing changes: fifty users waiting on one cluster make a sacct call
+a second at most between them, not ten (slurmdbd answers every user of the cluster)."""
+
+
+class Backoff:
+    """The waits between checks: ``start_s`` first, doubled after each check that changed nothing, up to
+    MAX_INTERVAL_S (never below ``start_s``); back to ``start_s`` as soon as a check changes something."""
+
+    def __init__(self, start_s: float, max_s: float = MAX_INTERVAL_S) -> None:
+        self.start_s = start_s
+        self.max_s = max(start_s, max_s)
+        self.next_s = start_s
+
+    def after(self, changed: bool) -> float:
+        """The wait before the next check, given whether the check just made changed anything."""
+        self.next_s = self.start_s if changed else min(self.next_s * 2, self.max_s)
+        return self.next_s
+
+
+def _seen(states: list[status.CellState]) -> tuple[tuple[str, str, int], ...]:
+    return tuple((s.cell_id, s.state.value, s.attempt) for s in states)
+
+
 def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: Waves | None = None) -> None:
-    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts."""
+    """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts.
+    Checks back off (Backoff) while no cell changes state and no wave goes out."""
     states = states_or_records(paths)
+    backoff = Backoff(interval_s)
+    wait_s = interval_s
     with console.WaitProgress(len(states)) as progress:
         while not status.is_done(states) or (waves is not None and waves.held):
             progress.update(states)
-            time.sleep(interval_s)
+            time.sleep(wait_s)
+            sent = False
             if waves is not None and (subs := waves.refill()):
                 console.out(waves.summary(subs))
+                sent = True
+            before = _seen(states)
             states = states_or_records(paths)
+            wait_s = backoff.after(sent or _seen(states) != before)
         progress.update(states)
 
 
@@ -95,9 +126,12 @@ def show_status(
 
         rows = max(5, c.height - 8)  # a live view fits the terminal: problems and running cells first
         with Live(console.status_view(states, only, summary, rows), console=c, auto_refresh=False) as live:
+            backoff, wait_s = Backoff(interval_s), interval_s
             while not status.is_done(states):
-                time.sleep(interval_s)
+                time.sleep(wait_s)
+                before = _seen(states)
                 states = states_or_records(paths)
+                wait_s = backoff.after(_seen(states) != before)
                 live.update(console.status_view(states, only, summary, rows), refresh=True)
     elif watch:
         wait_for(paths, interval_s)

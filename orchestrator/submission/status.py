@@ -157,8 +157,18 @@ def cell_states(
     """
     now = now or dt.datetime.now(dt.timezone.utc)
     cell_ids = paths.cell_ids()
-    records = {cid: read_record(paths.record(cid), cid) for cid in cell_ids}
-    found = {cid: read_attempts(paths, cid) for cid in cell_ids}
+    records: dict[str, Record | BadRecord | None] = {}
+    found: dict[str, list[Attempt]] = {}
+    signatures: dict[str, _Signature] = {}
+    for cid in cell_ids:
+        signatures[cid] = _signature(paths, cid)
+        kept = _FINAL.get(paths.record(cid))
+        if kept is not None and kept[0] == signatures[cid]:
+            records[cid], found[cid] = kept[1], list(kept[2])
+        else:
+            _FINAL.pop(paths.record(cid), None)
+            records[cid] = read_record(paths.record(cid), cid)
+            found[cid] = read_attempts(paths, cid)
     # Every intent without a job id is reconciled, a cell its record decides included: a job that ran before any
     # command adopted it has its id written all the same, so its attempt names its job (and its logs).
     settled = intents.reconcile(paths, found, holding_lock, ask=query_scheduler)
@@ -194,7 +204,31 @@ def cell_states(
         if state.state in (State.FAILED, State.HOST_OOM) and state.record is None and state.log is not None:
             state.reason = f"{state.reason}; see {state.log}" if state.reason else f"see {state.log}"
         out.append(state)
+        if state.state in FINAL and isinstance(records[cid], Record) and attempts[cid] == found[cid]:
+            _FINAL[paths.record(cid)] = (signatures[cid], records[cid], tuple(found[cid]))
     return out
+
+
+FINAL = frozenset({State.OK, State.DOES_NOT_FIT, State.OOM, State.INVALID})
+"""States a cell's files alone decide for good: its record and attempts are not read again in this process while
+neither file changes (a ``--wait`` over a 1,000-cell sweep checks again and again)."""
+
+_Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
+_FINAL: dict[Path, tuple[_Signature, Record | BadRecord | None, tuple[Attempt, ...]]] = {}
+
+
+def _stat(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _signature(paths: SweepPaths, cell_id: str) -> _Signature:
+    """Inode, size and modification time of a cell's record and attempts.jsonl (None where missing), taken before
+    they are read: a file written after the read changes it, so a stale copy is never kept."""
+    return _stat(paths.record(cell_id)), _stat(paths.attempts(cell_id))
 
 
 CANCEL_MAY_CORRECT = frozenset({State.FAILED, State.TIMEOUT})
