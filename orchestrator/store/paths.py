@@ -145,6 +145,31 @@ class SweepPaths:
     def output(self, name: str) -> Path:
         return self.root / name
 
+    def check_not_loose(self) -> None:
+        """Raise LooseSweepFolder where anyone on the machine may write the sweep folder, or its ``jobs/`` or
+        ``cells/`` (world-writable without the sticky bit): the jobs load the pickles and configs in them, so
+        whoever can replace those runs code as the user (as ssh refuses a loose ``~/.ssh``). Group-writable is
+        fine: a shared project folder is a choice."""
+        for folder in (self.root, self.jobs_dir, self.cells_dir):
+            try:
+                mode = os.stat(folder).st_mode
+            except OSError:
+                continue  # not there yet: created with the user's umask
+            if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+                raise LooseSweepFolder(folder, stat.S_IMODE(mode))
+
+
+class LooseSweepFolder(PermissionError):
+    """A sweep folder anyone on the machine may write: refused before anything is submitted or run (exit 2)."""
+
+    def __init__(self, folder: Path, mode: int) -> None:
+        super().__init__(
+            errno.EPERM,
+            f"anyone on this machine may write it (mode {mode:o}: world-writable, not sticky), and its jobs load "
+            f"the pickles and configs in it; nothing was submitted. Fix it with: chmod o-w {shlex.quote(str(folder))}",
+            str(folder),
+        )
+
 
 MAX_READ_BYTES = 64 * 2**20
 """The most a record or cell config is read of: a larger file is damaged, not a record."""

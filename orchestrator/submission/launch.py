@@ -128,12 +128,11 @@ def resources(cell: Config) -> Resources:
 
 
 def exclusive(cell: Config) -> bool:
-    """Whether the cell's job asks for whole nodes: ``cluster.exclusive``, or (``null``) whenever a GPU cell uses
-    fewer GPUs of a node than the node has."""
-    if cell.cluster.exclusive is not None:
-        return bool(cell.cluster.exclusive)
-    per_node = cell.num_gpus // cell.num_nodes
-    return cell.gpu.accelerator == "cuda" and per_node < cell.cluster.gpus_per_node
+    """Whether the cell's job asks for whole nodes: only where ``cluster.exclusive`` is true. By default (``null``,
+    ``false``) a job asks for exactly its GPUs, CPUs and memory: a whole node for a 1-GPU cell was charged up to a
+    node's GPUs to the user's fair share and waited for a node to empty. A cell measured beside other jobs says so
+    in its record (``shared_node``) and the report flags it."""
+    return bool(cell.cluster.exclusive)
 
 
 def gpu_type_problem(cell: Config) -> str | None:
@@ -317,6 +316,7 @@ def submit_slurm(
     Raises WriteFailed where an intent cannot be written (nothing of that chunk is submitted) or the job ids cannot
     (the jobs run, and the next command finds them by their name), and what sbatch raised where it failed.
     """
+    paths.check_not_loose()  # before a pickle is written or a job runs
     out: list[Attempt] = []
     for res, cell_ids in group_by_resources(configs).items():
         # CellJob decides how often a timed-out cell is requeued; submitit's own count (which calls every

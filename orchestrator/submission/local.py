@@ -148,6 +148,7 @@ def submit_local(
     ``on_wait`` is told. Each cell's intent is on disk before its job starts, its process id and start time once
     it has.
     """
+    paths.check_not_loose()  # before a pickle is written or a job runs
     out: list[Attempt] = []
     for cid, cfg in configs.items():
         res = resources(cfg)
