@@ -272,10 +272,9 @@ class ClusterConfig:
     """The sbatch preamble template: a file name under a ``-cd`` folder's ``sbatch_templates/`` (found first; the
     cell keeps its absolute path) or the package's ``sbatch_templates/``."""
     exclusive: Optional[bool] = None
-    """Whether a cell's job holds its nodes alone (``--exclusive``). ``null`` (auto): exactly when a GPU cell uses
-    fewer than a node's ``gpus_per_node`` GPUs, so that no other job (another user's, or another cell of the
-    sweep) shares its CPUs, memory bandwidth, PCIe and network card while it is timed; CPU cells (tests, the demo)
-    are not. ``true`` always, ``false`` never."""
+    """Whether a cell's job holds its nodes alone (``--exclusive``): ``true`` always. ``null`` (the default) and
+    ``false``: never; the job asks for exactly its GPUs, CPUs and memory (a whole node for a 1-GPU cell cost up to
+    a node's GPUs of fair share), and a cell measured beside other jobs is flagged (``shared_node``)."""
     sbatch_extra: dict[str, str] = field(default_factory=dict)
     """A site's own sbatch options, added to every job as ``#SBATCH --<key>=<value>`` (an empty value is a bare
     flag: ``exclusive: ""``); ``reservation``, ``exclude``, pyxis' ``container-image``. Options gpudays sets itself

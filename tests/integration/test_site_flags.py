@@ -119,7 +119,7 @@ def test_exclusive_cells_never_share_a_node(slurm_cluster, tmp_path: Path, capsy
         [
             "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
             "gpu=a100-80gb", "probe.kind=sleep", "probe.sleep_s=3", "cluster.cpus_per_gpu=1",
-            "cluster.gpus_per_node=4", "cluster.time_limit_min=5", "model.seq_length=32,33,34", "--wait",
+            "cluster.gpus_per_node=4", "cluster.exclusive=true", "cluster.time_limit_min=5", "model.seq_length=32,33,34", "--wait",
         ]
     )  # fmt: skip
     out = capsys.readouterr().out

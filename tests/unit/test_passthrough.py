@@ -119,7 +119,7 @@ def test_each_gpu_type_goes_to_its_own_partition_qos_and_account(make_typed) -> 
 @pytest.mark.parametrize(
     ("overrides", "exclusive"),
     [
-        (("gpu=a100-80gb", "num_gpus=1"), True),  # 1 of a node's 4 GPUs: the rest of the node is not shared
+        (("gpu=a100-80gb", "num_gpus=1"), False),  # 1 of a node's 4 GPUs: exactly those, the rest is shared
         (("gpu=a100-80gb", "num_gpus=4"), False),  # the whole node already
         (("gpu=a100-80gb", "num_gpus=8", "num_nodes=2"), False),
         (("gpu=a100-80gb", "num_gpus=4", "cluster.exclusive=true"), True),
@@ -127,7 +127,7 @@ def test_each_gpu_type_goes_to_its_own_partition_qos_and_account(make_typed) -> 
         (("gpu=cpu", "num_gpus=1"), False),  # CPU cells (tests, the demo) share nodes
     ],
 )
-def test_exclusive_whenever_a_gpu_cell_uses_less_than_a_node(make_typed, overrides, exclusive: bool) -> None:
+def test_exclusive_only_where_the_cluster_asks_for_it(make_typed, overrides, exclusive: bool) -> None:
     cell = make_typed("cluster=example-university", *overrides)
     assert launch.exclusive(cell) is exclusive
     lines = _script(cell).splitlines()
