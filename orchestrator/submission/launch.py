@@ -21,6 +21,7 @@ import os
 import re
 import secrets
 import shlex
+import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -192,6 +193,43 @@ def render_setup(res: Resources) -> list[str]:
     return [line for line in text.splitlines() if line.strip()]
 
 
+EXPORT_NOTE = (
+    "the job is submitted with --export=NONE ({where}): its ranks are started with `srun --export=ALL`, which "
+    "passes them the job script's environment (cluster.env, cluster.setup, what submitit sets), not this shell's"
+)
+"""Said at submission where the site asks for ``--export=NONE``: srun inherits ``SLURM_EXPORT_ENV=NONE`` from
+such a job, and ranks started without the script's environment cannot run (submitit's own variables are gone)."""
+
+EXPORT_LOG_LINE = (
+    'case "${SLURM_EXPORT_ENV:-}" in [Nn][Oo][Nn][Ee]*) echo "gpudays: this job was submitted with '
+    "--export=$SLURM_EXPORT_ENV; its ranks are started with srun --export=ALL (this script's environment)\" >&2;; esac"
+)
+"""The job script's line saying so in the job's log."""
+
+
+def srun_export(res: Resources) -> list[str]:
+    """``--export=ALL`` for the srun that starts the ranks, unless ``cluster.srun_args`` sets ``--export`` itself."""
+    if any(str(a).split("=", 1)[0] == "--export" for a in res.srun_args):
+        return []
+    return ["--export=ALL"]
+
+
+def export_none(res: Resources, environ: Mapping[str, str] | None = None) -> str | None:
+    """Where the site asks for ``--export=NONE`` (``cluster.sbatch_extra.export`` or ``$SBATCH_EXPORT``), the note
+    to say at submission; None elsewhere."""
+    env = os.environ if environ is None else environ
+    asked = dict(res.sbatch_extra).get("export")
+    if isinstance(asked, str) and asked.strip().upper().startswith("NONE"):
+        where = f"cluster.sbatch_extra.export={asked}"
+    elif env.get("SBATCH_EXPORT", "").strip().upper().startswith("NONE"):
+        where = f"SBATCH_EXPORT={env['SBATCH_EXPORT']} in this environment"
+    else:
+        return None
+    if not srun_export(res):
+        return f"the job is submitted with --export=NONE ({where}); cluster.srun_args sets srun's --export itself"
+    return EXPORT_NOTE.format(where=where)
+
+
 def slurm_parameters(res: Resources) -> dict[str, Any]:
     """Parameters for submitit's SlurmExecutor."""
     params: dict[str, Any] = {
@@ -201,14 +239,21 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
         "ntasks_per_node": res.tasks_per_node,
         "cpus_per_task": res.cpus_per_task,
         "array_parallelism": res.array_parallelism,
-        "setup": render_setup(res),
+        "setup": [*render_setup(res), *([EXPORT_LOG_LINE] if srun_export(res) else [])],
         "stderr_to_stdout": False,
         # The time-limit warning CellJob acts on (see orchestrator.job.entry).
         "signal_delay_s": SIGNAL_DELAY_S,
         # From SLURM 22.05 srun no longer inherits sbatch's --cpus-per-task: without this each rank gets one CPU,
         # and CPU Adam, data loading and host-bound steps are timed on it. A rank that ends its cell badly has
         # recorded it and exits non-zero (orchestrator.job.entry): srun then ends its peers at once.
-        "srun_args": [f"--cpus-per-task={res.cpus_per_task}", "--kill-on-bad-exit=1", *res.srun_args],
+        # --export=ALL: the ranks get the job script's environment (SUBMITIT_EXECUTOR, cluster.env, setup) even where
+        # the site submits with --export=NONE, which srun would otherwise inherit (see EXPORT_NOTE).
+        "srun_args": [
+            f"--cpus-per-task={res.cpus_per_task}",
+            "--kill-on-bad-exit=1",
+            *srun_export(res),
+            *res.srun_args,
+        ],
         # submitit's default wckey ("submitit") is rejected by sites that enforce wckeys: none unless configured.
         "wckey": res.wckey,
         # A cell that times out or is preempted requeues itself (orchestrator.job.entry), which needs --requeue
@@ -322,6 +367,8 @@ def submit_slurm(
         # CellJob decides how often a timed-out cell is requeued; submitit's own count (which calls every
         # warning of a job under 50 minutes a timeout) is only a backstop against a requeue loop.
         executor = slurm_executor(res, paths.submitit_folder(), max_num_timeout=REQUEUE_BACKSTOP)
+        if (note := export_none(res)) is not None:
+            print(f"gpudays: note: {note}", file=sys.stderr, flush=True)
         chunk_size = min(res.max_array_size, max_array_size or res.max_array_size)
         for chunk in _chunks(cell_ids, max(1, chunk_size)):
             token = f"{job_name(res, paths)}-{secrets.token_hex(4)}"

@@ -29,7 +29,8 @@ source "$HOME/miniconda3/etc/profile.d/conda.sh"
 conda activate gpudays
 export PYTHONUNBUFFERED=1
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=1
+case "${SLURM_EXPORT_ENV:-}" in [Nn][Oo][Nn][Ee]*) echo "gpudays: this job was submitted with --export=$SLURM_EXPORT_ENV; its ranks are started with srun --export=ALL (this script's environment)" >&2;; esac
 
 # command
 export SUBMITIT_EXECUTOR=slurm
-srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err --cpus-per-task=8 --kill-on-bad-exit=1 python -u -m submitit.core._submit /sweeps/demo/jobs/%j
+srun --unbuffered --output /sweeps/demo/jobs/%j/%j_%t_log.out --error /sweeps/demo/jobs/%j/%j_%t_log.err --cpus-per-task=8 --kill-on-bad-exit=1 --export=ALL python -u -m submitit.core._submit /sweeps/demo/jobs/%j

@@ -48,16 +48,20 @@ def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
             "sweep", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
             "probe.kind=sleep", "probe.sleep_s=1", "num_gpus=2", "cluster.cpus_per_gpu=1",
             "cluster.time_limit_min=5", "cluster.mem_gb_per_gpu=1", f"cluster.python={wrapper}", "+cluster.sbatch_extra.comment=site-flag",
-            "--wait",
+            "+cluster.sbatch_extra.export=NONE", "--wait",
         ]
     )  # fmt: skip
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out
+    # A site that submits with --export=NONE: said at submission, and the ranks still get the job's environment.
+    assert "--export=NONE (cluster.sbatch_extra.export=NONE)" in err, err
     paths = SweepPaths(sweep_dir)
     (cell_id,) = paths.cell_ids()
     record = json.loads(paths.record(cell_id).read_text())
     assert record["status"] == "ok", record["reason"]
     assert record["environment"]["world_size"] == 2
+    logs = "".join(p.read_text() for p in paths.submitit_folder().parent.rglob("*_log.err"))
+    assert "submitted with --export=NONE; its ranks are started with srun --export=ALL" in logs, logs[-2000:]
     rank_cpus = record["environment"]["rank_cpus"]
     assert len(rank_cpus) == 2 and all(cpus and all(isinstance(c, int) for c in cpus) for cpus in rank_cpus)
     assert sorted(log.read_text().splitlines()) == ["rank 0 of 2", "rank 1 of 2"], "every rank through the wrapper"

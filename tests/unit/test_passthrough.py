@@ -78,7 +78,7 @@ def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None
     srun = next(
         line for line in executor._make_submission_file_text(command, "0").splitlines() if line.startswith("srun")
     )
-    assert "--cpus-per-task=8 --kill-on-bad-exit=1 --cpu-bind=cores " + wrapper in srun
+    assert "--cpus-per-task=8 --kill-on-bad-exit=1 --export=ALL --cpu-bind=cores " + wrapper in srun
 
 
 def test_planning_refuses_a_repeated_flag_before_submission(make_cell) -> None:
@@ -158,3 +158,41 @@ def test_a_template_in_a_cd_folder_is_found_and_kept_as_its_path(tmp_path: Path)
     missing = plan(["model=pythia-tiny", "gpu=cpu", "cluster=slurm", "cluster.template=nowhere.sh.j2"])
     with pytest.raises(launch.SubmissionRefused, match="nor in a -cd folder's sbatch_templates/"):
         launch.render_setup(launch.resources(missing.cells[0].typed))
+
+
+def test_export_none_still_gives_the_ranks_the_jobs_environment(make_typed) -> None:
+    import subprocess
+
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb", "num_gpus=4")
+    cell.cluster.sbatch_extra = {"export": "NONE"}
+    assert cells.check_values(cell) == []
+    res = launch.resources(cell)
+    executor = launch.slurm_executor(res, "/sweeps/demo/jobs/%j")
+    script = executor._make_submission_file_text(executor._submitit_command_str, "0").splitlines()
+    assert "#SBATCH --export=NONE" in script
+    srun = next(i for i, line in enumerate(script) if line.startswith("srun"))
+    # srun inherits SLURM_EXPORT_ENV=NONE from such a job: told to pass the script's environment, the ranks keep
+    # SUBMITIT_EXECUTOR, cluster.env and the setup's exports.
+    assert "--export=ALL" in script[srun].split()
+    assert script.index("export SUBMITIT_EXECUTOR=slurm") < srun
+    said = script.index(launch.EXPORT_LOG_LINE)
+    assert said < srun
+    for value, heard in (("NONE", True), ("ALL", False), ("", False)):
+        run = subprocess.run(["bash", "-c", launch.EXPORT_LOG_LINE], env={"SLURM_EXPORT_ENV": value},
+                             capture_output=True, text=True, check=True)  # fmt: skip
+        assert ("srun --export=ALL" in run.stderr) is heard, (value, run.stderr)
+    note = launch.export_none(res, environ={})
+    assert note is not None and "cluster.sbatch_extra.export=NONE" in note and "--export=ALL" in note
+
+
+def test_a_site_wide_sbatch_export_none_is_noticed_and_an_own_srun_export_kept(make_typed) -> None:
+    cell = make_typed("cluster=example-university", "gpu=a100-80gb", "num_gpus=4")
+    res = launch.resources(cell)
+    assert launch.export_none(res, environ={}) is None
+    note = launch.export_none(res, environ={"SBATCH_EXPORT": "NONE"})
+    assert note is not None and "SBATCH_EXPORT=NONE" in note
+    cell.cluster.srun_args = ["--export=ALL,FOO=1"]
+    own = launch.resources(cell)
+    assert launch.srun_export(own) == []
+    assert launch.slurm_parameters(own)["srun_args"].count("--export=ALL,FOO=1") == 1
+    assert "--export=ALL" not in launch.slurm_parameters(own)["srun_args"]
