@@ -5,8 +5,10 @@ per token (with and without activation recomputation), activation and logit byte
 weight, and the shapes it refuses. Its three builder functions (``architecture_errors``, ``build_model_config``,
 ``build_model``) are the methods of its ``BUILDER``, a :class:`building.Builder` that names the family's
 transformers classes, config arguments and refusals; the building itself is written once, there. The probe, the
-engines' memory models, the predictor and the report import these from here; nothing else repeats them. Adding a
-family is one module here that satisfies :class:`Family`, one entry in ``FAMILIES`` and its ``conf/model`` files.
+engines' memory models, the predictor and the report import these from here; nothing else repeats them. A family
+whose sample is a token sequence registers the ``FAMILY`` its module builds from its arithmetic per token
+(:class:`sequences.SequenceFamily`); an image family's module satisfies :class:`Family` itself. Adding a family is
+one module here, one entry in ``FAMILIES`` and its ``conf/model`` files.
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ class Family(Protocol):
     that every figure built on tokens (tokens per parameter, token budgets) is left empty for it, never wrong.
     """
 
-    SAMPLE: str
-    THROUGHPUT_UNIT: str
+    @property
+    def SAMPLE(self) -> str:
+        """What one sample is: ``sequence`` or ``image``."""
+        ...
+
+    @property
+    def THROUGHPUT_UNIT(self) -> str:
+        """What the throughput is counted in: ``tokens`` or ``images``."""
+        ...
 
     def num_parameters(self, model: ModelConfig) -> int:
         """Parameters of the architecture, every expert included (checked against the built module's ``numel``)."""
@@ -87,11 +96,11 @@ class Family(Protocol):
         returns the loss); floating inputs (pixels) in ``dtype``."""
         ...
 
-    def blocks(self, module: Any) -> list[Any]:
+    def blocks(self, module: torch.nn.Module) -> list[torch.nn.Module]:
         """The repeated blocks of a built module (the layers FSDP shards one by one)."""
         ...
 
-    def implementation(self, module: Any) -> dict[str, str]:
+    def implementation(self, module: torch.nn.Module) -> dict[str, str]:
         """Which of the library's code paths the built module runs where the library chooses one (a mixture of
         experts' routing kernel, Mamba's fused or reference scan): the record's ``model_implementation``."""
         ...
@@ -115,18 +124,19 @@ class LanguageFamily(Family, Protocol):
 
 
 FAMILIES: dict[str, Family] = {
-    "gpt_neox": cast(Family, gpt_neox),
-    "llama": cast(Family, llama),
-    "qwen3": cast(Family, qwen3),
-    "olmo2": cast(Family, olmo2),
-    "roberta": cast(Family, roberta),
+    "gpt_neox": gpt_neox.FAMILY,
+    "llama": llama.FAMILY,
+    "qwen3": qwen3.FAMILY,
+    "olmo2": olmo2.FAMILY,
+    "roberta": roberta.FAMILY,
     "vit": cast(Family, vit),
     "convnext": cast(Family, convnext),
-    "olmoe": cast(Family, olmoe),
-    "mamba": cast(Family, mamba),
-    "mixtral": cast(Family, mixtral),
+    "olmoe": olmoe.FAMILY,
+    "mamba": mamba.FAMILY,
+    "mixtral": mixtral.FAMILY,
 }
-"""``model.family`` in a ``conf/model`` file → the module that implements it."""
+"""``model.family`` in a ``conf/model`` file → what implements it: a language family's ``FAMILY``
+(:class:`sequences.SequenceFamily`, built from its module's arithmetic), an image family's module itself."""
 
 
 def family_module(name: str) -> Family:
@@ -235,7 +245,7 @@ def throughput_unit(model: ModelConfig) -> str:
     return family_module(model.family).THROUGHPUT_UNIT
 
 
-def implementation(model: ModelConfig, module: Any) -> dict[str, str]:
+def implementation(model: ModelConfig, module: torch.nn.Module) -> dict[str, str]:
     """``model``'s family's :meth:`Family.implementation` of a built ``module`` (empty where nothing is chosen)."""
     return family_module(model.family).implementation(module)
 

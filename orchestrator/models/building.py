@@ -4,8 +4,9 @@ for every family.
 A family module names only what is its own: the transformers config and causal-LM classes, the keyword arguments
 its config takes, and the shapes it refuses. :class:`Builder` does the rest, once for every family: it refuses a
 shape before transformers sees it, makes the config, and builds the module on the device it will run on. A
-family module binds the builder's methods to its module-level names (``build_model = BUILDER.build_model``), so
-every family satisfies :class:`orchestrator.models.Family` with the one copy here.
+family module binds the builder's methods to its module-level names (``build_model = BUILDER.build_model``), and a
+language family's ``FAMILY`` (``orchestrator.models.sequences.SequenceFamily``) builds through the same ``BUILDER``,
+so every family satisfies :class:`orchestrator.models.Family` with the one copy here.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 ROPE_THETA = 10_000.0
 """Rotary base of every Pythia model (``rotary_emb_base`` in EleutherAI/pythia models/*.yml)."""
@@ -175,22 +175,11 @@ build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model
 
 
-# One sample is a sequence of tokens (orchestrator/models/sequences.py).
-SAMPLE = sequences.SAMPLE
-THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
-tokens_per_sample = sequences.tokens_per_sample
-implementation = sequences.implementation
-synthetic_batch = sequences.synthetic_batch
-blocks = sequences.decoder_layers
-
-
-def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
-    """Training FLOPs of one sequence: :func:`flops_per_token` times ``seq_length``."""
-    return sequences.flops_per_sample(flops_per_token, model, recompute)
-
-
-def activation_bytes_per_sample(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes one sequence adds to a step's peak, from this family's layer and logit bytes per token."""
-    return sequences.activation_bytes_per_sample(
-        activation_bytes_per_token_per_layer, logit_bytes_per_token, model, method
-    )
+FAMILY = sequences.SequenceFamily(
+    BUILDER=BUILDER,
+    num_parameters=num_parameters,
+    flops_per_token=flops_per_token,
+    activation_bytes_per_token_per_layer=activation_bytes_per_token_per_layer,
+    logit_bytes_per_token=logit_bytes_per_token,
+    largest_weight_elements=largest_weight_elements,
+)

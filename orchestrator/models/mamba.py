@@ -17,13 +17,16 @@ from __future__ import annotations
 
 import math
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+import orchestrator.models.gpt_neox as gpt_neox
 import orchestrator.models.sequences as sequences
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_fields
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import MethodConfig, ModelConfig
+    import torch
+
+    from orchestrator.config.schema import ModelConfig
 
 EXPAND = 2
 STATE_SIZE = 16
@@ -106,8 +109,6 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
 
 def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
     """transformers' causal-LM loss, as the decoders' (``gpt_neox``'s measured bytes per vocabulary entry)."""
-    import orchestrator.models.gpt_neox as gpt_neox
-
     return gpt_neox.logit_bytes_per_token(model, compiled)
 
 
@@ -116,7 +117,7 @@ def largest_weight_elements(model: ModelConfig) -> int:
     return max(model.vocab_size * model.hidden_size, 2 * inner(model) * model.hidden_size)
 
 
-def implementation(module: Any) -> dict[str, str]:
+def implementation(module: torch.nn.Module) -> dict[str, str]:
     """Which scan ran: ``fused`` (mamba_ssm's CUDA kernels, through transformers' kernel hub) or ``reference``
     (transformers' PyTorch loop), as transformers decides for the module's device: it uses the kernel where its
     hub found one (``mamba_inner_fn.kernel_function``) and the module is on a GPU."""
@@ -170,25 +171,19 @@ architecture_errors = BUILDER.architecture_errors
 build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model
 
-SAMPLE = sequences.SAMPLE
-THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
 PLAN_CAVEAT = (
     "mamba cells: planned memory is that of transformers' reference scan (a CPU's, or a GPU's without mamba_ssm's "
     "fused kernels); where the fused kernels run, the cell needs less"
 )
 """Said under ``gpudays plan``'s predictions of a Mamba cell (``orchestrator.cli.display.preview``)."""
-tokens_per_sample = sequences.tokens_per_sample
-synthetic_batch = sequences.synthetic_batch
-blocks = sequences.decoder_layers
 
-
-def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
-    """Training FLOPs of one sequence."""
-    return sequences.flops_per_sample(flops_per_token, model, recompute)
-
-
-def activation_bytes_per_sample(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes one sequence adds to a step's peak."""
-    return sequences.activation_bytes_per_sample(
-        activation_bytes_per_token_per_layer, logit_bytes_per_token, model, method
-    )
+FAMILY = sequences.SequenceFamily(
+    BUILDER=BUILDER,
+    num_parameters=num_parameters,
+    flops_per_token=flops_per_token,
+    activation_bytes_per_token_per_layer=activation_bytes_per_token_per_layer,
+    logit_bytes_per_token=logit_bytes_per_token,
+    largest_weight_elements=largest_weight_elements,
+    implementation=implementation,
+    PLAN_CAVEAT=PLAN_CAVEAT,
+)

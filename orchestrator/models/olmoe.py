@@ -16,7 +16,7 @@ import orchestrator.models.sequences as sequences
 from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 NORM_EPS = 1e-5
 """RMSNorm epsilon of OLMoE-1B-7B's config.json."""
@@ -59,22 +59,13 @@ architecture_errors = BUILDER.architecture_errors
 build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model
 
-SAMPLE = sequences.SAMPLE
-THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
-tokens_per_sample = sequences.tokens_per_sample
-implementation = moe.implementation
-CPU_ONEDNN = moe.CPU_ONEDNN
-synthetic_batch = sequences.synthetic_batch
-blocks = sequences.decoder_layers
-
-
-def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
-    """Training FLOPs of one sequence, the routed experts only."""
-    return sequences.flops_per_sample(flops_per_token, model, recompute)
-
-
-def activation_bytes_per_sample(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes one sequence adds to a step's peak."""
-    return sequences.activation_bytes_per_sample(
-        activation_bytes_per_token_per_layer, logit_bytes_per_token, model, method
-    )
+FAMILY = sequences.SequenceFamily(
+    BUILDER=BUILDER,
+    num_parameters=num_parameters,
+    flops_per_token=flops_per_token,
+    activation_bytes_per_token_per_layer=activation_bytes_per_token_per_layer,
+    logit_bytes_per_token=logit_bytes_per_token,
+    largest_weight_elements=largest_weight_elements,
+    implementation=moe.implementation,
+    CPU_ONEDNN=moe.CPU_ONEDNN,
+)

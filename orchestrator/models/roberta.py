@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import orchestrator.models.gpt_neox as gpt_neox
 import orchestrator.models.sequences as sequences
 from orchestrator.models.building import OTHER_FAMILIES_FIELDS, Builder, unread_fields
 
 if TYPE_CHECKING:
     import torch
 
-    from orchestrator.config.schema import MethodConfig, ModelConfig
+    from orchestrator.config.schema import ModelConfig
 
 MASK_RATE = 0.15
 """Share of tokens masked and predicted (Devlin et al. 2019; RoBERTa keeps it, Liu et al. 2019 section 2.4)."""
@@ -108,8 +109,6 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
 def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
     """Peak bytes per token of the masked-LM head and its loss: the head's own layers and the logits as a causal
     LM's (``gpt_neox``'s measured bytes per vocabulary entry: the loss upcasts every position's logits)."""
-    import orchestrator.models.gpt_neox as gpt_neox
-
     return HEAD_BYTES_PER_HIDDEN * model.hidden_size + gpt_neox.logit_bytes_per_token(model, compiled)
 
 
@@ -131,7 +130,7 @@ def synthetic_batch(
     return {"input_ids": tokens, "labels": torch.where(masked, tokens, torch.full_like(tokens, -100))}
 
 
-def blocks(module: object) -> list[object]:
+def blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     """The encoder layers (``roberta.encoder.layer``)."""
     encoder = getattr(getattr(module, "roberta", None), "encoder", None)
     if encoder is None:
@@ -180,19 +179,13 @@ architecture_errors = BUILDER.architecture_errors
 build_model_config = BUILDER.build_model_config
 build_model = BUILDER.build_model
 
-SAMPLE = sequences.SAMPLE
-THROUGHPUT_UNIT = sequences.THROUGHPUT_UNIT
-tokens_per_sample = sequences.tokens_per_sample
-implementation = sequences.implementation
-
-
-def flops_per_sample(model: ModelConfig, recompute: bool = False) -> float:
-    """Training FLOPs of one sequence: :func:`flops_per_token` times ``seq_length``."""
-    return sequences.flops_per_sample(flops_per_token, model, recompute)
-
-
-def activation_bytes_per_sample(model: ModelConfig, method: MethodConfig) -> float:
-    """Bytes one sequence adds to a step's peak, from the layer and head bytes per token above."""
-    return sequences.activation_bytes_per_sample(
-        activation_bytes_per_token_per_layer, logit_bytes_per_token, model, method
-    )
+FAMILY = sequences.SequenceFamily(
+    BUILDER=BUILDER,
+    num_parameters=num_parameters,
+    flops_per_token=flops_per_token,
+    activation_bytes_per_token_per_layer=activation_bytes_per_token_per_layer,
+    logit_bytes_per_token=logit_bytes_per_token,
+    largest_weight_elements=largest_weight_elements,
+    synthetic_batch=synthetic_batch,
+    blocks=blocks,
+)

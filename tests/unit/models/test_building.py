@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import importlib
 import inspect
 from types import ModuleType
-from typing import Any, cast
+from typing import Any
 
 import pytest
 import transformers
@@ -59,15 +60,21 @@ REFUSED: dict[str, tuple[dict[str, Any], list[str]]] = {
 }
 
 
+def family_module(family: str) -> ModuleType:
+    """The module that implements ``family`` (a language family registers its ``FAMILY``, built there)."""
+    return importlib.import_module(f"orchestrator.models.{family}")
+
+
 def test_every_family_has_a_buildable_and_a_refused_shape() -> None:
     assert sorted(BUILDABLE) == sorted(REFUSED) == sorted(FAMILIES)
 
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_builder_functions_are_the_shared_builders(family: str) -> None:
-    module = cast(ModuleType, FAMILIES[family])
+    module = family_module(family)
     builder = module.BUILDER
     assert isinstance(builder, Builder)
+    assert FAMILIES[family].BUILDER is builder, f"{family} is registered with another builder"  # type: ignore[attr-defined]
     for name in BUILDER_FUNCTIONS:
         bound = getattr(module, name)
         assert bound.__self__ is builder, f"{family}.{name} is not its BUILDER's"
@@ -76,7 +83,7 @@ def test_the_builder_functions_are_the_shared_builders(family: str) -> None:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_no_family_module_defines_a_builder_or_calls_transformers_itself(family: str) -> None:
-    source = inspect.getsource(cast(ModuleType, FAMILIES[family]))
+    source = inspect.getsource(family_module(family))
     defined = {node.name for node in ast.walk(ast.parse(source)) if isinstance(node, ast.FunctionDef)}
     assert not defined & set(BUILDER_FUNCTIONS), f"{family} defines {sorted(defined & set(BUILDER_FUNCTIONS))}"
     assert "_from_config" not in source and "import transformers" not in source
@@ -85,7 +92,7 @@ def test_no_family_module_defines_a_builder_or_calls_transformers_itself(family:
 
 @pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_the_named_classes_are_a_transformers_config_and_causal_lm(family: str) -> None:
-    builder = cast(ModuleType, FAMILIES[family]).BUILDER
+    builder = family_module(family).BUILDER
     assert issubclass(getattr(transformers, builder.config_class), transformers.PretrainedConfig)
     assert issubclass(getattr(transformers, builder.causal_lm_class), transformers.PreTrainedModel)
 
@@ -94,7 +101,7 @@ def test_the_named_classes_are_a_transformers_config_and_causal_lm(family: str) 
 def test_a_buildable_shape_builds_its_family_class_with_the_attention_asked_for(family: str) -> None:
     import torch
 
-    builder = cast(ModuleType, FAMILIES[family]).BUILDER
+    builder = family_module(family).BUILDER
     model = BUILDABLE[family]
     assert FAMILIES[family].architecture_errors(model) == {}
     config = FAMILIES[family].build_model_config(model, "eager")

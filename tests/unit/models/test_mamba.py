@@ -36,7 +36,7 @@ def counted(model: ModelConfig, checkpointing: bool) -> dict[str, float]:
     if checkpointing:
         enable_activation_checkpointing(module)
     module.train()
-    batch = mamba.synthetic_batch(model, 3, torch.Generator().manual_seed(0), torch.float32)
+    batch = mamba.FAMILY.synthetic_batch(model, 3, torch.Generator().manual_seed(0), torch.float32)
     with FlopCounterMode(display=False) as counter:
         module(**batch).loss.backward()
     return {str(op): float(n) for op, n in counter.get_flop_counts()["Global"].items()}
@@ -71,7 +71,7 @@ def test_activation_bytes_are_what_autograd_keeps(
 def test_the_record_says_the_reference_path_ran_on_the_cpu() -> None:
     module = mamba.build_model(TINY, "sdpa", torch.float32, torch.device("cpu"))
     assert mamba.implementation(module) == {"mamba_scan": "reference"}
-    assert len(mamba.blocks(module)) == TINY.num_layers
+    assert len(mamba.FAMILY.blocks(module)) == TINY.num_layers
     assert set(mamba.architecture_errors(dataclasses.replace(TINY, num_heads=4, num_kv_heads=2))) == {
         "model.num_heads", "model.num_kv_heads",
     }  # fmt: skip

@@ -49,9 +49,9 @@ def counted_flops(module: torch.nn.Module, model: ModelConfig, batch: int) -> in
 def test_flops_are_what_the_flop_counter_counts(model: ModelConfig) -> None:
     # Eager attention (the CPU's SDPA has no FLOP formula); the MLM head runs on every position.
     module = roberta.build_model(model, "eager", torch.float32, torch.device("cpu"))
-    assert counted_flops(module, model, 3) == 3 * roberta.flops_per_sample(model)
+    assert counted_flops(module, model, 3) == 3 * roberta.FAMILY.flops_per_sample(model)
     enable_activation_checkpointing(module)
-    assert counted_flops(module, model, 3) == 3 * roberta.flops_per_sample(model, recompute=True)
+    assert counted_flops(module, model, 3) == 3 * roberta.FAMILY.flops_per_sample(model, recompute=True)
 
 
 @pytest.mark.parametrize("model", SHAPES, ids=["h64", "h96"])
