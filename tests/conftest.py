@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from orchestrator.planning import compose_cache
 from orchestrator.planning.plan import plan
 
 INTEGRATION = Path(__file__).parent / "integration"
@@ -55,6 +56,15 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.section("benchmark figures")
         for line in lines:
             terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compositions_kept_between_plans() -> Iterator[None]:
+    """The tests plan hundreds of times in one process, a ``gpudays`` command once: for the session, plans share
+    Hydra's compositions (keyed by the config files' bytes, so an edited file is read again), as no command needs."""
+    compose_cache.keep_between_plans(True)
+    yield
+    compose_cache.keep_between_plans(False)
 
 
 @pytest.fixture

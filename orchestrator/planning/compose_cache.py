@@ -1,12 +1,18 @@
-"""What ``orchestrator.planning.plan`` keeps between plans in one process: Hydra's compositions, its group list, and the
-schemas' registration.
+"""What ``orchestrator.planning.plan`` may keep between plans in one process: Hydra's compositions, its group list;
+and the schemas' registration, once per process.
 
-A program or a test that plans many times composes each distinct set of overrides once. The key holds everything a
-composition reads: the config folders, the overrides and a hash of every config file's path and bytes (an edited,
-added or removed file is a new key). What must not be shared is never cached: each caller gets its own copy with
-OmegaConf's resolver cache empty, so ``${now:...}`` in the sweep folder and ``${oc.env:...}`` are resolved afresh
-every time. (Only the folders gpudays puts on the search path are hashed: ``conf/`` and ``-cd``; a folder that a
-config file itself adds to ``hydra.searchpath`` is read once per process.)
+A ``gpudays`` command plans once, and a plan composes afresh: it reads the config files as they are, and what it
+composes twice (its hydra node and its first cell's choices) it composes once, on its own
+(``orchestrator.planning.plan.Composer``). Only a process that plans many times gains from keeping compositions
+between plans: the tests, which plan hundreds of times and turn it on for their session (:func:`keep_between_plans`,
+``tests/conftest.py``).
+
+Kept, each distinct set of overrides is composed once. The key holds everything a composition reads: the config
+folders, the overrides and a hash of every config file's path and bytes (an edited, added or removed file is a new
+key). What must not be shared is never cached: each caller gets its own copy with OmegaConf's resolver cache empty,
+so ``${now:...}`` in the sweep folder and ``${oc.env:...}`` are resolved afresh every time. (Only the folders
+gpudays puts on the search path are hashed: ``conf/`` and ``-cd``; a folder that a config file itself adds to
+``hydra.searchpath`` is read once per process.)
 """
 
 from __future__ import annotations
@@ -28,12 +34,20 @@ CACHE_MAX = 256
 FINGERPRINT_MAX_FILES = 2000
 """Config files hashed at most; a search folder with more is not cached."""
 
+KEPT_BETWEEN_PLANS = False
+"""Whether plans share the caches below (:func:`keep_between_plans`); off, every plan composes afresh."""
 COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
 """Hydra compositions by (config folder, fingerprint, search path, overrides); never handed out, only copies."""
 GROUPS: OrderedDict[tuple[str, ...], frozenset[str]] = OrderedDict()
 """Hydra's config groups, by config folder and fingerprint."""
 
 T = TypeVar("T")
+
+
+def keep_between_plans(on: bool) -> None:
+    """Keep Hydra's compositions between plans in this process (``on``), or compose afresh for every plan."""
+    global KEPT_BETWEEN_PLANS
+    KEPT_BETWEEN_PLANS = on
 
 
 def remember(cache: OrderedDict[tuple[str, ...], T], key: tuple[str, ...], make: Callable[[], T]) -> T:

@@ -10,8 +10,10 @@ so each distinct set of group choices is composed once by Hydra and the plain va
 ``OmegaConf.update``, which is what Hydra itself does with them after composition; struct mode and the typed schema
 still reject a misspelt key or a wrongly typed value.
 
-Hydra's compositions are also kept for the life of the process (``orchestrator.planning.compose_cache``), keyed by the
-config files' bytes and the overrides; each caller gets its own copy, resolved afresh.
+A plan composes afresh, reading the config files as they are; its hydra node is its first cell's composition too,
+composed once. A process that plans many times (the tests) may keep Hydra's compositions between plans
+(``orchestrator.planning.compose_cache``), keyed by the config files' bytes and the overrides; each caller gets its
+own copy, resolved afresh.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 from hydra import compose, initialize_config_dir
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
@@ -39,6 +41,7 @@ from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import ConfigValue, Container, Row
 from orchestrator.engines.registry import engine_spec
+from orchestrator.planning import compose_cache
 from orchestrator.planning.compose_cache import CACHE_MAX, COMPOSED, GROUPS, fingerprint, register_schemas, remember
 from orchestrator.slurm import templates as sbatch_template
 
@@ -46,7 +49,8 @@ DEMO_OVERRIDES = ["+experiment=demo"]
 CONFIG_NAME = "config"
 
 _BASES: OrderedDict[tuple[str, ...], _Base] = OrderedDict()
-"""Bases without any interpolation (their container is final), by the composition's key; read only, never changed."""
+"""Bases without any interpolation (their container is final), by the composition's key; read only, never changed.
+Shared between plans only where compositions are kept (``compose_cache.KEPT_BETWEEN_PLANS``)."""
 
 
 class SweepError(Exception):
@@ -130,7 +134,8 @@ class Composer:
         self.search_overrides = (
             [f"hydra.searchpath=[{','.join('file://' + str(d) for d in folders)}]"] if search_dirs else []
         )
-        self.fingerprint = fingerprint([CONF_DIR, *folders])
+        # Only a process that keeps compositions between plans hashes the config files (None: nothing is shared).
+        self.fingerprint = fingerprint([CONF_DIR, *folders]) if compose_cache.KEPT_BETWEEN_PLANS else None
         loader = GlobalHydra.instance().config_loader()
         self.parser = OverridesParser.create(config_loader=loader)
         if self.fingerprint is None:
@@ -138,21 +143,29 @@ class Composer:
         else:
             key = (str(CONF_DIR), self.fingerprint)
             self.groups = remember(GROUPS, key, lambda: frozenset(loader.list_groups("")))
+        self._composed: dict[tuple[str, ...], DictConfig] = {}
         self._bases: dict[tuple[str, ...], _Base] = {}
         self._parsed: dict[str, Override] = {}
-        self._values: dict[tuple[tuple[str, ...], str], Any] = {}
+        self._values: dict[tuple[tuple[str, ...], str], ConfigValue] = {}
 
     def compose(self, overrides: Sequence[str]) -> DictConfig:
-        """Hydra's composition of ``overrides`` (hydra node included): a copy the caller may change and resolve."""
-        full = [*self.search_overrides, *overrides]
-        if self.fingerprint is None:
-            return compose(CONFIG_NAME, overrides=full, return_hydra_config=True)
-        key = (str(CONF_DIR), self.fingerprint, *full)
-        cached = remember(COMPOSED, key, lambda: compose(CONFIG_NAME, overrides=full, return_hydra_config=True))
-        cfg = copy.deepcopy(cached)
+        """Hydra's composition of ``overrides`` (hydra node included): a copy the caller may change and resolve.
+
+        Hydra composes each distinct set once per plan: the hydra node's first choices are the first cell's."""
+        full = (*self.search_overrides, *overrides)
+        if full not in self._composed:
+            self._composed[full] = self._hydra_compose(full)
+        cfg = copy.deepcopy(self._composed[full])
         OmegaConf.clear_cache(cfg)
         cfg.hydra.runtime.cwd = os.getcwd()  # the one value Hydra takes from the process rather than the files
         return cfg
+
+    def _hydra_compose(self, full: tuple[str, ...]) -> DictConfig:
+        """Hydra's composition, or the one kept from an earlier plan where compositions are kept (never changed)."""
+        if self.fingerprint is None:
+            return compose(CONFIG_NAME, overrides=list(full), return_hydra_config=True)
+        key = (str(CONF_DIR), self.fingerprint, *full)
+        return remember(COMPOSED, key, lambda: compose(CONFIG_NAME, overrides=list(full), return_hydra_config=True))
 
     def parse(self, overrides: Sequence[str]) -> list[Override]:
         try:
@@ -209,7 +222,9 @@ class Composer:
             raise SweepError(_explain(e, firsts)) from e
         return cast(DictConfig, cfg.hydra)
 
-    def _checked_value(self, structural: tuple[str, ...], base: _Base, o: Override, overrides: Sequence[str]) -> Any:
+    def _checked_value(
+        self, structural: tuple[str, ...], base: _Base, o: Override, overrides: Sequence[str]
+    ) -> ConfigValue:
         """The override's value as the typed config holds it, checked once per distinct override and base."""
         cache_key = (structural, o.input_line or "")
         if cache_key not in self._values:
@@ -222,7 +237,7 @@ class Composer:
             node = OmegaConf.select(cfg, key)
             if isinstance(node, (DictConfig, ListConfig)):
                 node = OmegaConf.to_container(node, resolve=True)
-            self._values[cache_key] = node
+            self._values[cache_key] = cast(ConfigValue, node)
         return self._values[cache_key]
 
     def origin(self, overrides: Sequence[str], key: str) -> str:

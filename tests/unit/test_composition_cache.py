@@ -1,13 +1,18 @@
-"""plan() keeps Hydra's compositions for the process; nothing a user could change between two plans goes stale."""
+"""A plan composes afresh, each distinct composition once; where plans keep Hydra's compositions (the tests' session,
+``tests/conftest.py``), nothing a user could change between two plans goes stale."""
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from orchestrator.planning import compose_cache
+from orchestrator.planning import plan as plan_mod
 from orchestrator.planning.plan import CONF_DIR, plan
 
 
@@ -61,3 +66,38 @@ def test_the_sweep_folder_is_resolved_afresh_for_every_plan() -> None:
     finally:
         OmegaConf.clear_resolver("gpudays_cache_test_tick")
     assert first != second
+
+
+def _hydra_compositions(monkeypatch: pytest.MonkeyPatch) -> Counter[tuple[str, ...]]:
+    """Every composition Hydra itself makes from here on, by its overrides."""
+    made: Counter[tuple[str, ...]] = Counter()
+    real = plan_mod.compose
+
+    def counted(config_name: str, overrides: Sequence[str], return_hydra_config: bool) -> DictConfig:
+        made[tuple(overrides)] += 1
+        return real(config_name, overrides=list(overrides), return_hydra_config=return_hydra_config)
+
+    monkeypatch.setattr(plan_mod, "compose", counted)
+    return made
+
+
+def test_a_plan_composes_afresh_and_what_it_composes_twice_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a gpudays command does: one plan, nothing kept from an earlier one in the process.
+    monkeypatch.setattr(compose_cache, "KEPT_BETWEEN_PLANS", False)
+    made = _hydra_compositions(monkeypatch)
+    overrides = ["model=pythia-70m,pythia-160m", "gpu=a100-80gb", "num_gpus=1,2"]
+    first = plan(overrides, sweep_dir=None)
+    # The hydra node (the first model) is the first cell's composition too: two compositions for two models.
+    assert sum(made.values()) == len(made) == 2
+    second = plan(overrides, sweep_dir=None)
+    assert sum(made.values()) == 4, "a second plan reads the config files again"
+    assert [c.config for c in first.cells] == [c.config for c in second.cells]
+
+
+def test_kept_compositions_are_shared_between_plans(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(compose_cache, "KEPT_BETWEEN_PLANS", True)
+    made = _hydra_compositions(monkeypatch)
+    overrides = ["model=pythia-70m", "gpu=a100-80gb", "num_gpus=1,2", "+cluster.env.KEPT=kept-test"]
+    plan(overrides, sweep_dir=None)
+    plan(overrides, sweep_dir=None)
+    assert sum(made.values()) <= 1, "the second plan composes nothing again"
