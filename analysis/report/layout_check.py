@@ -22,6 +22,7 @@ from pathlib import Path
 from analysis.predict.parallelism import Layout, LayoutEstimate, Network, estimate_layout, network_for
 from analysis.predict.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
 from orchestrator.config.schema import Config, to_config
+from orchestrator.config.values import Row
 from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_record
@@ -141,7 +142,7 @@ def _checks(records: Sequence[Record], rate: float | None, offset_gib: float) ->
     return out
 
 
-def check_rows(checks: Sequence[LayoutCheck]) -> list[dict[str, object]]:
+def check_rows(checks: Sequence[LayoutCheck]) -> list[Row]:
     """The checks as a table's rows: measured and predicted side by side, and the predicted terms of the step."""
     return [
         {

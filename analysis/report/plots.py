@@ -13,7 +13,6 @@ import math
 import re
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -26,6 +25,7 @@ from matplotlib.gridspec import GridSpecBase
 from matplotlib.lines import Line2D
 from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
 from matplotlib.typing import LineStyleType
+from numpy.typing import ArrayLike
 
 from analysis.report.scaling import KNEE_MARGINAL_SPEEDUP
 from analysis.report.tables import settings_label
@@ -99,7 +99,7 @@ def _layout(fig: Figure, nrows: int, ncols: int, legend_in: float) -> float:
     return (LEFT_IN + grid_w + LEGEND_GAP_IN) / width
 
 
-def _style(ax: Any, model: str, xlabel: str, ylabel: str, first_column: bool) -> None:
+def _style(ax: Axes, model: str, xlabel: str, ylabel: str, first_column: bool) -> None:
     ax.set_title(model, y=1.0, pad=5, fontsize=FONT_PT["panel"])  # a fixed position skips a costly layout pass
     ax.set_xlabel(xlabel, fontsize=FONT_PT["label"])
     if first_column:  # the same quantity in every panel: labelled once per row
@@ -108,7 +108,7 @@ def _style(ax: Any, model: str, xlabel: str, ylabel: str, first_column: bool) ->
     ax.grid(True, alpha=0.3)
 
 
-def _empty(ax: Any, text: str) -> None:
+def _empty(ax: Axes, text: str) -> None:
     ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, color="grey")
     ax.set_xticks([])
     ax.set_yticks([])
@@ -134,11 +134,11 @@ def _grid(ax: Axes) -> GridSpecBase:
     return spec.get_gridspec()
 
 
-def _tick_label(value: float, _position: Any = None) -> str:
+def _tick_label(value: float, _position: int | None = None) -> str:
     return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
 
 
-def _log_ticks(ax: Any, which: str, base: int = 10, max_ticks: int = 6) -> None:
+def _log_ticks(ax: Axes, which: str, base: int = 10, max_ticks: int = 6) -> None:
     """Log scale with a few ticks inside the data's range (1-2-5 or powers of two), labelled as plain numbers.
 
     Tick objects are the most expensive part of drawing a panel, and matplotlib's log locators create them for
@@ -170,7 +170,7 @@ def _short(settings: object) -> str:
     return " ".join(t for t in str(settings).split() if not _NOT_IN_LABEL.fullmatch(t))
 
 
-def _label(ax: Any, x: Iterable[float], y: Iterable[float], labels: Iterable[str], colours: list[RGBA]) -> None:
+def _label(ax: Axes, x: Iterable[float], y: Iterable[float], labels: Iterable[str], colours: list[RGBA]) -> None:
     """Write each point's setting beside it, in its GPU's colour (left of the rightmost points, to stay inside)."""
     xs = [float(v) for v in x]
     right = max(xs, default=0.0)
@@ -180,7 +180,7 @@ def _label(ax: Any, x: Iterable[float], y: Iterable[float], labels: Iterable[str
                     fontsize=FONT_PT["point"], ha="right" if left else "left", gid="point-label")  # fmt: skip
 
 
-def _ring_nodes(ax: Any, x: Any, y: Any, nodes: Any, colours: list[RGBA]) -> None:
+def _ring_nodes(ax: Axes, x: ArrayLike, y: ArrayLike, nodes: ArrayLike, colours: list[RGBA]) -> None:
     """Ring the points whose cells span more than one node."""
     multi = np.asarray(nodes, dtype=float) > 1
     ax.scatter(np.asarray(x, dtype=float)[multi], np.asarray(y, dtype=float)[multi], s=170, facecolors="none",
@@ -200,7 +200,7 @@ def _header(text: str) -> tuple[Line2D, str]:
 
 def _gpu_entries(
     colours: dict[str, RGBA], shown: Iterable[str], marker: str = "o", linestyle: LineStyleType = "-"
-) -> list[tuple[Any, str]]:
+) -> list[tuple[Line2D, str]]:
     used = set(shown)
     entries = [_header("GPU type")]
     entries += [
@@ -209,7 +209,7 @@ def _gpu_entries(
     return entries
 
 
-def _finish(fig: Figure, axes: list[Axes], entries: list[tuple[Any, str]], path: Path) -> Path:
+def _finish(fig: Figure, axes: list[Axes], entries: list[tuple[Line2D, str]], path: Path) -> Path:
     """Put the legend right of the panels, widen the figure to hold it, and save."""
     nrows, ncols = _grid(axes[0]).get_geometry()
     if entries:

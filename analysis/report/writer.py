@@ -94,7 +94,6 @@ import datetime as _dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -104,6 +103,8 @@ from analysis.predict.predictor import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.report import engine_comparison, layout_check, scaling, tables
 from analysis.report.accuracy import adaptive_section, prediction_section
 from analysis.sweeps.records import Catalog, load_cells
+from orchestrator.config.prices import CloudPrice, price_note
+from orchestrator.config.values import Row, Scalar
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set
 from orchestrator.store.durable import staged_folder
 
@@ -267,12 +268,11 @@ def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
 
 def _prices(cells: pd.DataFrame) -> str:
     """The source and date of every cloud price the report's costs use (``orchestrator.config.prices``)."""
-    from orchestrator.config.prices import CloudPrice, price_note
 
-    def text(value: Any) -> str | None:
+    def text(value: Scalar) -> str | None:
         return None if value is None or pd.isna(value) else str(value)
 
-    rows: list[dict[Any, Any]] = []
+    rows: list[Row] = []
     if "cloud_price_source" in cells.columns:
         # The note names each GPU once, by its last row, in the order the GPUs first appear: one row per GPU
         # read here, not one per cell.
@@ -287,7 +287,7 @@ def _prices(cells: pd.DataFrame) -> str:
     )  # fmt: skip
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: object) -> str:
     if value is None or value is pd.NA or (isinstance(value, float) and np.isnan(value)):
         return "-"
     if isinstance(value, (bool, np.bool_)):

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.cells import cell as cells
 from orchestrator.cli.display import console
@@ -27,6 +27,9 @@ from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import BadCellConfig, Record, read_cell_config, read_record
 from orchestrator.store.states import UNFIXABLE, parse_state, rerun_selectable
 from orchestrator.submission import admission, intents, launch, local, quota, status
+
+if TYPE_CHECKING:
+    from orchestrator.planning.plan import Plan
 
 
 def check(configs: Mapping[str, Config]) -> None:
@@ -114,7 +117,7 @@ def _follow(paths: SweepPaths, waves: quota.Waves, wait: bool, report: bool, int
     return finish(paths, report)
 
 
-def start(plan: Any, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
+def start(plan: Plan, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
     paths = SweepPaths(plan.sweep_dir)
     check({c.cell_id: c.typed for c in plan.cells})
@@ -198,7 +201,9 @@ def resume(
     return _follow(paths, waves, wait, True, interval_s)
 
 
-def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor: float | None) -> Config:
+def rerun_config(
+    paths: SweepPaths, s: status.CellState, time_limit: int | None, time_factor: float | None
+) -> Config:
     """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given.
 
     ``cell.yaml`` is read back as the typed cell and judged again, so an edited file with a value outside its
@@ -221,7 +226,7 @@ def rerun_config(paths: SweepPaths, s: Any, time_limit: int | None, time_factor:
     return cfg
 
 
-def archive_record(paths: SweepPaths, s: Any) -> None:
+def archive_record(paths: SweepPaths, s: status.CellState) -> None:
     """Keep the record of the attempt being replaced next to the new one, under the attempt's name (never the new
     attempt's own record, should its job have written one already)."""
     record = paths.record(s.cell_id)

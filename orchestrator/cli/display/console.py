@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import re
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
@@ -31,7 +33,14 @@ from orchestrator.cli.display.views import state_style as state_style
 from orchestrator.cli.display.views import status_table as status_table
 from orchestrator.store.attempts import Attempt
 from orchestrator.store.states import ACTIVE
-from orchestrator.submission.status import counts
+from orchestrator.submission.status import CellState, counts
+
+if TYPE_CHECKING:
+    from rich.live import Live
+    from rich.progress import Progress, TaskID
+
+    from orchestrator.planning.plan import Plan
+    from orchestrator.submission.local import LocalRun
 
 PIPED_WIDTH = 100_000
 """The width of a console that is no terminal: wide enough that no table or line is ever wrapped or cut."""
@@ -83,7 +92,7 @@ def note(text: str) -> None:
     make_console(stderr=True).print(_t(f"gpudays: {text}"))
 
 
-def plan_summary(plan: Any) -> RenderableType:
+def plan_summary(plan: Plan) -> RenderableType:
     """Where the sweep goes, how many cells run, which are refused and why."""
     lines = [_t(f"sweep folder: {plan.sweep_dir}")]
     dup = f", {plan.duplicates} duplicate(s) merged" if plan.duplicates else ""
@@ -95,7 +104,7 @@ def plan_summary(plan: Any) -> RenderableType:
 
 
 def status_view(
-    states: Sequence[Any], only: set[str] | None, summary_only: bool, max_rows: int | None
+    states: Sequence[CellState], only: set[str] | None, summary_only: bool, max_rows: int | None
 ) -> Tabular:
     """What ``gpudays status`` shows: the counts per state, and the table unless ``summary_only``."""
     view = status_table(states, only, max_rows)
@@ -106,7 +115,7 @@ def status_view(
     return view
 
 
-def summary_line(states: Sequence[Any], markup: bool = True) -> Text:
+def summary_line(states: Sequence[CellState], markup: bool = True) -> Text:
     """``12 cell(s): ok 9, running 2, failed 1``, in the order of ``STATES``; ``markup``: each state in its colour."""
     text = _t(f"{len(states)} cell(s): ")
     parts = counts(states)
@@ -131,7 +140,7 @@ SUBMITIT_LOG = re.compile(r"^submitit (DEBUG|INFO|WARNING|ERROR) \(")
 
 
 def cell_detail(
-    state: Any,
+    state: CellState,
     attempts: Sequence[Attempt],
     logs: Sequence[Path],
     traceback: str | None,
@@ -221,8 +230,8 @@ class LocalProgress:
         self.total = total
         self.console = make_console()
         self.index = 0
-        self.run: Any = None
-        self.live: Any = None
+        self.run: LocalRun | None = None
+        self.live: Live | None = None
         self.last_said = 0.0
 
     def __enter__(self) -> LocalProgress:
@@ -233,43 +242,39 @@ class LocalProgress:
             self.live.__enter__()
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.live is not None:
-            self.live.__exit__(*exc)
+            self.live.__exit__(kind, exc, tb)
 
     def _elapsed_s(self) -> float:
-        import time
-
         return time.monotonic() - self.run.started_s if self.run is not None else 0.0
 
     def _now_line(self) -> Text:
-        said = _last_line(self.run.logs)
-        text = _t(
-            f"  [{self.index}/{self.total}] {self.run.cell_id} {self.run.label}: running, {self._elapsed_s():.0f} s"
-        )
+        run = self.run
+        assert run is not None, "a line about the running cell once one has started"
+        said = _last_line(run.logs)
+        text = _t(f"  [{self.index}/{self.total}] {run.cell_id} {run.label}: running, {self._elapsed_s():.0f} s")
         if said:
             text.append(f"  | {said}", style="dim")
         return text
 
-    def start(self, run: Any) -> None:
-        import time
-
+    def start(self, run: LocalRun) -> None:
         self.run, self.index, self.last_said = run, self.index + 1, time.monotonic()
         if self.live is not None:
             self.live.update(self._now_line(), refresh=True)
         else:
             self.console.print(_t(f"  [{self.index}/{self.total}] {run.cell_id} {run.label}: started"))
 
-    def poll(self, run: Any) -> None:
-        import time
-
+    def poll(self, run: LocalRun) -> None:
         if self.live is not None:
             self.live.update(self._now_line(), refresh=True)
         elif time.monotonic() - self.last_said >= self.QUIET_S:
             self.last_said = time.monotonic()
             self.console.print(self._now_line())
 
-    def done(self, state: Any) -> None:
+    def done(self, state: CellState) -> None:
         step = state.record.metrics.step_time_s if state.record is not None else None
         step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
         reason = f": {state.reason}" if state.reason and state.state != "ok" else ""
@@ -289,8 +294,8 @@ class WaitProgress:
         self.console = make_console()
         self.total = total
         self.last = ""
-        self.progress: Any = None
-        self.task: Any = None
+        self.progress: Progress | None = None
+        self.task: TaskID | None = None
 
     def __enter__(self) -> WaitProgress:
         if self.console.is_terminal:
@@ -308,16 +313,16 @@ class WaitProgress:
             self.task = self.progress.add_task("", total=self.total)
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.progress is not None:
-            self.progress.__exit__(*exc)
+            self.progress.__exit__(kind, exc, tb)
 
-    def update(self, states: Sequence[Any]) -> None:
-        import time
-
+    def update(self, states: Sequence[CellState]) -> None:
         line = summary_line(states, markup=False)
         plain = line.plain if isinstance(line, Text) else str(line)
-        if self.progress is not None:
+        if self.progress is not None and self.task is not None:
             ended = sum(1 for s in states if s.state not in ACTIVE)
             self.progress.update(self.task, completed=ended, total=len(states), description=plain)
         elif plain != self.last:

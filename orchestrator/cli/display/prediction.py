@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from rich.console import Group, RenderableType
+from rich.text import Text
+
+from orchestrator.cli.display.console import rows_table
 from orchestrator.planning.plan import Plan, refuse_unfit
-
-if TYPE_CHECKING:
-    from rich.console import RenderableType
 
 INTERVALS = {
     "predicted_step_time_s": "predicted_step_time_s_90",
@@ -65,11 +65,7 @@ def layout_offers(p: Plan) -> RenderableType | None:
     """The tensor × pipeline × data-parallel layouts (``method.engine=mesh3d``) a plan offers where data
     parallelism alone does not fit or is slower (analysis/predict/layouts.py), each with the ``gpudays sweep`` line that
     measures it; None where there is none to offer."""
-    from rich.console import Group
-    from rich.text import Text
-
     from analysis.predict.layouts import offer_rows, offers
-    from orchestrator.cli.display.console import rows_table
 
     found = offers((cell.typed, cell.prediction) for cell in [*p.cells, *p.skipped] if cell.prediction)
     if not found:

@@ -3,7 +3,7 @@ a sweep would submit (a cell already in the sweep folder is not submitted again,
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.cli.display import console, prediction
 from orchestrator.cli.errors import CommandError, Exit
@@ -12,12 +12,15 @@ from orchestrator.models import family_module
 from orchestrator.store.paths import SweepPaths
 from orchestrator.submission import launch
 
+if TYPE_CHECKING:
+    from orchestrator.planning.plan import Plan
 
-def show_plan(plan: Any, predictions: bool) -> None:
+
+def show_plan(plan: Plan, predictions: bool) -> None:
     """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
     c = console.make_console()
     c.print(console.plan_summary(plan))
-    for line in getattr(plan, "notes", ()):
+    for line in plan.notes:
         console.out(line)
     if predictions:
         from analysis.predict.predictor import PREDICTOR
@@ -35,7 +38,7 @@ def show_plan(plan: Any, predictions: bool) -> None:
             c.print(offered)
 
 
-def _new_cells(plan: Any) -> tuple[int, str]:
+def _new_cells(plan: Plan) -> tuple[int, str]:
     """How many of the plan's cells a sweep would submit, and a clause on those it would not (already in it)."""
     paths = SweepPaths(plan.sweep_dir)
     known = [c for c in plan.cells if in_sweep_already(paths, c.cell_id)]
@@ -43,7 +46,7 @@ def _new_cells(plan: Any) -> tuple[int, str]:
     return len(plan.cells) - len(known), clause
 
 
-def preview(plan: Any, ask_scheduler: bool) -> Exit:
+def preview(plan: Plan, ask_scheduler: bool) -> Exit:
     """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
 
     A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config

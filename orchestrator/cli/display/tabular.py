@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rich.console import Console, ConsoleOptions, RenderableType
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -143,9 +144,6 @@ class Tabular:
 
 def _trimmed(table: Table, width: int) -> Iterator[RenderableType]:
     """The table's lines without the spaces rich pads its last column with (a file or a pipe keeps them)."""
-    from rich.console import Console
-    from rich.segment import Segment, Segments
-
     console = Console(width=width, force_terminal=True, color_system="truecolor")
     for line in console.render_lines(table, console.options.update(width=width), pad=False):
         while line and not line[-1].text.strip():
