@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Any
 
 import pandas as pd
 
@@ -42,10 +42,7 @@ from orchestrator.store.adaptive_state import (
 from orchestrator.store.durable import append_jsonl
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.states import State, is_active, needs_rerun
-from orchestrator.submission import intents, launch, quota, status
-
-if TYPE_CHECKING:
-    from orchestrator.planning.plan import Plan
+from orchestrator.submission import intents, launch, quota, status, usage
 
 
 def goal_from_flags(
@@ -66,7 +63,7 @@ def goal_from_flags(
     )
 
 
-def start(plan: Plan, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
+def start(plan: Any, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep --adaptive``: write the grid into a new folder, then run (or submit) the first round."""
     paths = SweepPaths(plan.sweep_dir)
     lifecycle.check({c.cell_id: c.typed for c in plan.cells})
@@ -173,7 +170,7 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
     first = to_config(grid_cells[0][1]).probe
     probe = ProbeSteps(first.warmup_steps, first.max_steps, first.time_budget_s)
     history = [r.widest_pct for r in state.rounds]
-    decision = decide(grid, measured, goal, _spent_gpu_s(measured, probe), probe, blocked=given_up, history=history)
+    decision = decide(grid, measured, goal, _spent_gpu_s(measured, probe, paths), probe, blocked=given_up, history=history)
     for cid in given_up:
         console.out(f"  {cid} failed {MAX_ATTEMPTS} times: left to its prediction; others are chosen in its place")
     if decision.stop is not None:
@@ -191,14 +188,22 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
     return lifecycle.submit_cells(paths, chosen)
 
 
-def _spent_gpu_s(measured: pd.DataFrame, probe: ProbeSteps) -> float:
-    """GPU-seconds the measurements took: each record's probe wall time × its GPUs; a cell that left no wall
-    time (a failure without a record) counts as its whole probe budget."""
+def _spent_gpu_s(measured: pd.DataFrame, probe: ProbeSteps, paths: SweepPaths | None = None) -> float:
+    """GPU-seconds the measurements took: what SLURM allocated (sacct's AllocTRES GPUs × elapsed, every run; see
+    usage.allocated_gpu_s) where it says; else, with a note, each record's probe wall time × its GPUs, and a cell
+    that left no wall time (a failure without a record) counts as its whole probe budget."""
     if measured.empty:
         return 0.0
     wall = pd.to_numeric(measured.get("probe_wall_s"), errors="coerce").fillna(probe.time_budget_s)
     gpus = pd.to_numeric(measured["num_gpus"], errors="coerce").fillna(1.0)
-    return float((wall * gpus).sum())
+    spent = wall * gpus
+    if paths is not None and "cell_id" in measured:
+        allocated, note = usage.allocated_gpu_s(paths, measured["cell_id"].astype(str))
+        charged = measured["cell_id"].astype(str).map(allocated)
+        spent = charged.where(charged > 0, spent)  # nothing allocated yet (pending): the probe's figure
+        if note:
+            console.note(note)
+    return float(spent.sum())
 
 
 def _standing(decision: Decision, size: int) -> str:

@@ -230,6 +230,45 @@ def sacct(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Acc
     return parse_sacct(checked(cmd, timeout_s))
 
 
+USAGE_FORMAT = "JobID,AllocTRES,ElapsedRaw"
+_GPU_TRES = re.compile(r"^gres/gpu(?::[^=]+)?=(\d+)$")
+
+
+def parse_usage(text: str) -> dict[JobId, float]:
+    """``sacct -n -P -X --duplicates -o JobID,AllocTRES,ElapsedRaw`` -> GPU-seconds SLURM allocated to each job or
+    task, every run of a requeued job counted: the GPUs of AllocTRES (``gres/gpu=4``; the typed counts
+    ``gres/gpu:a100=4`` summed where the untyped one is missing) × the elapsed seconds. A run that was never
+    allocated (pending, an array's pending range) counts nothing; lines it cannot read are skipped."""
+    out: dict[JobId, float] = {}
+    for line in text.splitlines():
+        fields = line.strip().split("|")
+        if len(fields) < 3:
+            continue
+        try:
+            jid, elapsed = JobId.parse(fields[0]), float(fields[2])
+        except ValueError:
+            continue
+        untyped, typed = None, 0
+        for item in fields[1].split(","):
+            m = _GPU_TRES.match(item.strip())
+            if m and item.strip().startswith("gres/gpu="):
+                untyped = int(m.group(1))
+            elif m:
+                typed += int(m.group(1))
+        out[jid] = out.get(jid, 0.0) + (untyped if untyped is not None else typed) * elapsed
+    return out
+
+
+def sacct_usage(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> dict[JobId, float]:
+    """GPU-seconds allocated to each of ``job_ids`` (parse_usage), one sacct call; only the jobs sacct lists.
+    Raises SlurmUnavailable when accounting cannot be asked."""
+    if not job_ids:
+        return {}
+    cmd = ["sacct", "-n", "-P", "-X", "--duplicates", "-o", USAGE_FORMAT, "-j", _arrays(job_ids)]
+    wanted = set(job_ids)
+    return {j: v for j, v in parse_usage(checked(cmd, timeout_s)).items() if j in wanted}
+
+
 def squeue(job_ids: Sequence[JobId], timeout_s: float = DEFAULT_TIMEOUT_S) -> Accounting:
     """One squeue call (the controller's live view: queued, running, just ended) for the arrays of ``job_ids``."""
     if not job_ids:
