@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pandas as pd
 
@@ -44,6 +44,9 @@ from orchestrator.store.paths import SweepPaths
 from orchestrator.store.states import State, is_active, needs_rerun
 from orchestrator.submission import intents, launch, quota, status, usage
 
+if TYPE_CHECKING:
+    from orchestrator.planning.plan import Plan
+
 
 def goal_from_flags(
     target_pct: float | None, budget_gpu_hours: float | None, round_cells: int | None, size: int
@@ -63,7 +66,7 @@ def goal_from_flags(
     )
 
 
-def start(plan: Any, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
+def start(plan: Plan, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
     """``gpudays sweep --adaptive``: write the grid into a new folder, then run (or submit) the first round."""
     paths = SweepPaths(plan.sweep_dir)
     lifecycle.check({c.cell_id: c.typed for c in plan.cells})
