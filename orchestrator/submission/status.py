@@ -161,7 +161,7 @@ def cell_states(
     found: dict[str, list[Attempt]] = {}
     signatures: dict[str, _Signature] = {}
     for cid in cell_ids:
-        signatures[cid] = _signature(paths, cid)
+        signatures[cid] = _stat(paths.attempts(cid))
         kept = _FINAL.get(paths.record(cid))
         if kept is not None and kept[0] == signatures[cid]:
             records[cid], found[cid] = kept[1], list(kept[2])
@@ -211,24 +211,23 @@ def cell_states(
 
 FINAL = frozenset({State.OK, State.DOES_NOT_FIT, State.OOM, State.INVALID})
 """States a cell's files alone decide for good: its record and attempts are not read again in this process while
-neither file changes (a ``--wait`` over a 1,000-cell sweep checks again and again)."""
+its attempts.jsonl keeps its inode, size and modification time (a ``--wait`` over a 1,000-cell sweep checks again
+and again: one stat a finished cell instead of two files opened and parsed). A final record is replaced only with
+a new attempt (``resume --rerun``, ``--time-limit`` append to attempts.jsonl first; a job that runs again after its
+record was written keeps the record and writes nothing over it), so the attempts file alone tells a change."""
 
-_Signature = tuple[tuple[int, int, int] | None, tuple[int, int, int] | None]
+_Signature = tuple[int, int, int] | None
 _FINAL: dict[Path, tuple[_Signature, Record | BadRecord | None, tuple[Attempt, ...]]] = {}
 
 
-def _stat(path: Path) -> tuple[int, int, int] | None:
+def _stat(path: Path) -> _Signature:
+    """Inode, size and modification time (None where missing), taken before the file is read: a line appended
+    after the read changes it, so a stale copy is never kept."""
     try:
         st = path.stat()
     except OSError:
         return None
     return (st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def _signature(paths: SweepPaths, cell_id: str) -> _Signature:
-    """Inode, size and modification time of a cell's record and attempts.jsonl (None where missing), taken before
-    they are read: a file written after the read changes it, so a stale copy is never kept."""
-    return _stat(paths.record(cell_id)), _stat(paths.attempts(cell_id))
 
 
 CANCEL_MAY_CORRECT = frozenset({State.FAILED, State.TIMEOUT})

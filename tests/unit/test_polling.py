@@ -76,6 +76,8 @@ def test_a_finished_cell_is_read_once_across_checks_until_its_files_change(
     assert reads.count("record done") == 1 and reads.count("attempts done") == 1
     assert reads.count("record queued") == 2  # not final: read at every check
 
-    write_json_atomic(paths.record("done"), {**rec, "status": "oom"})  # rewritten (by another command): read again
+    # a rerun: a new attempt, then its record
+    append_jsonl(paths.attempts("done"), asdict(Attempt(cell_id="done", attempt=2, job_id="2", backend="local")))
+    write_json_atomic(paths.record("done"), {**rec, "status": "oom", "attempt": 2})
     assert {s.cell_id: s.state for s in status.cell_states(paths, query_scheduler=False)}["done"] == State.OOM
-    assert reads.count("record done") == 2
+    assert reads.count("record done") == 2 and reads.count("attempts done") == 2
