@@ -51,6 +51,7 @@ from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_cell_config, read_record, write_record
 from orchestrator.store.states import ANSWERS, RecordStatus
+from orchestrator.store.version import gpudays_version, version_mismatch
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
 """``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same
@@ -122,11 +123,15 @@ def fail_probe(sleep_s: float, rank: int = 0, fail_rank: int | None = None) -> N
     raise InjectedFailure("probe.kind=fail: this cell fails on purpose (set probe.kind=sleep or deepspeed to fix it)")
 
 
-def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, int] | None = None) -> str:
+def run_cell(
+    sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, int] | None = None, submitted_by: str | None = None
+) -> str:
     """Measure one cell on this rank; rank 0 writes the record. Returns the cell's status.
 
     ``requeues`` (how often this attempt was requeued, and why) goes into the record's environment.
+    ``submitted_by``: the gpudays version that submitted the cell; a job running another refuses before measuring.
     """
+    running = gpudays_version()
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
     cell = read_cell_config(paths.cell_config(cell_id))
@@ -162,7 +167,10 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
     jobs_at_start = node_jobs() if rank == 0 else None
     signal.signal(signal.SIGINT, _on_interrupt)
     try:
-        if typed is None or refusals:
+        if submitted_by is not None and submitted_by != running:
+            say(mismatch := version_mismatch(submitted_by, running))  # nothing measured: a resume reruns it
+            result = outcome_of(Happened(Ending.RAISED, mismatch))
+        elif typed is None or refusals:
             # The same config fails the same way on every rerun: nothing is built, and the record says invalid.
             refused = Happened(Ending.REFUSED, f"the cell's config cannot be built: {'; '.join(refusals)}")
             result = outcome_of(refused, time_signal=time_limit_signal())
@@ -197,6 +205,9 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
                 continue
         ranks.sort(key=lambda r: r.get("rank", 0))
         environment = dict(result.environment)
+        host_load = environment.pop("host_load", None)
+        if submitted_by is not None:
+            environment["gpudays_submitted_by"] = submitted_by
         environment.update(scheduler_ids())
         environment.update(
             {
@@ -228,6 +239,8 @@ def run_cell(sweep_root: str, cell_id: str, attempt: int, requeues: dict[str, in
             environment=environment,
             started_at=started_at,
             finished_at=_now(),
+            gpudays_version=running,
+            host_load=host_load if isinstance(host_load, dict) else {},
         )
         if not superseded(paths, cell_id, attempt):
             write_record(keep_earlier_record(paths, cell_id, attempt), record)
@@ -317,10 +330,11 @@ class CellJob(submitit.helpers.Checkpointable):
     raised, so a requeued run knows how many requeues its attempt has used.
     """
 
-    def __init__(self, sweep_root: str, cell_id: str, attempt: int) -> None:
+    def __init__(self, sweep_root: str, cell_id: str, attempt: int, submitted_by: str | None = None) -> None:
         self.sweep_root = sweep_root
         self.cell_id = cell_id
         self.attempt = attempt
+        self.submitted_by = submitted_by  # the gpudays that submitted it (orchestrator.store.version)
         self.requeues: dict[str, int] = {"timeout": 0, "preemption": 0}
         self._requeue_reason: str | None = None
 
@@ -337,7 +351,8 @@ class CellJob(submitit.helpers.Checkpointable):
             return "answered"
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             self._guard_time_limit()
-        status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues))
+        submitted_by = getattr(self, "submitted_by", None)  # a job pickled by an older gpudays has none
+        status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues), submitted_by)
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and status not in ENDS_QUIETLY:
             raise RankEnded(f"cell {self.cell_id} ended {status} on this rank (recorded); its peers are ended")
         return status

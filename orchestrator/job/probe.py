@@ -41,7 +41,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ from orchestrator.engines.base import batch_split
 from orchestrator.job.build_cache import pin_build_environment
 from orchestrator.job.env import say
 from orchestrator.job.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
+from orchestrator.job.host_load import HostLoadMeter
 from orchestrator.job.metering import GIB, gib
 from orchestrator.job.op_lock import guard_op_builds
 from orchestrator.job.ranks import Outcome, RankGroup
@@ -314,9 +315,10 @@ class _Probe(RankGroup):
         """Time ``plan``'s steps: the record's figures of the timed steps."""
         assert self.memory is not None
         skipped_before = self.engine.skipped_steps
-        began = time.perf_counter()
+        began, host = time.perf_counter(), HostLoadMeter()
         samples, cpu_times, stop_reason, loss = self.timed_steps(plan)
         self.phases.timed_s = time.perf_counter() - began
+        self.environment["host_load"] = asdict(host.end())  # the record's host_load (entry.py moves it there)
         peak = self.memory.peak()  # since the warm-up began: the steady state's peak
         allocated, reserved, host_rss = self.agree(
             [float(peak.allocated), float(peak.reserved or 0), float(peak.host_rss)], None

@@ -49,6 +49,9 @@ class Attempt:
     started: float | None = None
     """A local job: when its process started (seconds since the epoch, as psutil reports it), so that a process
     id the system has since given to another process is not taken for the job."""
+    gpudays: str | None = None
+    """The gpudays version that submitted the attempt (``orchestrator.store.version``); its job refuses to measure
+    under another."""
 
     @property
     def intent_only(self) -> bool:
@@ -76,6 +79,7 @@ class Attempt:
             token=token if isinstance(token, str) else None,
             index=index if isinstance(index, int) and not isinstance(index, bool) else None,
             started=float(started) if isinstance(started, (int, float)) and not isinstance(started, bool) else None,
+            gpudays=entry["gpudays"] if isinstance(entry.get("gpudays"), str) else None,
         )
 
     def to_line(self) -> str:

@@ -6,33 +6,33 @@ reader, used by ``status``, ``report`` and ``resume`` alike, so they agree on ev
 one (bytes that are not UTF-8, truncated JSON, a field of the wrong type, a required field missing, a status this
 version does not know, a newer schema) comes back as a :class:`BadRecord` with the reason, never as an exception.
 
-Record fields (schema version 1): ``schema_version``, ``cell_id``, ``attempt`` and ``status`` are required; the
+Record fields (schema version 2): ``schema_version``, ``cell_id``, ``attempt`` and ``status`` are required; the
 rest may be missing or null: ``sweep``, ``reason``, ``traceback``, ``settings``, ``config`` (the whole resolved
 cell config), ``metrics`` (one key per :class:`Metrics` field), ``environment`` (library versions, device, nodes,
-SLURM ids), ``started_at``, ``finished_at`` (ISO 8601). A probe hands its part over as one
-``orchestrator.job.failures.ProbeOutcome``.
+SLURM ids), ``started_at``, ``finished_at`` (ISO 8601); from version 2, ``gpudays_version`` (the gpudays that
+wrote it, ``orchestrator.store.version``) and ``host_load`` (the host while timed, ``orchestrator.job.host_load``);
+version 1 reads as before, without them. A probe hands its part over as one ``ProbeOutcome`` (job.failures).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Container, Row
+from orchestrator.store.cell_config import BadCellConfig as BadCellConfig
+from orchestrator.store.cell_config import read_cell_config as read_cell_config
 from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import read_regular_file
 from orchestrator.store.states import RecordStatus, State, state_of_record
 
-RECORD_SCHEMA_VERSION = 1
+RECORD_SCHEMA_VERSION = 2
 """The version this code writes and the newest it reads; bump it when a field changes meaning."""
 
 
@@ -264,6 +264,9 @@ class Record:
     started_at: str | None = None
     finished_at: str | None = None
     schema_version: int = RECORD_SCHEMA_VERSION
+    gpudays_version: str | None = None
+    host_load: dict[str, object] = field(default_factory=dict)
+    """Load averages, cores given, others' CPU use while timed (orchestrator.job.host_load); empty where untimed."""
 
     @property
     def state(self) -> State:
@@ -294,6 +297,8 @@ class Record:
             "environment": self.environment,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
+            "gpudays_version": self.gpudays_version,
+            "host_load": self.host_load,
         }
 
 
@@ -372,8 +377,8 @@ def record_from_json(data: Any, cell_id: str | None = None) -> Record | BadRecor
     except ValueError:
         known = ", ".join(s.value for s in RecordStatus)
         return BadRecord(f"record has unknown status {data['status']!r} (known: {known})")
-    texts = ("sweep", "reason", "traceback", "started_at", "finished_at")
-    objects = ("settings", "config", "metrics", "environment")
+    texts = ("sweep", "reason", "traceback", "started_at", "finished_at", "gpudays_version")
+    objects = ("settings", "config", "metrics", "environment", "host_load")
     for key, kind, what in [*((k, str, "a string") for k in texts), *((k, dict, "an object") for k in objects)]:
         problem = _optional(data, key, kind, what)
         if problem:
@@ -397,54 +402,6 @@ def record_from_json(data: Any, cell_id: str | None = None) -> Record | BadRecor
         started_at=data.get("started_at"),
         finished_at=data.get("finished_at"),
         schema_version=version,
+        gpudays_version=data.get("gpudays_version"),
+        host_load=data.get("host_load") or {},
     )
-
-
-# ---- cell.yaml ------------------------------------------------------------------------------------------------
-
-
-_BaseLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's parser where PyYAML has it
-
-
-class _CellLoader(_BaseLoader):  # type: ignore[misc]
-    """YAML 1.1 as PyYAML reads it, but ``1e-05`` is a float (as JSON and OmegaConf read it), not a string."""
-
-
-_CellLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-        |[-+]?\.(?:inf|Inf|INF)
-        |\.(?:nan|NaN|NAN))$""",
-        re.X,
-    ),
-    list("-+0123456789."),
-)
-
-
-class BadCellConfig(ValueError):
-    """A ``cell.yaml`` that is missing or cannot be read as a mapping; the message names the file and why."""
-
-
-def read_cell_config(path: Path) -> Container:
-    """The resolved config of a cell (its ``cell.yaml``, written by the sweep before submission).
-
-    Raises BadCellConfig naming the file when it is missing, not UTF-8, not YAML, or not a mapping.
-    """
-    try:
-        text = read_regular_file(path).decode("utf-8")
-    except FileNotFoundError:
-        raise BadCellConfig(f"{path} is missing") from None
-    except OSError as e:
-        raise BadCellConfig(f"cannot read {path}: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise BadCellConfig(f"{path} is not UTF-8 text (byte {e.start}); damaged") from None
-    try:
-        data = yaml.load(text, Loader=_CellLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as e:
-        raise BadCellConfig(f"{path} is not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(data, dict):
-        raise BadCellConfig(f"{path} holds a {type(data).__name__}, expected a mapping (the cell's config)")
-    return data

@@ -41,6 +41,7 @@ from orchestrator.slurm.options import sbatch_options
 from orchestrator.store.attempts import Attempt, append_attempt, next_attempt, write_intents
 from orchestrator.store.durable import WriteFailed, write_text_atomic
 from orchestrator.store.paths import SweepPaths
+from orchestrator.store.version import gpudays_version
 from orchestrator.submission import faults
 from orchestrator.submission.refused import SchedulerUnreachable as SchedulerUnreachable
 from orchestrator.submission.refused import SubmissionRefused as SubmissionRefused
@@ -374,7 +375,7 @@ def submit_slurm(
             token = f"{job_name(res, paths)}-{secrets.token_hex(4)}"
             intents = [
                 Attempt(cid, next_attempt(paths, cid), None, "slurm", cells.label(configs[cid]), token=token,
-                        index=i if len(chunk) > 1 else None)
+                        index=i if len(chunk) > 1 else None, gpudays=gpudays_version())
                 for i, cid in enumerate(chunk)
             ]  # fmt: skip
             faults.point("before-intent")
@@ -385,7 +386,10 @@ def submit_slurm(
             try:
                 # submitit prints sbatch's complaint on stderr before raising it: it is said once, in the refusal.
                 with submission_environment(), contextlib.redirect_stderr(io.StringIO()), executor.batch():
-                    jobs = [executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt)) for a in intents]
+                    jobs = [
+                        executor.submit(CellJob(str(paths.root), a.cell_id, a.attempt, gpudays_version()))
+                        for a in intents
+                    ]
             except Exception as e:
                 refused = unsubmitted(paths, written, token, e, name_cells(chunk, configs), out)
                 if refused is e:

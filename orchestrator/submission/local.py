@@ -25,6 +25,7 @@ from orchestrator.job.entry import CellJob
 from orchestrator.store.attempts import Attempt, append_attempt, next_attempt, read_attempts, take_back, write_intents
 from orchestrator.store.durable import refused_write
 from orchestrator.store.paths import SweepPaths
+from orchestrator.store.version import gpudays_version
 from orchestrator.submission import faults
 from orchestrator.submission.intents import local_jobs, pid_of, process_alive
 from orchestrator.submission.launch import Resources, SubmissionRefused, resources
@@ -155,12 +156,20 @@ def submit_local(
         executor = submitit.LocalExecutor(folder=paths.submitit_folder())
         executor.update_parameters(**local_parameters(res))
         wait_for_orphans(paths, on_wait)
-        intent = Attempt(cid, next_attempt(paths, cid), None, "local", cells.label(cfg), token=f"local-{cid}")
+        intent = Attempt(
+            cid,
+            next_attempt(paths, cid),
+            None,
+            "local",
+            cells.label(cfg),
+            token=f"local-{cid}",
+            gpudays=gpudays_version(),
+        )
         faults.point("before-intent")
         written = write_intents(paths, [intent])
         try:
             with _stderr_to(paths.jobs_dir / "controllers.log"):
-                job = executor.submit(CellJob(str(paths.root), cid, intent.attempt))
+                job = executor.submit(CellJob(str(paths.root), cid, intent.attempt, gpudays_version()))
         except Exception as e:  # no process started: the cell is as it was (a record is moved aside only below)
             take_back(paths, written)
             refused = refused_write(e, paths.jobs_dir, "the cell was not started")

@@ -31,13 +31,13 @@ def job(tmp_path: Path, make_cell: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
         monkeypatch.delenv(name, raising=False)
     paths = SweepPaths(tmp_path)
 
-    def run(*overrides: str) -> tuple[str, Record, dict[str, Any]]:
+    def run(*overrides: str, submitted_by: str | None = None) -> tuple[str, Record, dict[str, Any]]:
         cell = make_cell("model=pythia-tiny", "gpu=cpu", *overrides)
         paths.cell_dir("abc").mkdir(parents=True, exist_ok=True)
         (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
         for claim in paths.cell_dir("abc").glob("ranks/*-recorded"):
             claim.unlink()  # each call stands for a new job, whose first failing rank claims the record anew
-        status = jobside.run_cell(str(tmp_path), "abc", 1)
+        status = jobside.run_cell(str(tmp_path), "abc", 1, submitted_by=submitted_by)
         record = read_record(paths.record("abc"), "abc")
         assert isinstance(record, Record)
         return status, record, json.loads(paths.record("abc").read_text())
@@ -174,7 +174,9 @@ def test_a_run_that_finds_its_own_attempt_answered_measures_nothing(
     assert paths.record("abc").read_bytes() == before
     # An answer of an earlier attempt, or a failure of this one, is no answer to this attempt: it runs.
     ran: list[int] = []
-    monkeypatch.setattr(jobside, "run_cell", lambda root, cid, attempt, requeues: ran.append(attempt) or "ok")
+    monkeypatch.setattr(
+        jobside, "run_cell", lambda root, cid, attempt, requeues, submitted_by=None: ran.append(attempt) or "ok"
+    )
     for record in (Record("abc", RecordStatus(answer), 1), Record("abc", RecordStatus.FAILED, 2, reason="boom")):
         write_record(paths.record("abc"), record)
         assert jobside.CellJob(str(tmp_path), "abc", 2)() == "ok"
@@ -202,3 +204,36 @@ def test_a_record_is_never_written_over_another_without_the_first_kept(
     assert paths.record("abc").read_bytes() == before
     beside = read_record(paths.cell_dir("abc") / "record.attempt1.2.json", "abc")
     assert isinstance(beside, Record) and beside.status is RecordStatus.OK
+
+
+def test_every_record_names_its_gpudays_and_a_job_of_another_version_refuses(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.store.version import gpudays_version
+
+    mine = gpudays_version()
+    status, record, raw = job("probe.kind=sleep", "probe.sleep_s=0", submitted_by=mine)
+    assert status == "ok" and raw["gpudays_version"] == mine and record.gpudays_version == mine
+    assert raw["schema_version"] == 2 and raw["environment"]["gpudays_submitted_by"] == mine
+
+    def probe(*args: Any, **kwargs: Any) -> ProbeOutcome:
+        raise AssertionError("nothing is measured under another version")
+
+    monkeypatch.setattr("orchestrator.job.probe.run_probe", probe)
+    status, record, raw = job(submitted_by="0.0.1+git.000000000000")
+    assert status == "failed" and record.status is RecordStatus.FAILED
+    assert record.reason is not None and "0.0.1+git.000000000000" in record.reason and mine in record.reason
+    assert "reinstall" in record.reason and "gpudays resume" in record.reason
+    assert record.gpudays_version == mine
+
+
+def test_a_cell_job_pickled_without_a_version_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Any] = []
+    monkeypatch.setattr(jobside, "run_cell", lambda *args: seen.append(args) or "ok")
+    monkeypatch.setattr(jobside, "superseded", lambda *args: False)
+    monkeypatch.setattr(jobside, "answered", lambda *args: False)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "local")
+    old = jobside.CellJob("/sweep", "abc", 1)
+    del old.__dict__["submitted_by"]  # as an older gpudays pickled it
+    assert old() == "ok" and seen[-1][-1] is None
+    assert jobside.CellJob("/sweep", "abc", 1, "1.0")() == "ok" and seen[-1][-1] == "1.0"

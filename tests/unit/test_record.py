@@ -58,7 +58,7 @@ def test_a_record_written_is_read_back_whole(tmp_path: Path) -> None:
         (b'["a", "list"]', "holds a JSON list"),
         (b'{"status": "ok"}', "lacks required field(s) schema_version, cell_id, attempt"),
         (json.dumps({**GOOD, "status": "exploded"}).encode(), "unknown status 'exploded'"),
-        (json.dumps({**GOOD, "schema_version": 2}).encode(), "schema_version 2, newer than this gpudays reads"),
+        (json.dumps({**GOOD, "schema_version": 3}).encode(), "schema_version 3, newer than this gpudays reads"),
         (json.dumps({**GOOD, "schema_version": "1"}).encode(), "schema_version '1' is not a whole number"),
         (json.dumps({**GOOD, "attempt": "2"}).encode(), "attempt '2' is not a whole number"),
         (json.dumps({**GOOD, "attempt": True}).encode(), "attempt True is not a whole number"),
@@ -186,3 +186,22 @@ def test_the_checked_metrics_are_those_checked_before_and_a_huge_number_is_no_cr
     path.write_text(json.dumps(GOOD).replace("1.5", "1" + "0" * 400))
     got = read_record(path, "c1")
     assert isinstance(got, BadRecord) and "metric 'step_time_s'" in got.reason
+
+
+def test_schema_2_carries_the_gpudays_version_and_host_load_and_1_reads_as_before(tmp_path: Path) -> None:
+    from orchestrator.store.record import RECORD_SCHEMA_VERSION, read_record, write_record
+
+    assert RECORD_SCHEMA_VERSION == 2
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps(GOOD))
+    back = read_record(old, "c1")
+    assert isinstance(back, Record) and back.schema_version == 1
+    assert back.gpudays_version is None and back.host_load == {} and back.metrics.step_time_s == 1.5
+    load = {"load_avg_1m_start": 0.5, "load_avg_1m_end": 1.5, "host_cpus_given": 4, "other_cpu_use": 0.25}
+    new = tmp_path / "new.json"
+    write_record(new, Record("c1", RecordStatus.OK, gpudays_version="0.1.0+git.abc", host_load=load))
+    again = read_record(new, "c1")
+    assert isinstance(again, Record) and again.gpudays_version == "0.1.0+git.abc" and again.host_load == load
+    bad = dict(GOOD, schema_version=2, host_load=[1])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    assert not isinstance(read_record(tmp_path / "bad.json", "c1"), Record)

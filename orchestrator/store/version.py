@@ -1,0 +1,55 @@
+"""Which gpudays measured a record, and which submitted a cell: the package's version, and the git commit where
+it is installed from a checkout (an editable install), as ``0.1.0+git.1b9c968a2f3e``.
+
+The submitting side hands its version to each job (``CellJob.submitted_by``, and the cell's attempts.jsonl line);
+a job run by a different gpudays (the checkout was pulled, the environment reinstalled, between submission and
+start) refuses before measuring, since its record would mix two versions' rules (``orchestrator.job.entry``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import subprocess
+from pathlib import Path
+
+CHECKOUT = Path(__file__).resolve().parent.parent.parent
+"""The folder above the ``orchestrator`` package: a git checkout where gpudays is installed from one."""
+
+
+def git_commit(folder: Path = CHECKOUT) -> str | None:
+    """The commit checked out at ``folder`` where it is a git checkout (12 hex digits), else None."""
+    if not (folder / ".git").exists():
+        return None
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = done.stdout.strip()
+    return commit if done.returncode == 0 and commit else None
+
+
+@functools.lru_cache(maxsize=1)
+def gpudays_version() -> str:
+    """This gpudays: ``<package version>`` or ``<package version>+git.<commit>`` from a checkout."""
+    try:
+        version = importlib.metadata.version("gpudays")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    commit = git_commit()
+    return f"{version}+git.{commit}" if commit else version
+
+
+def version_mismatch(submitted_by: str, running: str) -> str:
+    """The record's reason where the job's gpudays is not the one that submitted it."""
+    return (
+        f"this cell was submitted by gpudays {submitted_by} but its job runs gpudays {running}: nothing was "
+        "measured, since a record must come from the gpudays that planned it. Fix: reinstall the submitting "
+        f"version ({submitted_by}) where the jobs run, or resubmit with this one (`gpudays resume SWEEP_DIR`)"
+    )
