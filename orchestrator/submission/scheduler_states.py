@@ -1,10 +1,13 @@
-"""SLURM's job states read as a cell's states: ``sacct``'s and ``squeue``'s spelling, and what ``resume`` does with
-a held job (a user's hold, a failed launch, an administrator's hold)."""
+"""SLURM's job states read as a cell's states: asking ``sacct`` and ``squeue`` about a sweep's jobs, their spelling
+of states, and what ``resume`` does with a held job (a user's hold, a failed launch, an administrator's hold)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import replace
 from enum import Enum
 
+from orchestrator.slurm import commands as slurm
 from orchestrator.slurm.commands import normalize_slurm_state
 from orchestrator.store.states import State
 
@@ -88,3 +91,48 @@ def from_slurm(raw: str, reason: str | None = None) -> State:
     if state is State.PENDING and held_action(reason) is not None:
         return State.HELD
     return state
+
+
+MAY_BE_REQUEUED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
+"""sacct states of a run that SLURM may follow with another run of the same job (``PreemptMode=REQUEUE``,
+``JobRequeue=1`` or ``--requeue``): the controller alone says at once whether it did."""
+
+
+def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]:
+    """sacct for every job; squeue for those sacct lacks, lists as pending or as ended in a way SLURM may requeue
+    (MAY_BE_REQUEUED); a note when sacct could not answer.
+
+    Raises ``slurm.SlurmUnavailable`` (``status.SchedulerUnavailable``) when neither answers.
+    """
+    ids = []
+    for text in job_ids:
+        try:
+            ids.append(slurm.JobId.parse(text))
+        except ValueError:
+            continue
+    note = None
+    try:
+        acct = slurm.sacct(ids)
+    except slurm.SlurmUnavailable as e:
+        acct, note = slurm.Accounting(), str(e)
+    unsure = [j for j in ids if j not in acct.jobs or acct.jobs[j].state in ("PENDING", *MAY_BE_REQUEUED)]
+    if unsure:
+        try:
+            live = slurm.squeue(unsure)
+        except slurm.SlurmUnavailable as e:
+            if note is not None:
+                raise slurm.SlurmUnavailable(note if str(e) == note else f"{note}; {e}") from e
+            acct.unconfirmed |= {j for j in unsure if j in acct.jobs and acct.jobs[j].state in MAY_BE_REQUEUED}
+        else:
+            # squeue lists every queued job; one accounting still calls pending but squeue does not list was
+            # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
+            # alone says why a job waits. A run that ended as one SLURM may requeue stands where squeue no
+            # longer lists the job (MinJobAge later); where it lists it queued or running again, that wins.
+            for j in unsure:
+                if j not in live.jobs and j in acct.jobs and acct.jobs[j].state == "PENDING":
+                    del acct.jobs[j]
+            for j, info in live.jobs.items():
+                if j in acct.jobs and info.state != acct.jobs[j].state and acct.jobs[j].state in MAY_BE_REQUEUED:
+                    live.jobs[j] = replace(info, history=(*acct.jobs[j].history, acct.jobs[j].state))
+            acct.merge(live, prefer_other=True)
+    return acct, note

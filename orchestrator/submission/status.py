@@ -36,7 +36,13 @@ from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import BadCellConfig, BadRecord, Record, read_cell_config, read_record
 from orchestrator.store.states import ACTIVE, STATES, State, all_done, needs_rerun
 from orchestrator.submission import intents
-from orchestrator.submission.scheduler_states import NOTABLE_EARLIER_RUNS, HeldAction, from_slurm, held_action
+from orchestrator.submission.scheduler_states import (
+    NOTABLE_EARLIER_RUNS,
+    HeldAction,
+    ask_scheduler,
+    from_slurm,
+    held_action,
+)
 
 __all__ = [
     "ACTIVE",
@@ -77,51 +83,6 @@ class CellState:
     """Standard error of the job's first task, where a traceback without a record would be."""
     held: HeldAction | None = None
     """For a held cell: what ``resume`` does with it."""
-
-
-MAY_BE_REQUEUED = frozenset({"PREEMPTED", "NODE_FAIL", "BOOT_FAIL"})
-"""sacct states of a run that SLURM may follow with another run of the same job (``PreemptMode=REQUEUE``,
-``JobRequeue=1`` or ``--requeue``): the controller alone says at once whether it did."""
-
-
-def ask_scheduler(job_ids: Sequence[str]) -> tuple[slurm.Accounting, str | None]:
-    """sacct for every job; squeue for those sacct lacks, lists as pending or as ended in a way SLURM may requeue
-    (MAY_BE_REQUEUED); a note when sacct could not answer.
-
-    Raises SchedulerUnavailable when neither answers.
-    """
-    ids = []
-    for text in job_ids:
-        try:
-            ids.append(slurm.JobId.parse(text))
-        except ValueError:
-            continue
-    note = None
-    try:
-        acct = slurm.sacct(ids)
-    except slurm.SlurmUnavailable as e:
-        acct, note = slurm.Accounting(), str(e)
-    unsure = [j for j in ids if j not in acct.jobs or acct.jobs[j].state in ("PENDING", *MAY_BE_REQUEUED)]
-    if unsure:
-        try:
-            live = slurm.squeue(unsure)
-        except slurm.SlurmUnavailable as e:
-            if note is not None:
-                raise SchedulerUnavailable(note if str(e) == note else f"{note}; {e}") from e
-            acct.unconfirmed |= {j for j in unsure if j in acct.jobs and acct.jobs[j].state in MAY_BE_REQUEUED}
-        else:
-            # squeue lists every queued job; one accounting still calls pending but squeue does not list was
-            # cancelled while it waited (sacct's pending range lags). squeue's word is the newer one, and it
-            # alone says why a job waits. A run that ended as one SLURM may requeue stands where squeue no
-            # longer lists the job (MinJobAge later); where it lists it queued or running again, that wins.
-            for j in unsure:
-                if j not in live.jobs and j in acct.jobs and acct.jobs[j].state == "PENDING":
-                    del acct.jobs[j]
-            for j, info in live.jobs.items():
-                if j in acct.jobs and info.state != acct.jobs[j].state and acct.jobs[j].state in MAY_BE_REQUEUED:
-                    live.jobs[j] = replace(info, history=(*acct.jobs[j].history, acct.jobs[j].state))
-            acct.merge(live, prefer_other=True)
-    return acct, note
 
 
 def _age_s(submitted_at: Any, now: dt.datetime) -> float:
