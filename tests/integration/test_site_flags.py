@@ -60,6 +60,12 @@ def test_python_wrapper_runs_every_rank_and_an_allocation_does_not_leak(
     record = json.loads(paths.record(cell_id).read_text())
     assert record["status"] == "ok", record["reason"]
     assert record["environment"]["world_size"] == 2
+    # The submitting gpudays is in the sweep (the attempt's line) and went with the job, which ran the same one.
+    from orchestrator.store.attempts import read_attempts
+    from orchestrator.store.version import gpudays_version
+
+    assert read_attempts(paths, cell_id)[-1].gpudays == gpudays_version() == record["gpudays_version"]
+    assert record["schema_version"] == 2 and record["environment"]["gpudays_submitted_by"] == gpudays_version()
     logs = "".join(p.read_text() for p in paths.submitit_folder().parent.rglob("*_log.err"))
     assert "submitted with --export=NONE; its ranks are started with srun --export=ALL" in logs, logs[-2000:]
     rank_cpus = record["environment"]["rank_cpus"]

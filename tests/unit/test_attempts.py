@@ -87,3 +87,12 @@ def test_an_append_a_full_disk_refused_leaves_no_empty_file(tmp_path: Path, monk
         append_attempt(SweepPaths(tmp_path), Attempt("c1", 1, None, "slurm", token="t"))
     monkeypatch.undo()
     assert not SweepPaths(tmp_path).attempts("c1").exists()
+
+
+def test_an_attempt_names_the_gpudays_that_submitted_it(tmp_path: Path) -> None:
+    paths = SweepPaths(tmp_path)
+    submitted = Attempt("c1", 1, None, "slurm", token="gpudays-x-1", gpudays="0.1.0+git.abc")
+    append_attempt(paths, submitted)
+    assert read_attempts(paths, "c1")[0].gpudays == "0.1.0+git.abc"
+    append_attempt(paths, Attempt("c1", 2, "41", "slurm"))
+    assert read_attempts(paths, "c1")[1].gpudays is None, "a line of an older gpudays has none"
