@@ -324,20 +324,9 @@ class _Probe(RankGroup):
             [float(peak.allocated), float(peak.reserved or 0), float(peak.host_rss)], None
         )
         steps = step_time_metrics(samples, cpu_times, stop_reason, plan.grad_accum_steps)
-        rate = throughput_metrics(self.config, plan.global_batch_size, summarize([s.step_s for s in samples]).median_s)
+        median_s = summarize([s.step_s for s in samples]).median_s
         return replace(
-            steps,
-            throughput_unit=rate.throughput_unit,
-            samples_per_s=rate.samples_per_s,
-            tokens_per_step=rate.tokens_per_step,
-            tokens_per_s=rate.tokens_per_s,
-            tokens_per_s_per_gpu=rate.tokens_per_s_per_gpu,
-            model_flops_per_step=rate.model_flops_per_step,
-            model_tflops_per_gpu=rate.model_tflops_per_gpu,
-            hardware_tflops_per_gpu=rate.hardware_tflops_per_gpu,
-            peak_tflops_per_gpu=rate.peak_tflops_per_gpu,
-            mfu=rate.mfu,
-            hfu=rate.hfu,
+            throughput_metrics(self.config, plan.global_batch_size, median_s, base=steps),
             peak_memory_allocated_gib=allocated / GIB,
             peak_memory_reserved_gib=reserved / GIB if peak.reserved is not None else None,
             host_rss_gib=host_rss / GIB,
@@ -356,10 +345,7 @@ class _Probe(RankGroup):
             search_tried=None if self.trials is None else list(self.trials),
             micro_batch_size=self.micro_batch_size,
             grad_accum_steps=self.grad_accum_steps,
-            startup_s=self.phases.startup_s,
-            search_s=self.phases.search_s,
-            warmup_s=self.phases.warmup_s,
-            timed_s=self.phases.timed_s,
+            **asdict(self.phases),  # startup_s, search_s, warmup_s, timed_s: the metrics of the same names
             probe_wall_s=time.perf_counter() - self.started,
         )
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from orchestrator.models import flops_per_sample, peak_tflops, throughput_unit, tokens_per_sample
@@ -11,9 +12,9 @@ if TYPE_CHECKING:
     from orchestrator.config.schema import Config
 
 
-def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float) -> Metrics:
+def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float, base: Metrics | None = None) -> Metrics:
     """Samples/s, tokens/s, TFLOP/s per GPU, MFU and HFU of optimizer steps of ``step_time_s`` (PaLM appendix B),
-    as the record's metrics of those names (the others None).
+    as the record's metrics of those names, the others ``base``'s (None without one).
 
     ``global_batch_size`` is in samples (sequences, images) over all ``cfg.num_gpus`` GPUs. Model FLOPs count
     forward and backward once, and of a mixture of experts only the experts each token is routed to; hardware
@@ -27,7 +28,8 @@ def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float) 
     model_tflops = model_flops / step_time_s / cfg.num_gpus / 1e12
     hardware_tflops = hardware_flops / step_time_s / cfg.num_gpus / 1e12
     peak = peak_tflops(cfg.gpu, cfg.method)
-    return Metrics(
+    return replace(
+        base if base is not None else Metrics(),
         throughput_unit=throughput_unit(cfg.model),
         samples_per_s=global_batch_size / step_time_s,
         tokens_per_step=tokens_per_step,

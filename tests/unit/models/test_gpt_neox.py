@@ -18,6 +18,7 @@ from orchestrator.models import (
 )
 from orchestrator.models.gpt_neox import build_model_config, flops_per_token, reference_flops_per_step
 from orchestrator.planning.plan import plan
+from orchestrator.store.record import Metrics
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 MODELS = sorted(p.stem for p in (CONF_DIR / "model").glob("pythia-*.yaml"))  # the GPT-NeoX family
@@ -161,6 +162,13 @@ def test_throughput_metrics_on_an_h100() -> None:
 def test_throughput_metrics_leave_mfu_empty_without_a_peak() -> None:
     m = throughput_metrics(cell("model=pythia-tiny", "gpu=cpu"), 16, 0.1)
     assert m.mfu is None and m.hfu is None and m.model_tflops_per_gpu is not None and m.model_tflops_per_gpu > 0
+
+
+def test_throughput_metrics_complete_the_step_times_they_are_given() -> None:
+    cfg = cell("model=pythia-tiny", "gpu=cpu")
+    steps = Metrics(step_time_s=0.1, steps_timed=5, mfu=0.5)  # a rate of its own is replaced, the rest is kept
+    m = throughput_metrics(cfg, 16, 0.1, base=steps)
+    assert m == dataclasses.replace(throughput_metrics(cfg, 16, 0.1), step_time_s=0.1, steps_timed=5)
 
 
 def test_a_sweep_with_a_wrong_published_count_is_refused_naming_the_key() -> None:
