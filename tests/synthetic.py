@@ -258,7 +258,10 @@ def perturbed_truth(cells: pd.DataFrame, seed: int = 0, spread: Perturbation = P
         memory_scale[rows] = np.exp(rng.normal(0.0, spread.memory_scale_sd))
 
     def factor(keys: Sequence[str], sd: float) -> np.ndarray:
-        labels = cells[list(keys)].astype(str).agg("/".join, axis=1)
+        # A setting the row leaves empty (another engine's: FSDP's sharding on a DeepSpeed cell) is its default,
+        # as the predictor reads it.
+        named = pd.DataFrame({k: cells[k].astype(object).where(cells[k].notna(), METHOD.get(k)) for k in keys})
+        labels = named.astype(str).agg("/".join, axis=1)
         by_label = {label: float(rng.normal(0.0, sd)) for label in sorted(set(labels))}
         out: np.ndarray = np.exp(labels.map(by_label).to_numpy(dtype=float))
         return out

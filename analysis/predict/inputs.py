@@ -5,25 +5,27 @@ FLOPs per token and activation bytes come from its family module (:mod:`orchestr
 distinct model or model × method in the table, so thousands of cells cost a handful of calls. A published
 ``model_num_parameters`` is never used as a figure: the architecture decides.
 
-A cell's method is every field of ``MethodConfig`` (:func:`analysis.sweeps.catalog.method_kinds`), each an array typed by
-the field's kind in :attr:`Inputs.method`; each engine reads its own fields there by name, so an engine's field
-reaches its memory and step-time terms without a change here.
+A cell's method is every field of ``MethodConfig`` (:func:`orchestrator.cells.row.method_kinds`), each an array
+typed by the field's kind in :attr:`Inputs.method`; each engine reads its own fields there by name, so an engine's
+field reaches its memory and step-time terms without a change here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
 
-from analysis.sweeps.catalog import method_column, method_defaults, method_kinds
-from analysis.sweeps.columns import ARCHITECTURE_FIELDS, columns_of, config_of
+from analysis.sweeps.catalog import stored_cell
+from analysis.sweeps.columns import ARCHITECTURE_FIELDS, config_of
+from orchestrator.cells import row as rows
+from orchestrator.cells.row import method_column, method_defaults, method_kinds
 from orchestrator.config.domains import problems as domain_problems
-from orchestrator.config.schema import GpuConfig, MethodConfig, ModelConfig, compile_scope_of
-from orchestrator.config.values import Row
+from orchestrator.config.schema import Config, MethodConfig, ModelConfig
+from orchestrator.config.values import Container, Row
 from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
@@ -34,32 +36,18 @@ if TYPE_CHECKING:
 DEFAULT_FAMILY = ModelConfig.family
 
 
-def flat_cell(cell: Mapping[str, Any]) -> Row:
-    """A nested cell config (as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table."""
-    if not isinstance(cell, Mapping) or hasattr(cell, "_get_node"):
-        from omegaconf import OmegaConf  # only needed for configs straight from Hydra
+def flat_cell(cell: Config | Mapping[str, Any]) -> Row:
+    """A cell (typed, or its config as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table:
+    :func:`orchestrator.cells.row.row`, the row every table of cells takes. A config is typed as the report types
+    a record's (:func:`analysis.sweeps.catalog.stored_cell`): by ``to_config``, leniently where it is damaged or
+    of an older schema (a model without a shape is still a row, predicted as unknown)."""
+    if not isinstance(cell, Config):
+        if hasattr(cell, "_get_node"):  # an OmegaConf config, as Hydra composes it
+            from omegaconf import OmegaConf
 
-        cell = OmegaConf.to_container(cell, resolve=True)  # type: ignore[assignment]
-        if not isinstance(cell, Mapping):
-            raise TypeError(f"a cell config must be a mapping, got {type(cell).__name__}")
-
-    def section(key: str) -> Mapping[str, Any]:
-        value = cell.get(key)
-        return value if isinstance(value, Mapping) else {}
-
-    model, gpu, method, probe = section("model"), section("gpu"), section("method"), section("probe")
-    row: Row = columns_of(ModelConfig, "model", model)
-    row.update(columns_of(GpuConfig, "gpu", gpu))
-    row.update({method_column(k): method.get(k) for k in method_defaults()})
-    row[method_column("compile_scope")] = compile_scope_of(method)
-    row.update(
-        model=model.get("name"),
-        gpu=gpu.get("name"),
-        num_gpus=cell.get("num_gpus"),
-        num_nodes=cell.get("num_nodes"),
-        probe_memory_limit_gib=probe.get("memory_limit_gib"),
-    )
-    return row
+            cell = cast(Container, OmegaConf.to_container(cell, resolve=True))
+        cell = stored_cell(cell)
+    return rows.row(cell)
 
 
 @dataclass
@@ -173,7 +161,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
     heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")
     # The whole architecture, one typed ModelConfig per distinct combination of its fields' columns.
-    architecture = [raw(f"model_{name}") for name in ARCHITECTURE_FIELDS]
+    architecture = [_plain_column(columns.get(f"model_{name}"), length) for name in ARCHITECTURE_FIELDS]
     models = _models(architecture, length)
     known = np.array([m is not None for m in models], dtype=bool) & np.isfinite(batch) & (batch > 0)
 
@@ -269,17 +257,29 @@ def layout_terms(x: Inputs) -> dict[str, np.ndarray]:
     return by_engine(x.engine, of)
 
 
-def _models(architecture: list[list[Any]], length: int) -> list[ModelConfig | None]:
-    """Each row's ModelConfig, built once per distinct architecture; None where it is incomplete, of an unknown
-    family, or a shape its family cannot build."""
-    built: dict[tuple[Any, ...], ModelConfig | None] = {}
+def _models(architecture: list[list[object]], length: int) -> list[ModelConfig | None]:
+    """Each row's ModelConfig, built once per distinct architecture (the columns' plain values,
+    :func:`_plain_column`); None where it is incomplete, of an unknown family, or a shape its family cannot build."""
+    built: dict[tuple[object, ...], ModelConfig | None] = {}
     out: list[ModelConfig | None] = []
-    for values in zip(*architecture, strict=True):
-        key = tuple(None if _missing(v) else _plain(v) for v in values)
-        if key not in built:
-            built[key] = _buildable(config_of(ModelConfig, dict(zip(ARCHITECTURE_FIELDS, key, strict=True))))
-        out.append(built[key])
+    for key in zip(*architecture, strict=True):
+        try:
+            out.append(built[key])
+        except KeyError:
+            model = built[key] = _buildable(config_of(ModelConfig, dict(zip(ARCHITECTURE_FIELDS, key, strict=True))))
+            out.append(model)
     return out
+
+
+def _plain_column(values: Iterable[object] | None, length: int) -> list[object]:
+    """A column (a Series or a list) as plain Python values, None where missing (None, NaN, NA): the same value is
+    then the same key. A typed Series is converted at once; a column of objects value by value."""
+    if values is None:
+        return [None] * length
+    if isinstance(values, pd.Series) and values.dtype != object:
+        plain: list[object] = values.astype(object).where(values.notna(), None).tolist()
+        return plain
+    return [None if _missing(v) else _plain(v) for v in values]
 
 
 def _buildable(model: ModelConfig | None) -> ModelConfig | None:
@@ -302,15 +302,15 @@ def _by_distinct(
 ) -> list[np.ndarray]:
     """``compute(model[, key])`` once per distinct model (and key), spread back to every row (NaN where unknown)."""
     out = np.full((width, len(known)), np.nan)
-    done: dict[tuple[int, tuple[Any, ...]], tuple[float, ...]] = {}
-    for row in np.flatnonzero(known):
-        model = models[row]
+    plain = [[_plain(v) for v in k.tolist()] if k.dtype == object else k.tolist() for k in keys]
+    by_row = list(zip(*plain, strict=True))
+    rows: dict[tuple[int, tuple[object, ...]], list[int]] = {}
+    for row in np.flatnonzero(known).tolist():
+        rows.setdefault((id(models[row]), by_row[row] if keys else ()), []).append(row)
+    for (_, key), same in rows.items():
+        model = models[same[0]]
         assert model is not None
-        key = tuple(_plain(k[row]) for k in keys)
-        memo = (id(model), key)
-        if memo not in done:
-            done[memo] = compute(model, key) if keys else compute(model)
-        out[:, row] = done[memo]
+        out[:, same] = np.asarray(compute(model, key) if keys else compute(model), dtype=float)[:, None]
     return list(out)
 
 

@@ -26,6 +26,7 @@ from analysis.predict.calibration import Calibration, GpuCalibration, calibrate
 from analysis.predict.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
+from orchestrator.config.schema import Config
 from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set, sharding_keys
 
@@ -228,9 +229,10 @@ says whether the cell would fit at micro-batch 1 (whether a smaller or ``auto`` 
 
 
 def plan(
-    cells: Sequence[Mapping[str, Any]], calibration: Calibration | None = None, margin: float = DEFAULT_MARGIN
+    cells: Sequence[Config | Mapping[str, Any]], calibration: Calibration | None = None, margin: float = DEFAULT_MARGIN
 ) -> pd.DataFrame:
-    """Predictions for cells about to be submitted, one row each (columns :data:`PLAN_COLUMNS`), in order.
+    """Predictions for cells about to be submitted (typed, or their resolved configs), one row each (columns
+    :data:`PLAN_COLUMNS`), in order.
 
     For ``gpudays sweep --dry-run`` and ``gpudays plan``: settings, predicted fit, micro-batch, peak memory per
     GPU (GiB), step time (s), and for the model's own training run at that step time its days, GPU-hours, cost
@@ -306,14 +308,14 @@ class Prediction:
 
 
 def predict_cell(
-    cell: Mapping[str, Any],
+    cell: Config | Mapping[str, Any],
     calibration: Calibration | None = None,
     *,
     margin: float = DEFAULT_MARGIN,
     micro_batch_size: int | None = None,
     grad_accum_steps: int | None = None,
 ) -> Prediction:
-    """Predict peak memory per GPU and step time of one cell (its resolved config, as in ``cell.yaml``).
+    """Predict peak memory per GPU and step time of one cell (typed, or its resolved config, as in ``cell.yaml``).
 
     With ``method.micro_batch_size: auto`` the micro-batch is the largest divisor of the per-GPU batch that is
     predicted to fit, as the probe's search ends; ``micro_batch_size`` forces one (e.g. the measured one).

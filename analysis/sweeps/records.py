@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import json
+import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ import pandas as pd
 
 from analysis.sweeps.catalog import Catalog
 from analysis.sweeps.columns import as_int, as_name, as_number
+from orchestrator.cells.row import figure_columns, setting_columns
 from orchestrator.config.values import Row
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
@@ -62,6 +64,8 @@ each a column of the table (``peak_memory_allocated_gib`` as ``peak_memory_gib``
 WHOLE_METRIC_KEYS: tuple[str, ...] = tuple(name for name in METRIC_KEYS if METRIC_KINDS[name] is int)
 """Those that count something: whole numbers in the table."""
 SKIPPED_COLUMNS = ("sweep", "cell_id", "label", "reasons")
+_METRIC_COLUMNS = tuple("peak_memory_gib" if key == "peak_memory_allocated_gib" else key for key in METRIC_KEYS)
+_metric_values = operator.attrgetter(*METRIC_KEYS)
 
 
 @dataclass
@@ -110,11 +114,6 @@ def read_skipped(paths: SweepPaths, problems: list[str]) -> list[dict[str, str |
     return out
 
 
-def _section(config: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    value = config.get(key)
-    return value if isinstance(value, Mapping) else {}
-
-
 def scheduler_job_id(environment: Mapping[str, Any]) -> str | None:
     """The job's id as ``gpudays status`` and ``squeue`` show it: ``ARRAY_TASK`` (``9_0``) for an array task, else
     the plain job id. SLURM_JOB_ID alone (``18``) names an array task by a number nobody sees elsewhere."""
@@ -132,25 +131,15 @@ def flatten_cell(
     catalog: Catalog,
     problems: list[str],
 ) -> dict[str, object]:
-    """One table row from a cell's config and (optional) record; appends what was wrong to ``problems``."""
-    settings: Mapping[str, Any] = record.settings if record else {}
-    model, gpu, method, probe = (_section(config, key) for key in ("model", "gpu", "method", "probe"))
+    """One table row from a cell's stored config and (optional) record; appends what was wrong to ``problems``.
 
-    model_name = as_name(model.get("name")) or as_name(settings.get("model"))
-    gpu_name = as_name(gpu.get("name")) or as_name(settings.get("gpu"))
+    The cell's own columns are :func:`orchestrator.cells.row.row`'s, of the typed cell (:meth:`Catalog.cell`); the
+    record's status, metrics and environment come between its two parts."""
+    cell, cell_problems = catalog.cell(config, record.settings if record else {})
     where = f"cell {cell_id} (sweep {sweep})"
-
-    model_columns, model_problem = catalog.model_columns(model_name, model)
-    if model_problem:
-        problems.append(f"{where}: {model_problem}")
-    gpu_columns, gpu_problem = catalog.gpu_columns(gpu_name, gpu)
-    if gpu_problem:
-        problems.append(f"{where}: {gpu_problem}")
-
-    row: dict[str, object] = {"sweep": sweep, "cell_id": cell_id, "model": model_name, "gpu": gpu_name}
-    row["num_gpus"] = as_int(config.get("num_gpus", settings.get("num_gpus")))
-    row["num_nodes"] = as_int(config.get("num_nodes", settings.get("num_nodes"))) or 1
-    row.update(catalog.method_columns(method, settings))
+    problems.extend(f"{where}: {problem}" for problem in cell_problems)
+    row: dict[str, object] = {"sweep": sweep, "cell_id": cell_id}
+    row.update(setting_columns(cell))
 
     metrics = Metrics()
     environment: Mapping[str, Any] = {}
@@ -162,10 +151,7 @@ def flatten_cell(
         environment = record.environment
         if row["status"] == "ok" and as_number(metrics.step_time_s) is None:
             problems.append(f"{where}: status ok but no step_time_s in its metrics; estimates left empty")
-    for key in METRIC_KEYS:
-        value = as_number(getattr(metrics, key))
-        out_key = "peak_memory_gib" if key == "peak_memory_allocated_gib" else key
-        row[out_key] = value
+    row.update(zip(_METRIC_COLUMNS, map(as_number, _metric_values(metrics)), strict=True))
     for key in WHOLE_METRIC_KEYS:
         row[key] = as_int(row[key])
 
@@ -186,9 +172,7 @@ def flatten_cell(
     row["started_at"] = as_name(record.started_at) if record else None
     row["finished_at"] = as_name(record.finished_at) if record else None
 
-    row.update(model_columns)
-    row.update(gpu_columns)
-    row["probe_memory_limit_gib"] = as_number(probe.get("memory_limit_gib"))
+    row.update(figure_columns(cell))
     return row
 
 

@@ -135,7 +135,8 @@ def cell_id(cell: Config) -> str:
 
 
 def settings(cell: Config) -> Row:
-    """The flat, human-facing settings of a cell, as they appear in records and tables."""
+    """The flat settings a record keeps of its cell (``Record.settings``), every engine's as the cell holds them:
+    what a report falls back on where the record's config is lost. A table's row is ``orchestrator.cells.row``'s."""
     out: Row = {
         "model": cell.model.name,
         "gpu": cell.gpu.name,

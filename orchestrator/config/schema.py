@@ -341,15 +341,15 @@ def _section(cls: type, value: Any, where: str) -> Any:
     """One group's mapping as its dataclass; unknown keys are an error that lists the accepted ones."""
     if isinstance(value, cls):
         return value
-    if not isinstance(value, Mapping):
+    if type(value) is not dict and not isinstance(value, Mapping):
         raise ValueError(f"{where}: expected a mapping of {cls.__name__} fields, got {type(value).__name__}")
-    names = {f.name for f in fields(cls)}
-    unknown = sorted(str(k) for k in value if k not in names)
-    if unknown:
+    names = _FIELD_NAMES.get(cls) or _FIELD_NAMES.setdefault(cls, frozenset(f.name for f in fields(cls)))
+    if not names.issuperset(value):  # the checks in C first: this runs for every section of every record read
+        unknown = sorted(str(k) for k in value if k not in names)
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(sorted(names))}")
-    out = cls(**{str(k): v for k, v in value.items()})
-    missing = [f.name for f in fields(cls) if getattr(out, f.name) == MISSING]
-    if missing:
+    out = cls(**value)  # every key is a field's name
+    if MISSING in vars(out).values():
+        missing = [f.name for f in fields(cls) if getattr(out, f.name) == MISSING]
         raise ValueError(f"{where}: missing value(s) for {', '.join(missing)}")
     return out
 
@@ -371,19 +371,24 @@ def to_config(composed: Any) -> Config:
             raise ValueError(f"a cell's config must be a mapping, got {type(composed).__name__}")
         composed = OmegaConf.to_container(composed, resolve=True)
     assert isinstance(composed, Mapping)
-    groups = {f.name: f for f in fields(Config)}
-    unknown = sorted(str(k) for k in composed if k not in groups)
-    if unknown:
-        raise ValueError(f"cell config: unknown key(s) {', '.join(unknown)}; accepted: {', '.join(groups)}")
+    if not _CONFIG_NAMES.issuperset(composed):
+        unknown = sorted(str(k) for k in composed if k not in _CONFIG_NAMES)
+        accepted = ", ".join(f.name for f in fields(Config))
+        raise ValueError(f"cell config: unknown key(s) {', '.join(unknown)}; accepted: {accepted}")
     values: dict[str, Any] = {}
     for name, value in composed.items():
-        cls = _GROUP_TYPES.get(str(name))
-        values[str(name)] = _section(cls, value, str(name)) if cls is not None else value
+        cls = _GROUP_TYPES.get(name)
+        values[name] = _section(cls, value, name) if cls is not None else value
     cfg = Config(**values)
     missing = [name for name in _GROUP_TYPES if name != "probe" and getattr(cfg, name) == MISSING]
     if missing:
         raise ValueError(f"cell config: missing group(s) {', '.join(missing)}")
     return cfg
+
+
+def to_section(group: str, value: object) -> object:
+    """One group's mapping (``model``, ``gpu``...) as its dataclass, as :func:`to_config` types it (and takes it)."""
+    return _section(_GROUP_TYPES[group], value, group)
 
 
 def to_container(cfg: Config) -> Container:
@@ -392,6 +397,8 @@ def to_container(cfg: Config) -> Container:
     return asdict(cfg)
 
 
+_CONFIG_NAMES = frozenset(f.name for f in fields(Config))
+_FIELD_NAMES: dict[type, frozenset[str]] = {}
 _GROUP_TYPES: dict[str, type] = {
     "model": ModelConfig,
     "gpu": GpuConfig,

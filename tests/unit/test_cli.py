@@ -13,12 +13,13 @@ from typing import Any
 
 import pandas as pd
 import pytest
+import synthetic
 
 from orchestrator.cli import flow as lifecycle
 from orchestrator.cli import main as cli
 from orchestrator.cli.display import console
 from orchestrator.cli.errors import Exit
-from orchestrator.config.schema import GpuConfig, to_config
+from orchestrator.config.schema import to_config
 from orchestrator.store.attempts import next_attempt, read_attempts
 from orchestrator.store.durable import append_jsonl
 from orchestrator.store.paths import SweepPaths
@@ -204,10 +205,7 @@ def test_cost_and_energy_columns_are_shown_where_the_frame_has_them(capsys) -> N
     cell = SimpleNamespace(
         cell_id="c1",
         label="pythia-70m h100-80gb x1 zero0 bf16 mb=auto",
-        typed=SimpleNamespace(
-            model=SimpleNamespace(name="pythia-70m"), gpu=GpuConfig(name="h100-80gb", architecture="hopper", memory_gib=80),
-            num_gpus=1, num_nodes=1,
-        ),
+        typed=to_config(synthetic.cell_config("pythia-70m", "h100-80gb")),  # the plan's row is the typed cell's
         prediction={"predicted_fits": True, "predicted_step_time_s": 0.5, "predicted_gpu_hours": 10.0},
     )
     plan = SimpleNamespace(cells=[cell], skipped=[])

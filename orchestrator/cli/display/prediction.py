@@ -53,7 +53,7 @@ def predict(
     margin = DEFAULT_MARGIN if margin is None else margin
     existing = [Path(d) for d in calibrate_from if (Path(d) / "cells").is_dir()]
     calibration = calibration_from(existing) if existing else None
-    frame = predict_plan([c.config for c in p.cells], calibration, margin)
+    frame = predict_plan([c.typed for c in p.cells], calibration, margin)
     for cell, row in zip(p.cells, frame.to_dict(orient="records"), strict=True):
         row.update(interval_texts(row))
         cell.prediction = row

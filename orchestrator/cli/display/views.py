@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING
 
 from rich.text import Text
 
+from orchestrator.cells.row import CELL_KEYS
+from orchestrator.cells.row import row as row_of
 from orchestrator.cli.display.answers import MEASURED, PREDICTED, answer_lines
 from orchestrator.cli.display.tabular import Column, Tabular, fmt, missing, printable
 from orchestrator.config.prices import cloud_prices, price_note
@@ -187,17 +189,17 @@ def cells_table(frame: pd.DataFrame | None, max_rows: int | None = None) -> Tabu
 
 
 def plan_rows(plan: Plan) -> list[dict[str, object]]:
-    """Every cell of a plan with its prediction, those refused for not fitting included (``runs`` no)."""
+    """Every cell of a plan with its prediction, those refused for not fitting included (``runs`` no): the cell's
+    columns (``orchestrator.cells.row``, as every table of cells has them; the prediction's settings are the same
+    row's), its label, whether it runs and fits, and the prediction."""
     rows: list[dict[str, object]] = []
     for cell, runs in [(c, "yes") for c in plan.cells] + [(c, "no") for c in plan.skipped if c.prediction]:
-        p, t = cell.prediction, cell.typed
+        p, t, flat = cell.prediction, cell.typed, row_of(cell.typed)
         fits = p.get("predicted_fits")
         prefix = f"{t.model.name} {t.gpu.name} x{t.num_gpus}" + (f" on {t.num_nodes} nodes" if t.num_nodes > 1 else "")
-        row: dict[str, object] = {
-            "cell_id": cell.cell_id, "model": t.model.name, "gpu": t.gpu.name, "num_gpus": t.num_gpus,
-            "num_nodes": t.num_nodes, "label": cell.label, "setting": _setting(cell.label, prefix), "runs": runs,
-            "fits": "?" if missing(fits) else ("yes" if fits else "NO"), "of_gib": t.gpu.memory_gib,
-        }  # fmt: skip
+        row: dict[str, object] = {"cell_id": cell.cell_id, **{k: flat[k] for k in CELL_KEYS}}
+        row.update(label=cell.label, setting=_setting(cell.label, prefix), runs=runs)
+        row.update(fits="?" if missing(fits) else ("yes" if fits else "NO"), of_gib=flat["gpu_memory_gib"])
         row.update(p)
         row["answered"] = runs == "yes" and not missing(fits) and bool(fits)
         no_time = missing(p.get("predicted_time_to_train_days"))

@@ -20,6 +20,7 @@ from analysis.report.scaling import sharding_label
 from analysis.report.tables import engine_label, settings_label
 from analysis.sweeps.catalog import Catalog
 from orchestrator.cells import cell as cells
+from orchestrator.cells import row as rows
 from orchestrator.config import schema
 from orchestrator.config.domains import domain_of
 from orchestrator.config.refusal import Refusal
@@ -276,16 +277,21 @@ def test_a_third_engines_field_reaches_the_inputs_the_table_the_labels_and_its_t
     # The cells table: converted by its declared kind (int), from the config or the record's settings; empty
     # (not applicable) in another engine's row, as FSDP's fields are in a DeepSpeed cell's.
     catalog = Catalog()
-    assert catalog.method_columns({"engine": "pipe", "pipe_stages": "4"}, {})["pipe_stages"] == 4
-    assert catalog.method_columns({}, {"engine": "pipe", "pipe_stages": 2.0})["pipe_stages"] == 2
-    under_fsdp = catalog.method_columns({"engine": "fsdp", "fsdp_sharding": "grad_op", "pipe_stages": 4}, {})
+
+    def table_row(method: dict[str, Any], settings: dict[str, Any] | None = None) -> dict[str, Any]:
+        cell, _ = catalog.cell({"method": method}, settings or {})  # a damaged record: read leniently
+        return rows.row(cell)
+
+    assert table_row({"engine": "pipe", "pipe_stages": "4"})["pipe_stages"] == 4
+    assert table_row({}, {"engine": "pipe", "pipe_stages": 2.0})["pipe_stages"] == 2
+    under_fsdp = table_row({"engine": "fsdp", "fsdp_sharding": "grad_op", "pipe_stages": 4})
     assert under_fsdp["pipe_stages"] is None and under_fsdp["fsdp_sharding"] == "grad_op"
-    assert catalog.method_columns({"pipe_stages": 4}, {})["pipe_stages"] is None  # no engine: the default one
+    assert table_row({"pipe_stages": 4})["pipe_stages"] is None  # no engine: the default one
     # The labels: best.csv's settings and scaling.csv's sharding.
     row = {"engine": "pipe", "pipe_stages": 4, "precision": "bf16", "micro_batch_size": 2, "grad_accum_steps": 8}
     assert settings_label(row) == "pipe4 mb2x8 bf16" and sharding_label(row) == "pipe4"
-    # A whole cell, as `gpudays plan` predicts it.
-    piped = dataclasses.asdict(with_method(base, PipeMethod, engine="pipe", pipe_stages=2))
+    # A whole cell, as `gpudays plan` predicts it (typed: MethodConfig has no pipe_stages for to_config to read).
+    piped = with_method(base, PipeMethod, engine="pipe", pipe_stages=2)
     assert flat_cell(piped)["pipe_stages"] == 2
     prediction = predict_cell(piped, micro_batch_size=1)
     assert prediction.params_gib == pytest.approx(PIPE_BYTES / 2 * ALLOCATOR_OVERHEAD / GIB)
