@@ -96,6 +96,7 @@ def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_pat
     # The interrupted cell is `cancelled`, interrupted, not `failed: KeyboardInterrupt` (or `lost`, its record cut
     # off by the SIGINT submitit's controller forwards); `resume` reruns it.
     (cid,) = paths.cell_ids()
+    deadline = time.monotonic() + 60  # its own minute: a slow start must not eat the record's time
     while not paths.record(cid).exists():  # the job's last second, after gpudays itself has exited
         assert time.monotonic() < deadline, "the interrupted cell wrote no record"
         time.sleep(0.2)
