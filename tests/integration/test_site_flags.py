@@ -85,7 +85,10 @@ def test_dry_run_accepts_a_comma_list_of_partitions_and_shows_the_job_script(
     assert code == 0, out
     assert "#SBATCH --partition=debug,urgent" in out and "#SBATCH --comment=dry" in out
     srun = next(line for line in out.splitlines() if line.startswith("srun "))
-    assert "--cpus-per-task=1 --kill-on-bad-exit=1 --cpu-bind=none" in srun and "-m submitit.core._submit" in srun
+    words = srun.split()
+    for flag in ("--cpus-per-task=1", "--kill-on-bad-exit=1", "--cpu-bind=none", "--export=ALL"):
+        assert flag in words, (flag, srun)  # the site's srun_args beside gpudays' own, --export=ALL among them
+    assert "-m submitit.core._submit" in srun
     assert not (tmp_path / "dry" / "cells").exists() or not any((tmp_path / "dry" / "cells").iterdir())
 
     code = cli.main([*common, *site, "cluster.partition='debug,nosuch'"])
