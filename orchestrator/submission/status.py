@@ -120,9 +120,10 @@ def cell_states(
     cell_ids = paths.cell_ids()
     records: dict[str, Record | BadRecord | None] = {}
     found: dict[str, list[Attempt]] = {}
-    signatures: dict[str, _Signature] = {}
+    signatures: dict[str, tuple[_Signature, _Signature]] = {}
     for cid in cell_ids:
-        signatures[cid] = _stat(paths.attempts(cid))
+        # the record's own stat too: a record damaged or replaced by hand is read again
+        signatures[cid] = (_stat(paths.attempts(cid)), _stat(paths.record(cid)))
         kept = _FINAL.get(paths.record(cid))
         if kept is not None and kept[0] == signatures[cid]:
             records[cid], found[cid] = kept[1], list(kept[2])
@@ -178,7 +179,7 @@ a new attempt (``resume --rerun``, ``--time-limit`` append to attempts.jsonl fir
 record was written keeps the record and writes nothing over it), so the attempts file alone tells a change."""
 
 _Signature = tuple[int, int, int] | None
-_FINAL: dict[Path, tuple[_Signature, Record | BadRecord | None, tuple[Attempt, ...]]] = {}
+_FINAL: dict[Path, tuple[tuple[_Signature, _Signature], Record | BadRecord | None, tuple[Attempt, ...]]] = {}
 
 
 def _stat(path: Path) -> _Signature:
