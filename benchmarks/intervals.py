@@ -197,7 +197,8 @@ def synthetic_grid(goal: Goal, seeds: int) -> dict:
     return out
 
 
-def h100_leave_one_out() -> dict:
+def h100_table() -> pd.DataFrame:
+    """The committed H100 records as a cells table (as :func:`analysis.sweeps.records.load_cells` gives one)."""
     rows = []
     for path in sorted(RECORDS.glob("*/*.json")):
         record = json.loads(path.read_text())
@@ -207,7 +208,11 @@ def h100_leave_one_out() -> dict:
             row[key] = m.get(key)
         row["peak_memory_gib"] = m.get("peak_memory_allocated_gib")
         rows.append(row)
-    table = pd.DataFrame(rows)
+    return pd.DataFrame(rows)
+
+
+def h100_leave_one_out() -> dict:
+    table = h100_table()
     predicted = []
     for i in range(len(table)):
         test = table.iloc[[i]]

@@ -40,7 +40,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the replay of intervals.py
 
 import synthetic  # noqa: E402
 import truth_grid  # noqa: E402
-from intervals import RECORDS, random_baseline, replay  # noqa: E402
+from intervals import RECORDS, h100_table, random_baseline, replay  # noqa: E402
 
 from analysis.planners.adaptive import Goal  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
@@ -58,20 +58,6 @@ HEADINGS = {
     "within_10pct": "within ±10% %",
     "inside_90pct_interval": "inside 90% int. %",
 }
-
-
-def h100_table() -> pd.DataFrame:
-    """The committed H100 records as a cells table (as :func:`analysis.sweeps.records.load_cells` gives one)."""
-    rows = []
-    for path in sorted(RECORDS.glob("*/*.json")):
-        record = json.loads(path.read_text())
-        m = record["metrics"]
-        row = {**flat_cell(record["config"]), "cell_id": f"{path.parent.name}/{path.stem}", "status": record["status"]}
-        for key in ("step_time_s", "micro_batch_size", "grad_accum_steps", "peak_memory_reserved_gib"):
-            row[key] = m.get(key)
-        row["peak_memory_gib"] = m.get("peak_memory_allocated_gib")
-        rows.append(row)
-    return pd.DataFrame(rows)
 
 
 def h100_section() -> dict[str, dict[str, float]]:
