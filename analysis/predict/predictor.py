@@ -307,6 +307,10 @@ class Prediction:
     reason: str
 
 
+_VERDICT = ("fits", "calibrated", "reason")
+"""Prediction's fields that are a verdict, not a figure of the frame."""
+
+
 def predict_cell(
     cell: Config | Mapping[str, Any],
     calibration: Calibration | None = None,
@@ -329,9 +333,7 @@ def predict_cell(
     forced_accum = np.array([float(grad_accum_steps)]) if grad_accum_steps else None
     p = {k: v[0] for k, v in _predict(x, calibration, margin, forced_micro, forced_accum).items()}
     if not p["known"]:
-        fields = {
-            name: None for name in Prediction.__dataclass_fields__ if name not in ("fits", "calibrated", "reason")
-        }
+        fields = {name: None for name in Prediction.__dataclass_fields__ if name not in _VERDICT}
         reason = f"model {row.get('model')!r} has no complete shape (layers, hidden size, heads, vocabulary, ...)"
         return Prediction(**fields, fits=True, calibrated=False, reason=reason + "; nothing predicted")
 
@@ -354,25 +356,14 @@ def predict_cell(
         reason += "; no step time: the GPU has no peak throughput for this precision and no calibration"
     elif not p["calibrated"]:
         reason += "; uncalibrated: the intervals are the prior's, wide until records of this GPU type calibrate it"
+    computed = {"peak_memory_gib", "usable_memory_gib", "micro_batch_size", "grad_accum_steps", *_VERDICT}
+    figures = {name: value(name) for name in Prediction.__dataclass_fields__ if name not in computed}
     return Prediction(
+        **figures,
         peak_memory_gib=peak,
-        params_gib=value("params_gib"),
-        grads_gib=value("grads_gib"),
-        optimizer_gib=value("optimizer_gib"),
-        activations_gib=value("activations_gib"),
-        buffers_gib=value("buffers_gib"),
-        offloaded_gib=value("offloaded_gib"),
         usable_memory_gib=usable,
         micro_batch_size=micro,
         grad_accum_steps=int(p["grad_accum_steps"]),
-        step_time_s=value("step_time_s"),
-        step_time_low_s=value("step_time_low_s"),
-        step_time_high_s=value("step_time_high_s"),
-        peak_memory_low_gib=value("peak_memory_low_gib"),
-        peak_memory_high_gib=value("peak_memory_high_gib"),
-        compute_s=value("compute_s"),
-        communication_s=value("communication_s"),
-        offload_s=value("offload_s"),
         fits=bool(p["fits"]),
         calibrated=bool(p["calibrated"]),
         reason=reason,
