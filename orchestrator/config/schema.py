@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
 from orchestrator.config.domains import domain
-from orchestrator.config.values import Container
+from orchestrator.config.values import Container, Scalar
 
 MISSING: Any = "???"
 """omegaconf's MISSING (its value, so that this module loads without omegaconf): a field a config file must set."""
@@ -211,7 +211,7 @@ class MethodConfig:
     """Attention implementation: sdpa, eager, or flash_attention_2 when flash-attn is installed."""
 
 
-def compile_scope_of(method: Mapping[str, Any]) -> Any:
+def compile_scope_of(method: Mapping[str, Any]) -> Scalar:
     """How much of the model a cell's method compiles (``compile_scope``), None where it compiles nothing: the
     record's, the settings' and the cells table's ``compile_scope``."""
     return method.get("compile_scope") if method.get("compile") is True else None

@@ -16,10 +16,11 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import MethodConfig
+from orchestrator.config.values import Scalar
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -154,7 +155,7 @@ def check_engine_options(cell: Config) -> list[Refusal]:
     return out
 
 
-def method_label(settings: Mapping[str, Any]) -> str:
+def method_label(settings: Mapping[str, Scalar]) -> str:
     """How a cell shards, from its method settings (a ``MethodConfig``'s fields or a row of the cells table), by
     its engine's label: ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``. Settings naming no engine
     are the default engine's; an engine not registered is named before the default engine's label."""

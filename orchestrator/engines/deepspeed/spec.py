@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.refusal import Refusal
+from orchestrator.config.values import Scalar
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
     )
 
 
-def label(settings: Mapping[str, Any]) -> str:
+def label(settings: Mapping[str, Scalar]) -> str:
     """``zero2``, then ``offload-opt`` and ``offload-params`` where set; ``zero?`` where the stage is unknown."""
     stage = _whole(settings.get("zero_stage"))
     parts = [f"zero{stage}" if stage is not None else "zero?"]

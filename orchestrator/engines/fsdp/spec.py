@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import MethodConfig
+from orchestrator.config.values import Scalar
 from orchestrator.engines.fsdp.config import SHARDINGS
 from orchestrator.engines.spec import EngineSpec
 
@@ -58,7 +59,7 @@ def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
     )
 
 
-def label(settings: Mapping[str, Any]) -> str:
+def label(settings: Mapping[str, Scalar]) -> str:
     """``fsdp-<sharding>`` (``full`` where unknown), then ``offload`` and ``reduce-<dtype>`` where set."""
     sharding = settings.get("fsdp_sharding")
     parts = [f"fsdp-{sharding if isinstance(sharding, str) and sharding else MethodConfig.fsdp_sharding}"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.config.values import Scalar
 from orchestrator.engines.mesh3d.config import refusals
 from orchestrator.engines.spec import EngineSpec
 
@@ -31,7 +32,7 @@ def _int(value: Any, default: int) -> int:
         return default
 
 
-def label(settings: Mapping[str, Any]) -> str:
+def label(settings: Mapping[str, Scalar]) -> str:
     """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``."""
     tp, pp = _int(settings.get("tp"), 1), _int(settings.get("pp"), 1)
     parts = [f"tp{tp}", f"pp{pp}"]
