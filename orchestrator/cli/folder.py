@@ -149,7 +149,7 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     """``gpudays show``: one cell (its id or the start of it); CELLS_FAILED when it needs a rerun."""
     ids = paths.cell_ids()
     say_damaged(paths)
-    matches = [c for c in ids if c == wanted] or [c for c in ids if c.startswith(wanted)]
+    matches = SweepPaths.named(ids, wanted)
     if len(matches) != 1:
         what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
         more = " ..." if len(ids) > 20 else ""

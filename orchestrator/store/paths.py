@@ -105,6 +105,12 @@ class SweepPaths:
             p.name for p in self.cells_dir.iterdir() if not p.is_symlink() and (p / CELL_CONFIG_NAME).is_file()
         )
 
+    @staticmethod
+    def named(cell_ids: list[str], name: str) -> list[str]:
+        """The cells a name on the command line means: the cell of that id, else every cell whose id starts with it
+        (one match names a cell; none or several is the caller's to refuse)."""
+        return [c for c in cell_ids if c == name] or [c for c in cell_ids if c.startswith(name)]
+
     def sweeps_inside_hint(self, most: int = 5) -> str:
         """``; the sweep folders inside it: ...`` (shell-quoted, the last ``most`` by name: ``sweeps/demo`` holds
         one per date), or an empty string where this folder holds none."""

@@ -52,7 +52,7 @@ def pick(cell_ids: Sequence[str], wanted: Sequence[str]) -> list[str]:
     out: list[str] = []
     bad: list[str] = []
     for name in wanted:
-        matches = [c for c in cell_ids if c == name] or [c for c in cell_ids if c.startswith(name)]
+        matches = SweepPaths.named(list(cell_ids), name)
         if len(matches) == 1:
             out.extend(m for m in matches if m not in out)
         else:
