@@ -24,7 +24,7 @@ from orchestrator.config.schema import Config
 from orchestrator.store.attempts import read_attempts
 from orchestrator.store.durable import WriteFailed, append_jsonl
 from orchestrator.store.paths import SweepPaths
-from orchestrator.store.record import BadCellConfig, Record, read_cell_config, read_record
+from orchestrator.store.record import BadCellConfig, Record, aside_path, read_cell_config, read_record
 from orchestrator.store.states import UNFIXABLE, parse_state, rerun_selectable
 from orchestrator.submission import admission, intents, launch, local, quota, status
 
@@ -233,10 +233,9 @@ def archive_record(paths: SweepPaths, s: status.CellState) -> None:
     found = read_record(record, s.cell_id)
     if isinstance(found, Record) and found.attempt > s.attempt:
         return
-    if record.exists():
+    if found is not None:
         # A record names its own attempt (the latest may be a submission cut short, which wrote none).
-        attempt = found.attempt if isinstance(found, Record) else s.attempt
-        record.rename(paths.archived_record(s.cell_id, attempt, corrupt=s.state == "corrupt"))
+        record.rename(aside_path(paths, s.cell_id, found, s.attempt))
 
 
 def finish(paths: SweepPaths, report: bool) -> Exit:

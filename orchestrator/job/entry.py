@@ -49,7 +49,7 @@ from orchestrator.slurm import commands as slurm
 from orchestrator.store.attempts import current_attempt
 from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import SweepPaths
-from orchestrator.store.record import Record, read_cell_config, read_record, write_record
+from orchestrator.store.record import Record, aside_path, read_cell_config, read_record, write_record
 from orchestrator.store.states import ANSWERS, RecordStatus
 from orchestrator.store.version import gpudays_version, version_mismatch
 
@@ -294,11 +294,7 @@ def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> Path:
     found = read_record(target, cell_id)
     if found is None:
         return target
-    aside = (
-        paths.archived_record(cell_id, found.attempt)
-        if isinstance(found, Record)
-        else paths.archived_record(cell_id, attempt - 1, corrupt=True)
-    )
+    aside = aside_path(paths, cell_id, found, attempt - 1)
     try:
         target.rename(aside)
     except FileNotFoundError:

@@ -29,7 +29,7 @@ from orchestrator.config.values import Container, Row
 from orchestrator.store.cell_config import BadCellConfig as BadCellConfig
 from orchestrator.store.cell_config import read_cell_config as read_cell_config
 from orchestrator.store.durable import write_json_atomic
-from orchestrator.store.paths import read_regular_file
+from orchestrator.store.paths import SweepPaths, read_regular_file
 from orchestrator.store.states import RecordStatus, State, state_of_record
 
 RECORD_SCHEMA_VERSION = 2
@@ -405,3 +405,11 @@ def record_from_json(data: Any, cell_id: str | None = None) -> Record | BadRecor
         gpudays_version=data.get("gpudays_version"),
         host_load=data.get("host_load") or {},
     )
+
+
+def aside_path(paths: SweepPaths, cell_id: str, found: Record | BadRecord, damaged_attempt: int) -> Path:
+    """Where the record now at the cell's place is kept aside beside a newer one: under its own attempt's name, or,
+    for a damaged record (which names no attempt), under ``damaged_attempt``'s, marked corrupt."""
+    if isinstance(found, Record):
+        return paths.archived_record(cell_id, found.attempt)
+    return paths.archived_record(cell_id, damaged_attempt, corrupt=True)

@@ -22,7 +22,7 @@ from orchestrator.config.values import Container
 from orchestrator.slurm import commands as slurm
 from orchestrator.store.durable import fsync_dir
 from orchestrator.store.paths import SweepPaths
-from orchestrator.store.record import BadCellConfig, Record, read_cell_config, read_record, write_record
+from orchestrator.store.record import BadCellConfig, Record, aside_path, read_cell_config, read_record, write_record
 from orchestrator.store.states import ACTIVE, RecordStatus, State, is_answer
 from orchestrator.submission import intents, status
 
@@ -115,9 +115,8 @@ def _record_cancel(paths: SweepPaths, s: status.CellState, when: str) -> Record 
     if isinstance(found, Record) and found.attempt >= s.attempt:
         return found
     if found is not None:  # an older attempt's record (a resume killed before it moved it), or a damaged one
-        old = found.attempt if isinstance(found, Record) else s.attempt
         try:
-            target.rename(paths.archived_record(s.cell_id, old, corrupt=not isinstance(found, Record)))
+            target.rename(aside_path(paths, s.cell_id, found, s.attempt))
         except FileNotFoundError:
             pass
     config: Container = {}
