@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from analysis.predict.parallelism import LayoutEstimate, best_layout, network_for
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import Config
+from orchestrator.config.values import Row
 from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES
 
 DATA_PARALLEL_ENGINES = ("deepspeed", "fsdp")
@@ -120,7 +121,7 @@ def _hours(prediction: Mapping[str, object]) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(float(value)) else None
 
 
-def offer_rows(found: Sequence[Offer]) -> list[dict[str, object]]:
+def offer_rows(found: Sequence[Offer]) -> list[Row]:
     """The offers as a table's rows."""
     return [
         {

@@ -11,14 +11,13 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping
 from dataclasses import asdict, fields, replace
 from typing import Any
 
 from orchestrator.config.domains import problems as domain_problems
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, MethodConfig, ModelConfig, compile_scope_of, to_config
-from orchestrator.config.values import Row
+from orchestrator.config.values import Container, Row
 from orchestrator.engines.registry import check_engine_options, identity_keys, identity_keys_if_set, method_label
 from orchestrator.models import config_errors
 from orchestrator.slurm.options import problems as passthrough_problems
@@ -248,7 +247,7 @@ def check_values(cell: Config) -> list[Refusal]:
     return errors
 
 
-def typed_cell(container: Mapping[str, Any]) -> tuple[Config | None, list[str]]:
+def typed_cell(container: Container) -> tuple[Config | None, list[str]]:
     """A cell read back from disk (cell.yaml, written by the sweep) as the schema's dataclasses, and every value
     outside its domain: the checks planning ran, run again, since the file may have been edited or written by an
     older gpudays. None where it is not a cell at all (the reason is the one problem)."""

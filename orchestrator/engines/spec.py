@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
     from orchestrator.config.refusal import Refusal
     from orchestrator.config.schema import Config
+    from orchestrator.config.values import Scalar
 
 MEMORY_HOLDERS = ("params", "grads", "optimizer", "buffers", "offloaded")
 """The keys of an engine's memory terms: bytes per GPU of the parameters, gradients, optimizer states and
@@ -92,7 +93,7 @@ class EngineSpec:
     foreign: Callable[[EngineSpec, Any, Any], str]
     """``foreign(owner, value, default)``: why ``owner``'s field, set to ``value`` under this engine, is refused
     (it belongs at ``default``), and what this engine uses instead."""
-    label: Callable[[Mapping[str, Any]], str]
+    label: Callable[[Mapping[str, Scalar]], str]
     """How a cell shards under this engine, in a few words, from its method settings (a ``MethodConfig``'s fields
     or a row of the cells table): ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``."""
     memory_terms: Callable[[CellArrays], Terms]

@@ -18,6 +18,7 @@ from orchestrator.cells.row import row as row_of
 from orchestrator.cli.display.answers import MEASURED, PREDICTED, answer_lines
 from orchestrator.cli.display.tabular import Column, Tabular, fmt, missing, printable
 from orchestrator.config.prices import cloud_prices, price_note
+from orchestrator.config.values import Row
 from orchestrator.store.states import UNFIXABLE, State
 
 if TYPE_CHECKING:
@@ -188,16 +189,16 @@ def cells_table(frame: pd.DataFrame | None, max_rows: int | None = None) -> Tabu
                    footer=[*answers, *(f"  {a}" for a in answer_lines(rows, MEASURED))], text=_text)  # fmt: skip
 
 
-def plan_rows(plan: Plan) -> list[dict[str, object]]:
+def plan_rows(plan: Plan) -> list[Row]:
     """Every cell of a plan with its prediction, those refused for not fitting included (``runs`` no): the cell's
     columns (``orchestrator.cells.row``, as every table of cells has them; the prediction's settings are the same
     row's), its label, whether it runs and fits, and the prediction."""
-    rows: list[dict[str, object]] = []
+    rows: list[Row] = []
     for cell, runs in [(c, "yes") for c in plan.cells] + [(c, "no") for c in plan.skipped if c.prediction]:
         p, t, flat = cell.prediction, cell.typed, row_of(cell.typed)
         fits = p.get("predicted_fits")
         prefix = f"{t.model.name} {t.gpu.name} x{t.num_gpus}" + (f" on {t.num_nodes} nodes" if t.num_nodes > 1 else "")
-        row: dict[str, object] = {"cell_id": cell.cell_id, **{k: flat[k] for k in CELL_KEYS}}
+        row: Row = {"cell_id": cell.cell_id, **{k: flat[k] for k in CELL_KEYS}}
         row.update(label=cell.label, setting=_setting(cell.label, prefix), runs=runs)
         row.update(fits="?" if missing(fits) else ("yes" if fits else "NO"), of_gib=flat["gpu_memory_gib"])
         row.update(p)
@@ -215,7 +216,7 @@ MACHINE_NAMES = {"of_gib": "gpu_memory_gib"}
 """A plan row's keys as ``--format`` names them: the GPU's memory with its unit."""
 
 
-def _own_engine(row: dict[str, object]) -> dict[str, object]:
+def _own_engine(row: Row) -> Row:
     """The row with every other engine's settings empty, as in cells.csv: an FSDP cell has no ZeRO stage."""
     from orchestrator.engines.registry import engine_specs
 
@@ -249,9 +250,9 @@ def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = ()
     return Tabular(columns, rows, text=_text)
 
 
-def status_rows(states: Sequence[CellState]) -> list[dict[str, object]]:
+def status_rows(states: Sequence[CellState]) -> list[Row]:
     """One row a cell: its state, attempt, job, settings, reason, what the scheduler said (``--format``)."""
-    rows: list[dict[str, object]] = []
+    rows: list[Row] = []
     for s in states:
         reason = s.reason if s.reason and s.state != State.OK else ""
         if s.state in UNFIXABLE:
