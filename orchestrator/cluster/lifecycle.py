@@ -90,8 +90,11 @@ class LocalCluster:
         return sorted(r.name for r in records) == sorted(self.expected_daemons()) and all(r.alive() for r in records)
 
     def status(self) -> dict[str, object]:
-        """``state_dir``, ``slurm_conf``, ``runtime_dir``, ``up``, ``daemons`` (name, pid, alive), ``sinfo``."""
-        daemons = [{"name": r.name, "pid": r.pid, "alive": r.alive()} for r in self.daemons()]
+        """``state_dir``, ``slurm_conf``, ``runtime_dir``, ``up``, ``daemons`` (name, pid, alive; in the order a
+        complete start starts them, whichever node was restarted since), ``sinfo``."""
+        order = {name: i for i, name in enumerate(self.expected_daemons())}
+        records = sorted(self.daemons(), key=lambda r: order.get(r.name, len(order)))
+        daemons = [{"name": r.name, "pid": r.pid, "alive": r.alive()} for r in records]
         sinfo = ""
         if any(d["alive"] and d["name"] == "slurmctld" for d in daemons):
             try:
