@@ -71,6 +71,8 @@ PEER_RECORD_DELAY_S = 2.0
 _requeuing = False
 # Set once the probe has returned: a requeue now would only run a finished cell again.
 _probe_done = False
+# Set as the probe's guarded part begins: a Ctrl-C before it is held until then, as nothing could catch it sooner.
+_in_probe = False
 # When SLURM's time-limit warning, or its SIGTERM at the limit, reached this process (time.time()); a failure
 # after it is the time limit's doing, whatever the probe was doing (a compiler killed by the signal included).
 _time_limit_signal: TimeSignal | None = None
@@ -95,7 +97,13 @@ def _on_interrupt(signum: int, frame: FrameType | None) -> None:
     if _time_limit_signal is None:  # SLURM's own signal, had one come first, keeps deciding the status
         _time_limit_signal = TimeSignal("SIGINT", time.time())
     say("interrupted (SIGINT): the cell ends here and is recorded as cancelled")
-    raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C)")
+    if _in_probe:
+        raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C)")
+
+
+def _interrupted() -> bool:
+    """Whether a Ctrl-C came (before the probe began, it was held until now)."""
+    return _time_limit_signal is not None and _time_limit_signal.name == "SIGINT"
 
 
 def sleep_probe(sleep_s: float) -> ProbeOutcome:
@@ -131,6 +139,7 @@ def run_cell(
     ``requeues`` (how often this attempt was requeued, and why) goes into the record's environment.
     ``submitted_by``: the gpudays version that submitted the cell; a job running another refuses before measuring.
     """
+    signal.signal(signal.SIGINT, _on_interrupt)  # first: a Ctrl-C while the job sets up still ends in a record
     running = gpudays_version()
     started_at = _now()
     paths = SweepPaths(Path(sweep_root))
@@ -165,8 +174,11 @@ def run_cell(
 
     # Who else runs on the nodes while the cell is timed (another user's job, or another cell of the sweep).
     jobs_at_start = node_jobs() if rank == 0 else None
-    signal.signal(signal.SIGINT, _on_interrupt)
+    global _in_probe
     try:
+        _in_probe = True
+        if _interrupted():
+            raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C), while the job set up")
         if submitted_by is not None and submitted_by != running:
             say(mismatch := version_mismatch(submitted_by, running))  # nothing measured: a resume reruns it
             result = outcome_of(Happened(Ending.RAISED, mismatch))

@@ -221,14 +221,19 @@ def test_a_probe_interrupted_by_ctrl_c_is_cancelled_and_rerun_not_failed() -> No
     assert status is RecordStatus.CANCELLED and reason is not None and "compile_error" in reason
     assert decide_status(Happened(Ending.COMPLETED), ctrl_c)[0] is RecordStatus.OK
     # The job's handler ends the probe once, and ignores the SIGINT submitit's controller forwards after it.
-    saved = (jobside._time_limit_signal, jobside._probe_done)
+    saved = (jobside._time_limit_signal, jobside._probe_done, jobside._in_probe)
     try:
-        jobside._time_limit_signal, jobside._probe_done = None, False
+        jobside._time_limit_signal, jobside._probe_done, jobside._in_probe = None, False, True
         with pytest.raises(KeyboardInterrupt):
             jobside._on_interrupt(2, None)
         first = jobside.time_limit_signal()
         assert first is not None and first.name == "SIGINT"
         jobside._on_interrupt(2, None)  # no raise: the record is being written
         assert jobside.time_limit_signal() is first
+        # A Ctrl-C while the job still sets up is held, not raised where nothing would catch it: the probe's
+        # guarded part begins by raising it, so the record still says cancelled.
+        jobside._time_limit_signal, jobside._in_probe = None, False
+        jobside._on_interrupt(2, None)
+        assert jobside._interrupted()
     finally:
-        jobside._time_limit_signal, jobside._probe_done = saved
+        jobside._time_limit_signal, jobside._probe_done, jobside._in_probe = saved
