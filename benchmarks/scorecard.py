@@ -46,6 +46,7 @@ from analysis.planners.adaptive import Goal  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
 from analysis.predict.holdout import HoldOut, leave_configurations_out, leave_models_out, leave_records_out  # noqa: E402
 from analysis.predict.inputs import flat_cell  # noqa: E402
+from analysis.predict.predictor import predict_frame  # noqa: E402
 from analysis.sweeps.catalog import method_defaults  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
 
@@ -72,6 +73,31 @@ def h100_section() -> dict[str, dict[str, float]]:
         print(f"  {label}: {holdout.summary.line()}")
         out[label] = _figures(holdout)
     return out
+
+
+SET_ON = ("pythia-410m", "pythia-1b")
+"""The models whose free-lunch H100 records set the uncalibrated efficiency and per-micro-step time
+(``analysis/predict/step_time.py``): those two records are in-sample for the uncalibrated answer."""
+
+
+def uncalibrated_section() -> dict[str, float]:
+    """Each H100 record against what ``plan`` says with no record at all (the uncalibrated coefficients), at the
+    record's micro-batch: the figure the README's claims about an uncalibrated plan cite."""
+    table = h100_table()
+    predicted = predict_frame(table, micro_batch_size=table["micro_batch_size"],
+                              grad_accum_steps=table["grad_accum_steps"])["predicted_step_time_s"].to_numpy()  # fmt: skip
+    table["error_pct"] = 100 * (predicted / table["step_time_s"].to_numpy() - 1)
+    free_lunch = table["compile"].astype(str).str.lower().eq("true")
+    table["in_sample"] = table["model"].isin(SET_ON) & free_lunch
+    print("\n   Uncalibrated, as `plan` answers with no record (its two coefficients were set on the "
+          f"{' and '.join(SET_ON)} free-lunch records: in-sample there):")  # fmt: skip
+    for (model, compiled, in_sample), group in table.groupby(["model", free_lunch, "in_sample"], sort=True):
+        errs = ", ".join(f"{e:+.1f}%" for e in group["error_pct"])
+        label = "free-lunch" if compiled else "default"
+        print(f"     {model} {label}: {errs}{' (in-sample)' if in_sample else ''}")
+    out = table[~table["in_sample"]]["error_pct"].abs()
+    print(f"     out of sample: {len(out)} records, median |err| {out.median():.1f}%, max {out.max():.1f}%")
+    return {"records": float(len(out)), "median_abs_error_pct": float(out.median()), "max_abs_error_pct": float(out.max())}
 
 
 def replay_once(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, seed: int) -> list[dict[str, object]]:
@@ -178,6 +204,7 @@ def main() -> None:
     args = parser.parse_args()
     began = time.perf_counter()
     h100 = h100_section()
+    uncalibrated = uncalibrated_section()
     goal = Goal(args.target_pct, math.inf, args.round_cells)
     print(f"\n2. Adaptive sweeps replayed (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round) and as "
           f"many cells chosen at random, {args.seeds} seeds; only the cells never measured are judged")  # fmt: skip
@@ -189,7 +216,7 @@ def main() -> None:
     goals(h100, grids)
     print(f"\n(scorecard took {time.perf_counter() - began:.0f} s)")
     if args.json:
-        out = {"h100": h100, "grids": {k: v.to_dict(orient="records") for k, v in grids.items()}}
+        out = {"h100": h100, "uncalibrated": uncalibrated, "grids": {k: v.to_dict(orient="records") for k, v in grids.items()}}
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
 
 
