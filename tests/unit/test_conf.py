@@ -181,3 +181,8 @@ def test_plan_says_what_a_familys_predictions_leave_out_once(capsys) -> None:
     assert out.count("planned memory is that of transformers' reference scan") == 1, out
     assert cli.main(["plan", "model=pythia-160m", "gpu=h100-80gb"]) == 0
     assert "reference scan" not in capsys.readouterr().out
+    # Said where it matters most: a Mamba cell predicted not to fit (skipped, not among the cells to run).
+    cli.main(["plan", "model=mamba-1.4b", "gpu=a100-80gb", "num_gpus=8"])
+    said = capsys.readouterr()
+    assert "predicted not to fit" in said.out + said.err
+    assert "planned memory is that of transformers' reference scan" in said.out, said.out

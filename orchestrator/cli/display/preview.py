@@ -31,7 +31,8 @@ def show_plan(plan: Plan, predictions: bool) -> None:
         )
         console.table_out(console.plan_table(plan))
         # What a family's predictions leave out, once for the plan (a family module's PLAN_CAVEAT, where it has one).
-        families = dict.fromkeys(c.typed.model.family for c in plan.cells)
+        # A skipped cell counts: "predicted not to fit" is exactly where a caveat on memory matters.
+        families = dict.fromkeys(c.typed.model.family for c in (*plan.cells, *plan.skipped) if c.typed is not None)
         for caveat in filter(None, (getattr(family_module(f), "PLAN_CAVEAT", None) for f in families)):
             console.out(caveat)
         if (offered := prediction.layout_offers(plan)) is not None:
