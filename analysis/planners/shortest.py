@@ -21,7 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from analysis.predict.parallelism import LayoutEstimate, Network, best_layout, min_gpus_to_fit, with_batch
+from analysis.predict.network import Network
+from analysis.predict.parallelism import LayoutEstimate, best_layout, min_gpus_to_fit, with_batch
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters

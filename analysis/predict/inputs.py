@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import pandas as pd
 
+from analysis.predict.network import inter_node_bytes_s
 from analysis.sweeps.catalog import stored_cell
 from analysis.sweeps.columns import ARCHITECTURE_FIELDS, config_of
 from orchestrator.cells import row as rows
@@ -86,6 +87,9 @@ class Inputs:
     """The dense peak for the cell's precision; NaN where the device has none."""
     num_gpus: np.ndarray
     num_nodes: np.ndarray
+    inter_node_bytes_s: np.ndarray
+    """One GPU's achieved share of its node's network (bytes/s): the cluster config's ``inter_node_gbits_s`` over
+    its ``gpus_per_node``, or the default of the GPU's generation (:mod:`analysis.predict.network`)."""
     engine: np.ndarray
     """The engine whose memory and step-time terms each cell takes (the default engine's name where none)."""
     precision: np.ndarray
@@ -222,6 +226,12 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         reference_tflops=np.where(reference > 0, reference, np.nan),
         num_gpus=np.maximum(num("num_gpus", 1.0), 1.0),
         num_nodes=np.maximum(num("num_nodes", 1.0), 1.0),
+        inter_node_bytes_s=inter_node_bytes_s(
+            text("gpu_architecture", ""),
+            num("gpu_nvlink_gbytes_s", 0.0) > 0,
+            num("cluster_inter_node_gbits_s"),
+            num("cluster_gpus_per_node"),
+        ),
         engine=method["engine"],
         precision=precision,
         attention=attention,

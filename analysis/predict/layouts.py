@@ -14,7 +14,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from analysis.predict.parallelism import LayoutEstimate, best_layout, network_for
+from analysis.predict.network import network_for
+from analysis.predict.parallelism import LayoutEstimate, best_layout
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import Config
 from orchestrator.config.values import Row

@@ -30,8 +30,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
+from analysis.predict.network import LINK_EFFICIENCY, Network
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
-from orchestrator.config.schema import ClusterConfig, GpuConfig, ModelConfig
+from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
 from orchestrator.engines.mesh3d.config import TP_PLANS
@@ -48,52 +49,11 @@ model (:data:`analysis.predict.predictor.PREDICTOR`), so the GPU-hours of the tw
 # 18B-1T models (Narayanan et al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience 2022).
 MEMORY_MARGIN = 0.10
 """Share of GPU memory kept free for the CUDA context, NCCL and fragmentation (as ``analysis.predict.predictor``)."""
-LINK_EFFICIENCY = 0.75
-"""Achieved share of a link's one-way rate in large all-reduces: nccl-tests reach about 230 GB/s bus bandwidth on
-DGX A100's 300 GB/s one-way NVLink, and 75-90% of line rate over InfiniBand."""
 INTRA_NODE_LATENCY_S = 10e-6
 """Fixed cost of one collective inside a node (order of nccl-tests' small-message latency over NVLink)."""
 INTER_NODE_LATENCY_S = 25e-6
 """Fixed cost of one collective or send across nodes (order of nccl-tests' small-message latency over InfiniBand)."""
-DEFAULT_GPUS_PER_NODE = 8
-DEFAULT_INTER_NODE_GBITS_S = 8 * 200.0
-"""Per node when the cluster config says nothing: eight InfiniBand HDR ports of 200 Gb/s, one per GPU, as in the
-NVIDIA DGX A100 SuperPOD reference architecture."""
-FALLBACK_INTRA_NODE_GBYTES_S = 32.0
-"""Both directions of PCIe gen 3 x16, for a GPU config that gives neither NVLink nor PCIe figures."""
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
-
-
-@dataclass(frozen=True)
-class Network:
-    """The links a layout's communication runs over, one-way GB/s per GPU, and where each figure came from."""
-
-    intra_node_gbytes_s: float
-    inter_node_gbytes_s_per_gpu: float
-    gpus_per_node: int
-    source: str
-
-
-def network_for(gpu: GpuConfig, cluster: ClusterConfig | None = None) -> Network:
-    """The intra-node link (NVLink, else PCIe) of ``gpu`` and the inter-node network of ``cluster``.
-
-    Datasheets quote both directions together; one direction is half. The node's network is shared by its GPUs.
-    """
-    if gpu.nvlink_gbytes_s:
-        intra, intra_src = gpu.nvlink_gbytes_s / 2, f"NVLink {gpu.nvlink_gbytes_s:g} GB/s (conf/gpu/{gpu.name})"
-    elif gpu.pcie_gbytes_s:
-        intra, intra_src = gpu.pcie_gbytes_s / 2, f"PCIe {gpu.pcie_gbytes_s:g} GB/s (conf/gpu/{gpu.name})"
-    else:
-        intra, intra_src = (
-            FALLBACK_INTRA_NODE_GBYTES_S / 2,
-            f"PCIe gen 3 assumed ({FALLBACK_INTRA_NODE_GBYTES_S:g} GB/s)",
-        )
-    per_node = cluster.gpus_per_node if cluster is not None else DEFAULT_GPUS_PER_NODE
-    if cluster is not None and cluster.inter_node_gbits_s:
-        gbits, inter_src = cluster.inter_node_gbits_s, f"{cluster.inter_node_gbits_s:g} Gb/s a node (conf/cluster)"
-    else:
-        gbits, inter_src = DEFAULT_INTER_NODE_GBITS_S, f"{DEFAULT_INTER_NODE_GBITS_S:g} Gb/s a node (8 x HDR assumed)"
-    return Network(intra, gbits / 8.0 / per_node, per_node, f"{intra_src}; {inter_src}")
 
 
 @dataclass(frozen=True)

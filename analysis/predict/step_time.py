@@ -43,8 +43,8 @@ INTRA_NODE_BUSBW_GBPS: dict[str, float] = {
     "cpu": 2.0,  # gloo over shared memory between processes
 }
 DEFAULT_INTRA_NODE_BUSBW_GBPS = 12.0
-INTER_NODE_BUSBW_GBPS = 12.0
-"""About one 100 Gb/s InfiniBand or Ethernet link per node."""
+# Between nodes: each cell's share of its cluster's network (``Inputs.inter_node_bytes_s``, from
+# analysis/predict/network.py, which budget, shortest and the offered layouts read too).
 HOST_LINK_GBPS: dict[str, float] = {"volta": 12.0, "ampere": 20.0, "ada": 20.0, "hopper": 40.0, "cpu": 10.0}
 DEFAULT_HOST_LINK_GBPS = 12.0
 CPU_ADAM_PARAMS_PER_S_PER_NODE = 1e9
@@ -70,7 +70,7 @@ def step_terms(x: Inputs, accum: np.ndarray) -> np.ndarray:
     host = np.array([HOST_LINK_GBPS.get(a, DEFAULT_HOST_LINK_GBPS) for a in x.arch], dtype=float)
     links = Links(
         intra_node=intra * 1e9,
-        inter_node=INTER_NODE_BUSBW_GBPS * 1e9,
+        inter_node=x.inter_node_bytes_s,
         host=host * 1e9,
         cpu_adam_params_per_s_per_node=CPU_ADAM_PARAMS_PER_S_PER_NODE,
     )

@@ -19,7 +19,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from analysis.predict.parallelism import Layout, LayoutEstimate, Network, estimate_layout, network_for
+from analysis.predict.network import Network, network_for
+from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
 from analysis.predict.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Row

@@ -10,8 +10,8 @@ they agree on every column they share. The columns are the dataclasses' fields, 
   where nothing is compiled, a cell naming no engine is the default engine's, and the fields of every other
   engine that join an id only where set (``EngineSpec.identity_if_set``) are empty, not applicable (a DeepSpeed
   cell has no FSDP sharding);
-- every ``ModelConfig`` field as ``model_<field>``, every ``GpuConfig`` field as ``gpu_<field>``, and
-  ``probe_memory_limit_gib``.
+- every ``ModelConfig`` field as ``model_<field>``, every ``GpuConfig`` field as ``gpu_<field>``, the network the
+  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``) and ``probe_memory_limit_gib``.
 
 Each value is coerced by its field's kind (:func:`orchestrator.config.values.coerce`), so that a column is one kind
 of thing whatever a stored config held (``to_config`` checks a config's keys, not its values). A record's own
@@ -65,6 +65,9 @@ def figure_columns(cell: Config) -> Row:
     between the two parts."""
     out = dict(_once(cell.model, _model_columns))
     out.update(_once(cell.gpu, _gpu_columns))
+    # The network the cell's nodes share, as the predictor reads it (analysis.predict.network).
+    out["cluster_gpus_per_node"] = as_int(cell.cluster.gpus_per_node)
+    out["cluster_inter_node_gbits_s"] = as_number(cell.cluster.inter_node_gbits_s)
     out["probe_memory_limit_gib"] = as_number(cell.probe.memory_limit_gib)
     return out
 

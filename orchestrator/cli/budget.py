@@ -253,7 +253,8 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
         parse_budget,
         tokens_for_budget,
     )
-    from analysis.predict.parallelism import PREDICTOR, network_for
+    from analysis.predict.network import network_for
+    from analysis.predict.parallelism import PREDICTOR
     from orchestrator.models import num_parameters
 
     max_days = DEFAULT_MAX_DAYS if args.max_days is None else args.max_days
@@ -293,7 +294,8 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
 
     from analysis.planners.shortest import MAX_GPUS, shortest_training
     from analysis.predict.estimates import parse_token_budget, train_tokens
-    from analysis.predict.parallelism import PREDICTOR, network_for
+    from analysis.predict.network import network_for
+    from analysis.predict.parallelism import PREDICTOR
     from orchestrator.models import num_parameters
 
     max_gpus = MAX_GPUS if args.max_gpus is None else args.max_gpus

@@ -3,7 +3,7 @@
 The golden files are never written by the test. After a deliberate change to the report (or to a price or
 figure in conf/), regenerate them with
 
-    python tests/unit/test_analysis_golden.py --write
+    PYTHONPATH=tests python tests/unit/test_analysis_golden.py --write
 
 and review the diff before committing it: every changed number should be explained by the change.
 """

@@ -21,7 +21,8 @@ from analysis.planners.budget import (
     sized_model,
     tokens_for_budget,
 )
-from analysis.predict.parallelism import PREDICTOR, network_for
+from analysis.predict.network import network_for
+from analysis.predict.parallelism import PREDICTOR
 from orchestrator.cli.main import main
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from analysis.predict.network import Network, network_for
 from analysis.predict.parallelism import (
     Layout,
-    Network,
     best_layout,
     candidate_layouts,
     estimate_layout,
     min_gpus_to_fit,
-    network_for,
     stage_parameters,
 )
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
@@ -95,6 +94,9 @@ def test_network_from_datasheet_and_cluster_figures() -> None:
     assert net.inter_node_gbytes_s_per_gpu == pytest.approx(200 / 8 / 4)  # one HDR port shared by 4 GPUs
     assert "NVLink 600" in net.source and "200 Gb/s" in net.source
     assert network_for(H100_PCIE_ONLY).intra_node_gbytes_s == 64.0
+    # Without a cluster figure, a node of the GPU's generation: DGX A100's 8 x 200 Gb/s; a PCIe card's node one port.
+    assert network_for(A100).inter_node_gbytes_s_per_gpu == pytest.approx(1600 / 8 / 8)
+    assert network_for(H100_PCIE_ONLY).inter_node_gbytes_s_per_gpu == pytest.approx(200 / 8 / 8)
 
 
 def test_layouts_respect_heads_layers_and_batch() -> None:

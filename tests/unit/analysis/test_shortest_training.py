@@ -15,7 +15,7 @@ from analysis.planners.shortest import (
     shortest_training,
     useful_point,
 )
-from analysis.predict.parallelism import network_for
+from analysis.predict.network import network_for
 from orchestrator.cli.main import main
 from orchestrator.config.schema import GpuConfig, ModelConfig
 
