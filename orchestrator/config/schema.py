@@ -35,6 +35,8 @@ BACKENDS = ("local", "slurm")
 PROBE_KINDS = ("deepspeed", "sleep", "fail")
 """``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep`` and
 ``fail`` measure nothing (plumbing checks: a job that ends ok, one that fails)."""
+MEASURING_PROBE_KINDS = ("deepspeed",)
+"""The probe kinds whose record is a measurement of the cell (the others' never stands in for one)."""
 STEP_TIMINGS = ("composed", "whole")
 NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of letters, digits and _ . -")
 """Names that become folder names, job names and table keys."""
