@@ -319,7 +319,8 @@ class ProbeConfig:
     time_budget_s: float = field(default=300.0, metadata=domain(gt=0))
     """Wall-clock budget for the timed steps of one cell."""
     memory_limit_gib: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
-    """Treat a micro-batch whose peak memory exceeds this as out of memory (a limit imposed on the probe)."""
+    """Treat a micro-batch whose peak memory exceeds this (at a trial, the warm-up or the timed steps) as out of
+    memory (a limit imposed on the probe)."""
     seed: int = field(default=0, metadata=domain(ge=0, integer=True))
 
 
