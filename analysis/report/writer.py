@@ -3,7 +3,8 @@
 Files written into the output folder (the first sweep folder unless given):
 
 - ``cells.csv``: one row per cell, every cell of every sweep (merged on the cell id; a cell measured more than
-  once keeps its newest ``ok`` record);
+  once keeps its newest ``ok`` record, and a plumbing check's record, ``probe.kind`` sleep or fail, never
+  replaces a measurement's);
 - ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
 - ``layouts.csv`` (where mesh3d cells were measured): each one's measured step time, peak memory and bubble

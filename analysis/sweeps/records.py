@@ -12,7 +12,10 @@ without a record its state from ``status`` when given (``pending``, ``lost``...)
 
 Rows are flattened to scalars as each record is read, and the parsed JSON is dropped at once, so memory grows
 with the table, not with the records' size. Several sweeps merge on the cell id: a cell measured more than once
-keeps its newest ``ok`` record (or, with none ok, its newest record of any kind).
+keeps its newest ``ok`` record (or, with none ok, its newest record of any kind). The id leaves the probe's kind
+out, so a plumbing check (``probe.kind=sleep`` or ``fail``) of a cell has the id of its measurement: its record,
+which measures nothing, is kept only where no sweep holds a measurement's record of the cell, whatever either's
+status and age.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import pandas as pd
 
 from analysis.sweeps.catalog import Catalog
 from analysis.sweeps.columns import as_int, as_name, as_number
 from orchestrator.cells.row import figure_columns, setting_columns
+from orchestrator.config.schema import MEASURING_PROBE_KINDS, ProbeConfig
 from orchestrator.config.values import Row
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
@@ -196,9 +200,22 @@ def _cell_dirs(cells_dir: Path) -> list[tuple[str, str]]:
     return sorted(entries)
 
 
-def _rank(row: Mapping[str, Any], has_record: bool, order: int) -> tuple[int, int, str, int]:
-    """Which of two rows for the same cell wins: ok over not ok, a record over none, then the newest."""
-    return (int(row.get("status") == "ok"), int(has_record), str(row.get("finished_at") or ""), order)
+def measures(config: Mapping[str, Any]) -> bool:
+    """Whether a record of this stored config is a measurement: its probe's kind is a training probe's (a config
+    that names none is, as the schema's default kind); ``sleep`` and ``fail`` measure nothing."""
+    probe = config.get("probe")
+    kind = probe.get("kind", ProbeConfig.kind) if isinstance(probe, Mapping) else ProbeConfig.kind
+    return kind in MEASURING_PROBE_KINDS
+
+
+Rank: TypeAlias = tuple[int, int, int, str, int]
+
+
+def _rank(row: Mapping[str, Any], measured: bool, has_record: bool, order: int) -> Rank:
+    """Which of two rows for the same cell wins: a measurement's record over any other (a plumbing check's, or
+    none), then ok over not ok, a record over none, then the newest."""
+    ok = int(row.get("status") == "ok")
+    return (int(measured and has_record), ok, int(has_record), str(row.get("finished_at") or ""), order)
 
 
 @contextlib.contextmanager
@@ -231,7 +248,7 @@ def load_cells(
 def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, catalog: Catalog | None) -> LoadedCells:
     catalog = catalog if catalog is not None else Catalog.load()
     problems: list[str] = []
-    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]] = {}
+    best: dict[str, tuple[Rank, dict[str, object], list[str]]] = {}
     seen: set[Path] = set()
     skipped: list[dict[str, str | None]] = []
     for order, sweep_dir in enumerate(sweep_dirs):
@@ -271,7 +288,7 @@ def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, ca
             if row["status"] not in RESULT_STATUSES and record is not None and not record_error:
                 reason = f": {row['reason']}" if row.get("reason") else ""
                 cell_problems.append(f"{where}: status {row['status']}{reason}")
-            rank = _rank(row, record is not None, order)
+            rank = _rank(row, measures(config), record is not None, order)
             previous = best.get(cell_id)
             if previous is None or rank > previous[0]:
                 best[cell_id] = (rank, row, cell_problems)
@@ -292,7 +309,7 @@ def _unmeasured_cells(
     written: set[str],
     catalog: Catalog,
     order: int,
-    best: dict[str, tuple[tuple[int, int, str, int], dict[str, object], list[str]]],
+    best: dict[str, tuple[Rank, dict[str, object], list[str]]],
     problems: list[str],
 ) -> int:
     """Rows of an adaptive sweep's cells that no round chose (status :data:`UNMEASURED`, no problem: predicted
@@ -308,7 +325,7 @@ def _unmeasured_cells(
             continue
         row = flatten_cell(cell_id, paths.root.name, config, None, catalog, problems)
         row["status"], row["reason"] = UNMEASURED, None
-        best[cell_id] = (_rank(row, False, order), row, [])
+        best[cell_id] = (_rank(row, False, False, order), row, [])
         count += 1
     return count
 

@@ -35,6 +35,8 @@ BACKENDS = ("local", "slurm")
 PROBE_KINDS = ("deepspeed", "sleep", "fail")
 """``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep`` and
 ``fail`` measure nothing (plumbing checks: a job that ends ok, one that fails)."""
+MEASURING_PROBE_KINDS = ("deepspeed",)
+"""The probe kinds whose record is a measurement of the cell (the others' never stands in for one)."""
 STEP_TIMINGS = ("composed", "whole")
 NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of letters, digits and _ . -")
 """Names that become folder names, job names and table keys."""
@@ -317,7 +319,8 @@ class ProbeConfig:
     time_budget_s: float = field(default=300.0, metadata=domain(gt=0))
     """Wall-clock budget for the timed steps of one cell."""
     memory_limit_gib: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
-    """Treat a micro-batch whose peak memory exceeds this as out of memory (a limit imposed on the probe)."""
+    """Treat a micro-batch whose peak memory exceeds this (at a trial, the warm-up or the timed steps) as out of
+    memory (a limit imposed on the probe)."""
     seed: int = field(default=0, metadata=domain(ge=0, integer=True))
 
 

@@ -2,7 +2,10 @@
 the CPU.
 
 On a GPU, peak memory is the allocator's peak (allocated, and reserved: what the process took from the device);
-``probe.memory_limit_gib`` is compared with the reserved peak. On the CPU there is no device allocator, so "device
+``probe.memory_limit_gib`` is compared with the reserved peak (:func:`over_limit`), of the search's trials, of the
+warm-up and of the timed steps alike: a longer run can peak higher than the few steps before it (the allocator's
+cache fragments as steps go on: a GPU's reserved blocks, a CPU's freed heap not all handed back), so a size that
+fitted its trial and warm-up is judged again on the peak its timed steps reached. On the CPU there is no device allocator, so "device
 memory" is the growth of the process's resident set: the kernel's high-water mark (``VmHWM`` in /proc/self/status,
 reset before each region by writing 5 to /proc/self/clear_refs, after returning freed heap to the kernel with
 ``malloc_trim``) minus the resident set before the model was built. That is real memory the step needed, which is
@@ -58,6 +61,18 @@ class MemoryPeak:
     def limited(self) -> int:
         """The figure ``probe.memory_limit_gib`` is compared with: reserved on a GPU, allocated on the CPU."""
         return self.reserved if self.reserved is not None else self.allocated
+
+
+def over_limit(peak_bytes: float, limit_bytes: float | None, micro_batch_size: int, where: str) -> str | None:
+    """Why a peak (:attr:`MemoryPeak.limited`, the largest over ranks) at ``micro_batch_size`` does not fit under
+    ``probe.memory_limit_gib`` (``limit_bytes``), naming ``where`` (``trial step``, ``warm-up``, ``timed steps``),
+    the peak and the limit; None where it fits, or no limit is set."""
+    if limit_bytes is None or peak_bytes <= limit_bytes:
+        return None
+    return (
+        f"micro-batch {micro_batch_size}, {where}: peak {peak_bytes / GIB:.3f} GiB over probe.memory_limit_gib="
+        f"{limit_bytes / GIB:g}"
+    )
 
 
 class MemoryMeter:

@@ -21,8 +21,9 @@ orchestrator/engines/registry.py and created by orchestrator/engines/base.py); t
 Every rank takes the same decisions: step times, trial outcomes and failures are exchanged after each step,
 trial and phase (orchestrator/job/ranks.py), so no rank is left waiting in a collective another rank has left.
 
-Memory (orchestrator/job/metering.py): ``probe.memory_limit_gib`` is compared with the peak of each trial and of the
-warm-up. Failures (orchestrator/job/failures.py): an OOM that is not a trial of the search, a communication error, a
+Memory (orchestrator/job/metering.py): ``probe.memory_limit_gib`` is compared with the peak of each trial, of the
+warm-up and of the timed steps (a size over it at any of them does not fit: ``auto`` searches below it).
+Failures (orchestrator/job/failures.py): an OOM that is not a trial of the search, a communication error, a
 compile error and any other exception each end the probe with what happened, a one-line reason and the traceback;
 nothing is retried or replaced silently. The probe returns one ``ProbeOutcome`` (orchestrator/job/failures.py), whose
 status is decided there; its metrics are the record's :class:`orchestrator.store.record.Metrics`, documented there.
@@ -52,7 +53,7 @@ from orchestrator.job.build_cache import pin_build_environment
 from orchestrator.job.env import say
 from orchestrator.job.failures import CellFailed, Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.job.host_load import HostLoadMeter
-from orchestrator.job.metering import GIB, gib
+from orchestrator.job.metering import GIB, gib, over_limit
 from orchestrator.job.op_lock import guard_op_builds
 from orchestrator.job.ranks import Outcome, RankGroup
 from orchestrator.job.search import next_size
@@ -256,8 +257,9 @@ class _Probe(RankGroup):
                 return samples, cpu_times, reason, loss
 
     def choose_plan(self, per_gpu: int) -> BatchPlan | None:
-        """Search, then warm up; a size that fits a trial step but not the warm-up is refused too and the search
-        goes on below it. None when nothing fits."""
+        """Search, warm up, then time (``timed``); a size that fits a trial step but not the warm-up, or whose
+        timed steps peak over ``probe.memory_limit_gib``, is refused too and the search goes on below it. None
+        when nothing fits."""
         below: int | None = None
         while True:
             began = time.perf_counter()
@@ -267,7 +269,11 @@ class _Probe(RankGroup):
                 return None
             outcome = self.warm_up(plan)
             if outcome.oom_reason is None:
-                return plan
+                outcome = self.measured(plan)
+                if outcome.oom_reason is None:
+                    return plan
+                self.timed = None  # a refused size's timing was part of the search
+                self.phases.search_s += self.phases.timed_s
             refused = Trial(plan.micro_batch_size, "oom", gib(outcome.peak_bytes), outcome.oom_reason)
             assert self.trials is not None  # the search made them
             self.trials.append(refused)
@@ -303,13 +309,28 @@ class _Probe(RankGroup):
             self.guarded(self.build, plan)
             self.phases.startup_s += time.perf_counter() - began
             warm = self.warm_up(plan)
+            if warm.oom_reason is None:
+                warm = self.measured(plan)
             if warm.oom_reason is not None:
                 self.micro_batch_size = plan.micro_batch_size
                 return Happened(Ending.OUT_OF_MEMORY, warm.oom_reason, warm.traceback)
         self.micro_batch_size, self.grad_accum_steps = plan.micro_batch_size, plan.grad_accum_steps
-        self.timed = self.measure(plan)
         self.environment.update(self.engine.describe())  # after the timed steps: what the engine measured in them
         return Happened(Ending.COMPLETED)
+
+    def measured(self, plan: BatchPlan) -> Outcome:
+        """Time ``plan``'s steps (``timed``); whether their peak fits under ``probe.memory_limit_gib``. The trial
+        and the warm-up ran fewer steps, and a longer run can peak higher (orchestrator/job/metering.py), so their
+        peaks under the limit do not vouch for this one. A size over it keeps only its memory figures: the step
+        time of a size that does not fit is no answer."""
+        self.timed = timed = self.measure(plan)
+        reserved, allocated = timed.peak_memory_reserved_gib, timed.peak_memory_allocated_gib
+        peak = (reserved if reserved is not None else allocated or 0.0) * GIB  # MemoryPeak.limited, over ranks
+        over = over_limit(peak, self.memory_limit_bytes, plan.micro_batch_size, "timed steps")
+        if over is not None:
+            self.timed = Metrics(peak_memory_allocated_gib=allocated, peak_memory_reserved_gib=reserved,
+                                 host_rss_gib=timed.host_rss_gib)  # fmt: skip
+        return Outcome(over, None, peak)
 
     def measure(self, plan: BatchPlan) -> Metrics:
         """Time ``plan``'s steps: the record's figures of the timed steps."""

@@ -23,7 +23,7 @@ from typing import Any, ParamSpec, TypeVar, cast
 from orchestrator.config.schema import Config
 from orchestrator.engines.base import Engine, create_engine
 from orchestrator.job.failures import CellFailed, Ending, Failure, classify_failure, failure_from
-from orchestrator.job.metering import GIB, MemoryMeter
+from orchestrator.job.metering import GIB, MemoryMeter, over_limit
 from orchestrator.job.timing import PhaseTimes
 from orchestrator.models import family_module
 
@@ -134,13 +134,7 @@ class RankGroup:
             first = self._first_of(oom)
             tb = first.traceback or ""
             return Outcome(f"micro-batch {micro}, {where}: rank {first.rank}: {first.reason}", tb, None)
-        if self.memory_limit_bytes is not None and peak_bytes > self.memory_limit_bytes:
-            reason = (
-                f"micro-batch {micro}, {where}: peak {peak_bytes / GIB:.3f} GiB over probe.memory_limit_gib="
-                f"{self.memory_limit_bytes / GIB:g}"
-            )
-            return Outcome(reason, None, peak_bytes)
-        return Outcome(None, None, peak_bytes)
+        return Outcome(over_limit(peak_bytes, self.memory_limit_bytes, micro, where), None, peak_bytes)
 
     def capacity_bytes(self) -> tuple[float, bool]:
         """Memory a trial's peak may reach, and whether that is an imposed limit (exceeding it raises nothing)."""

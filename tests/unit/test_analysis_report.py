@@ -14,7 +14,7 @@ import synthetic
 from analysis.predict.predictor import flat_cell, predict_frame
 from analysis.report.tables import pareto_mask
 from analysis.report.writer import CELLS_COLUMNS, calibration_from, write_report
-from analysis.sweeps.records import Catalog
+from analysis.sweeps.records import Catalog, load_cells
 
 
 @pytest.fixture(scope="module")
@@ -195,6 +195,39 @@ def test_sweeps_merge_keeping_the_newest_ok_record(tmp_path: Path, catalog: Cata
     row = report.cells.iloc[0]
     assert (row["sweep"], row["step_time_s"], row["status"]) == ("second", 4.0, "ok")
     assert report.problems == []  # the failure was superseded
+
+
+@pytest.mark.parametrize("plumbing", ["sleep", "fail"])
+@pytest.mark.parametrize("measured_first", [True, False])
+def test_a_later_plumbing_check_of_a_cell_never_replaces_its_measurement(
+    tmp_path: Path, catalog: Catalog, plumbing: str, measured_first: bool
+) -> None:
+    # The cell id leaves probe.kind out: a sleep (ok, nothing measured) or fail probe of the same cell has its id.
+    config = synthetic.cell_config("pythia-410m", "l40s", 2, catalog=catalog)
+    measured, check = tmp_path / "sl1", tmp_path / "slc"
+    _measured(measured, "same", config, 4.0, finished_at="2026-11-20T00:00:00+00:00")
+    _measured(measured, "other", config, 3.0, finished_at="2026-11-20T00:00:00+00:00")
+    checked = {**config, "probe": {**config["probe"], "kind": plumbing}}
+    status = "ok" if plumbing == "sleep" else "failed"
+    for cell_id in ("same", "other"):
+        later = synthetic.record(cell_id, checked, status, finished_at="2026-11-22T00:00:00+00:00")
+        synthetic.write_cell(check, cell_id, checked, later)
+    order = [measured, check] if measured_first else [check, measured]
+    cells = load_cells(order, catalog=catalog).frame.set_index("cell_id")
+    assert cells.loc["same", ["sweep", "status", "step_time_s"]].tolist() == ["sl1", "ok", 4.0]
+    assert cells.loc["other", ["sweep", "status", "step_time_s"]].tolist() == ["sl1", "ok", 3.0]
+
+
+def test_a_plumbing_check_never_replaces_even_a_failed_measurement(tmp_path: Path, catalog: Catalog) -> None:
+    config = synthetic.cell_config("pythia-410m", "l40s", 2, catalog=catalog)
+    failed = synthetic.record("same", config, "timeout", finished_at="2026-11-20T00:00:00+00:00")
+    synthetic.write_cell(tmp_path / "real", "same", config, failed)
+    slept = {**config, "probe": {**config["probe"], "kind": "sleep"}}
+    synthetic.write_cell(tmp_path / "slc", "same", slept, synthetic.record("same", slept, "ok"))
+    only_check = load_cells([tmp_path / "slc"], catalog=catalog).frame
+    assert only_check["status"].tolist() == ["ok"]  # alone, a plumbing check's record is the cell's row
+    both = load_cells([tmp_path / "real", tmp_path / "slc"], catalog=catalog).frame
+    assert both[["sweep", "status"]].values.tolist() == [["real", "timeout"]]
 
 
 def test_best_frontier_and_scaling_by_hand(tmp_path: Path, catalog: Catalog) -> None:
