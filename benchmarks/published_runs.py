@@ -349,6 +349,7 @@ def render(rows: Sequence[Row]) -> str:
             lay_text, lay_ratio = "not published", "-"
         elif lay.answered:
             lay_text = lay.setting + ("" if lay.fits else " (predicted not to fit)")
+            lay_text += " (layout unconfirmed)" if r.layout.get("confirmed") is False else ""
             s = row.layout_score
             lay_ratio = f"{s.ratio:.2f}" if s else "-"
         else:
@@ -382,6 +383,8 @@ def summaries(rows: Sequence[Row]) -> list[str]:
     for kind in KINDS:
         lines.append(f"fastest setting, {kind}: {summary([s for r, s in scored if r.run.kind == kind])}")
     lines.append(f"fastest setting, confirmed figures: {summary([s for r, s in scored if r.run.confirmed])}")
+    counted = [s for r, s in scored if r.run.confirmed and r.run.gpus_published]
+    lines.append(f"fastest setting, confirmed figures on the published GPU count: {summary(counted)}")
     laid = [s for s in (r.layout_score for r in rows) if s is not None]
     lines.append(f"published layouts the planner expresses: {summary(laid)}")
     unanswered = [r.run.id for r in rows if r.score is None]
