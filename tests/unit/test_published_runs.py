@@ -1,0 +1,87 @@
+"""benchmarks/published_runs.py: its table parses, every row says where its figure comes from and what kind it is,
+and its scoring is right on a small row made up here (no planning: fast)."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.py"
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("published_runs", PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_table_parses_and_every_row_has_a_source_and_its_kind(bench: ModuleType) -> None:
+    runs = bench.load()
+    assert len(runs) >= 12
+    for run in runs:
+        assert run.source.strip() and run.verified.strip(), run.id
+        assert run.kind in ("wall-clock", "steady-state"), run.id
+        assert run.figure in bench.FIGURES and run.value > 0, run.id
+        assert run.train_steps >= 1 and run.num_gpus >= 1, run.id
+    kinds = {run.kind for run in runs}
+    assert kinds == {"wall-clock", "steady-state"}
+    assert {run.gpu for run in runs} >= {"a100-80gb", "h100-80gb"}
+    assert any(run.layout.get("pp", 1) > 1 for run in runs), "a 3-D layout"
+
+
+def test_a_row_without_a_source_or_with_an_unknown_kind_is_refused_naming_it(bench: ModuleType) -> None:
+    row = """
+[[run]]
+id = "tiny"
+name = "a made-up run"
+source = ""
+verified = "no"
+kind = "wall-clock"
+figure = "gpu_hours"
+value = 10
+gpu = "a100-80gb"
+num_gpus = 8
+model = "pythia-70m"
+seq_length = 2048
+global_batch = 1024
+tokens = 1e9
+"""
+    with pytest.raises(ValueError, match="tiny.*source"):
+        bench.parse(row)
+    with pytest.raises(ValueError, match="kind 'measured'"):
+        bench.parse(row.replace('source = ""', 'source = "here"').replace("wall-clock", "measured"))
+
+
+def test_scoring_computes_the_ratio_the_interval_and_its_width(bench: ModuleType) -> None:
+    s = bench.score(predicted=130.0, low=50.0, high=200.0, published=100.0)
+    assert s.ratio == pytest.approx(1.3)
+    assert s.inside and s.spread == pytest.approx(4.0)
+    assert s.abs_error == pytest.approx(0.3)
+    outside = bench.score(predicted=60.0, low=55.0, high=80.0, published=100.0)
+    assert outside.ratio == pytest.approx(0.6) and not outside.inside
+    line = bench.summary([s, outside])
+    assert "2 rows" in line and "within ±30% 50%" in line and "coverage 50%" in line, "30% itself is within"
+
+
+def test_steady_state_figures_become_gpu_hours_of_the_same_tokens(bench: ModuleType) -> None:
+    base = {
+        "id": "x", "name": "x", "source": "s", "verified": "v", "kind": "steady-state", "gpu": "a100-80gb",
+        "num_gpus": 10, "model": "pythia-70m", "seq_length": 1000, "global_batch": 100, "tokens": 3.6e9,
+    }  # fmt: skip
+    run = bench.Run(**base, figure="tokens_per_s_per_gpu", value=1000.0)
+    assert bench.published_gpu_hours(run, flops_per_token=1.0) == pytest.approx(1000.0)
+    run = bench.Run(**base, figure="tflops_per_gpu", value=1.0)
+    assert bench.published_gpu_hours(run, flops_per_token=1e9) == pytest.approx(1000.0)
+    run = bench.Run(**base, figure="step_s", value=0.01)  # 36,000 steps x 0.01 s x 10 GPUs
+    assert run.train_steps == 36_000
+    assert bench.published_gpu_hours(run, flops_per_token=1.0) == pytest.approx(1.0)
+    assert math.isclose(bench.published_gpu_hours(bench.Run(**base, figure="gpu_hours", value=7.0), 1.0), 7.0)
