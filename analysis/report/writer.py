@@ -28,7 +28,8 @@ Identity and settings
   ``micro_batch_size_setting`` (``auto`` or the sequences per micro-batch asked for).
 - ``engine`` (``deepspeed``, ``fsdp``; ``deepspeed`` for records from before there was a choice);
   ``fsdp_sharding`` (full, grad_op, none, hybrid), ``fsdp_offload`` (True/False), ``fsdp_reduce_precision``
-  (fp32, bf16): FSDP's options, empty for a DeepSpeed cell; ``zero_stage`` and the offload flags are
+  (fp32, bf16), ``fsdp_accumulation`` (sharded, unsharded; ``unsharded`` for FSDP records from before the
+  setting): FSDP's options, empty for a DeepSpeed cell; ``zero_stage`` and the offload flags are
   DeepSpeed's, empty for a cell of another engine. ``sharding``: the engine's label of how the cell shards
   (``zero2 offload-opt``, ``fsdp-full``, ``fsdp-hybrid``, a mesh3d layout), the column that tells them apart.
 

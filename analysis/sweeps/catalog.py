@@ -189,6 +189,12 @@ def stored_cell(config: Mapping[str, object], settings: Mapping[str, object] | N
     return Catalog().cell(config, settings or {})[0]
 
 
+BEFORE_THE_FIELD: Mapping[str, object] = {"fsdp_accumulation": "unsharded"}
+"""What a cell stored before a method field existed ran, where that is not the field's default: FSDP accumulated
+gradients unsharded until ``fsdp_accumulation`` made ``sharded`` the default (another engine's cell leaves the
+field's column empty all the same: ``orchestrator.cells.row``)."""
+
+
 def lenient_cell(config: Mapping[str, object], settings: Mapping[str, object]) -> Config:
     """A stored config that ``to_config`` refuses, or of an older schema, as the schema's dataclasses all the same:
     each field its stored value, else (the method's fields, the cell's model, GPU and counts) the record's
@@ -199,7 +205,7 @@ def lenient_cell(config: Mapping[str, object], settings: Mapping[str, object]) -
     values = {
         "model": _every_field(ModelConfig, {**model, "name": as_name(model.get("name")) or settings.get("model")}),
         "gpu": _every_field(GpuConfig, {**gpu, "name": as_name(gpu.get("name")) or settings.get("gpu")}),
-        "method": _every_field(method_type(), _mapping(config.get("method")), settings),
+        "method": _every_field(method_type(), _mapping(config.get("method")), {**BEFORE_THE_FIELD, **settings}),
         "cluster": _every_field(ClusterConfig, _mapping(config.get("cluster"))),
         "probe": _every_field(ProbeConfig, _mapping(config.get("probe"))),
         "num_gpus": config.get("num_gpus", settings.get("num_gpus")),

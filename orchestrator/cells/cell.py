@@ -18,7 +18,14 @@ from orchestrator.config.domains import problems as domain_problems
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, MethodConfig, ModelConfig, compile_scope_of, to_config
 from orchestrator.config.values import Container, Row
-from orchestrator.engines.registry import check_engine_options, identity_keys, identity_keys_if_set, method_label
+from orchestrator.engines.registry import (
+    DEFAULT_ENGINE,
+    check_engine_options,
+    identity_keys,
+    identity_keys_if_set,
+    identity_keys_own,
+    method_label,
+)
 from orchestrator.models import config_errors
 from orchestrator.slurm.options import problems as passthrough_problems
 
@@ -124,6 +131,7 @@ def identity(cell: Config) -> Row:
     ident["num_nodes"] = cell.num_nodes
     ident.update({f"method.{k}": method.get(k) for k in IDENTITY_METHOD_KEYS})
     ident.update({f"method.{k}": method[k] for k in IDENTITY_METHOD_KEYS_IF_SET if method[k] != _METHOD_DEFAULTS[k]})
+    ident.update({f"method.{k}": method.get(k) for k in identity_keys_own(method.get("engine") or DEFAULT_ENGINE)})
     return ident
 
 

@@ -26,6 +26,7 @@ ENGINES = ("deepspeed", "fsdp", "mesh3d")
 ZERO_STAGES = (0, 1, 2, 3)
 FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
 FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
+FSDP_ACCUMULATIONS = ("sharded", "unsharded")
 PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
 """``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -184,6 +185,13 @@ class MethodConfig:
     fsdp_reduce_precision: str = field(default="fp32", metadata=domain(choices=FSDP_REDUCE_PRECISIONS))
     """FSDP2 only: the dtype gradients are reduced (and accumulated) in, ``fp32`` or ``bf16``; the parameters'
     compute dtype is ``precision``."""
+    fsdp_accumulation: str = field(default="sharded", metadata=domain(choices=FSDP_ACCUMULATIONS))
+    """FSDP2 only: how gradients accumulate over a step's micro-batches. ``sharded`` (FSDP2's own default, as
+    torchtitan runs it): every micro-batch's backward reduce-scatters, and each rank accumulates its shard.
+    ``unsharded``: micro-batches inside the cycle skip the reduction (``set_requires_gradient_sync(False)``) and
+    keep every gradient whole until the last one reduces them: one reduce-scatter a step instead of one a
+    micro-batch, for Ψ more gradient bytes (in the reduce dtype) on every GPU. The setting joins the id of every
+    FSDP cell, whatever its value: cells measured before it existed ran ``unsharded`` under ids without it."""
     tp: int = field(default=1, metadata=domain(ge=1, integer=True))
     """mesh3d only: tensor-parallel ranks (``torch.distributed.tensor.parallel``), inside a node; must divide the
     attention heads (and key/value heads) and the GPUs of a node."""

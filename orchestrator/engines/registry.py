@@ -119,6 +119,13 @@ def identity_keys_if_set() -> tuple[str, ...]:
     return tuple(key for spec in _SPECS.values() for key in spec.identity_if_set)
 
 
+def identity_keys_own(engine: str) -> tuple[str, ...]:
+    """Fields that join the id of a cell naming ``engine`` at any value (``EngineSpec.identity_own``); none for
+    an engine not registered (the cell is refused for it)."""
+    spec = _SPECS.get(engine)
+    return spec.identity_own if spec is not None else ()
+
+
 def sharding_keys() -> tuple[str, ...]:
     """Every engine's fields that say how a cell shards and offloads (``EngineSpec.sharding``), the default
     engine's first: a line each of the scaling table."""

@@ -108,6 +108,10 @@ class EngineSpec:
     identity_always: tuple[str, ...] = ()
     """Those of its fields that join every cell's id even at their defaults: DeepSpeed's, as before there was a
     second engine. A new engine leaves it empty: its fields join an id only where set, so no existing id moves."""
+    identity_own: tuple[str, ...] = ()
+    """Those of its fields that join the id of every cell naming this engine, even at their defaults (and other
+    cells' ids only where set, as any field): a field whose default changed what the engine's cells run, so that
+    a record of the old behaviour, under an id without the field, is never read as the new one."""
     sharding_fields: tuple[str, ...] | None = None
     """Those of its fields that say how it shards and offloads: each of their values is a line of its own in the
     scaling table and they are the plan's columns; its other fields are tuned per GPU count, as the method's own

@@ -3,9 +3,10 @@ language model, the stages of a ConvNeXt) and then on the root module, with
 the method's sharding, mixed-precision policy, CPU offload and activation checkpointing, optionally each layer
 ``torch.compile``-d; PyTorch's AdamW with DeepSpeed's hyper-parameters, gradients clipped at norm 1.
 
-Gradient accumulation as FSDP2 does it: micro-steps inside the cycle run with ``set_requires_gradient_sync(False)``
-(gradients accumulate unsharded, no reduce-scatter), the boundary micro-step reduces them, clips, steps the
-optimizer and zeroes the gradients. The loss is divided by the accumulation count, so the step is that of the
+Gradient accumulation as ``method.fsdp_accumulation`` says: ``sharded`` (FSDP2's default) reduce-scatters every
+micro-batch's gradients and accumulates each rank's shard; ``unsharded`` runs the micro-steps inside the cycle with
+``set_requires_gradient_sync(False)`` (gradients accumulate whole, no reduce-scatter) and the boundary micro-step
+reduces them. The boundary micro-step clips, steps the optimizer and zeroes the gradients. The loss is divided by the accumulation count, so the step is that of the
 mean over the whole batch, as DeepSpeed's. ``resize`` only changes that count: FSDP's forward takes any batch size.
 
 Process group: NCCL on CUDA, gloo on the CPU (FSDP2's collectives run on gloo there, one process per "GPU").
@@ -122,7 +123,8 @@ class FsdpEngine:
         import torch
 
         module = self.module
-        module.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
+        if self.config.method.fsdp_accumulation == "unsharded":
+            module.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
         loss: torch.Tensor = module(**batch).loss
         # The mean over the whole batch: each micro-batch's share of the accumulated gradient.
         (loss / self.grad_accum_steps).backward()  # type: ignore[no-untyped-call]

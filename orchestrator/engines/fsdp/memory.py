@@ -8,9 +8,11 @@ node; ``none``: 1), p bytes of the compute dtype (2 in bf16, 4 in fp32), r of th
 - sharded states: FSDP2 keeps the sharded parameters in fp32 (the module is built in fp32; ``MixedPrecisionPolicy``
   casts a copy for compute), so parameters 4Ψ/S, gradients 4Ψ/S, AdamW's two moments 8Ψ/S: 16Ψ/S, ZeRO-3's
   total. ``CPUOffloadPolicy`` keeps all three on the host.
-- accumulated gradients: inside an accumulation cycle (``set_requires_gradient_sync(False)``) each rank keeps the
-  *unsharded* gradients of every layer, in the reduce dtype: rΨ. The probe's batches always accumulate at the
-  sizes that matter, so this is always counted (a cell without accumulation is overestimated by it).
+- accumulated gradients: with ``fsdp_accumulation: unsharded``, inside an accumulation cycle
+  (``set_requires_gradient_sync(False)``) each rank keeps the *unsharded* gradients of every layer, in the reduce
+  dtype: rΨ. The probe's batches always accumulate at the sizes that matter, so this is always counted there (a
+  cell without accumulation is overestimated by it). ``sharded`` (the default) reduce-scatters every micro-batch
+  into the sharded gradients already counted: nothing more.
 - gathered parameters: ``full``/``hybrid`` gather a layer for its forward and again for its backward, with the
   next one prefetched: two layers (Ψ/L each) in the compute dtype, plus the root's (embeddings and output layer,
   not resharded: the backward starts there). ``grad_op`` and ``none`` keep every layer gathered from its forward
@@ -59,14 +61,16 @@ def model_state_bytes(
     num_nodes: Any = 1,
     reduce_precision: Any = "fp32",
     offload: Any = False,
+    accumulation: Any = "sharded",
 ) -> tuple[Any, Any, Any]:
     """Bytes per GPU of (parameters, gradients, optimizer states) under FSDP2, after offload; gradients include
-    the unsharded ones accumulated between boundaries."""
+    the unsharded ones accumulated between boundaries where ``accumulation`` is ``unsharded``."""
     psi = np.asarray(num_parameters, dtype=float)
     shards = np.asarray(shard_group_size(sharding, num_gpus, num_nodes), dtype=float)
     on_host = np.asarray(offload, dtype=bool)
     params = np.where(on_host, 0.0, 4.0 * psi / shards)
-    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + psi * np.asarray(reduce_bytes(reduce_precision))
+    whole = np.asarray(accumulation, dtype=object) == "unsharded"
+    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + np.where(whole, psi * np.asarray(reduce_bytes(reduce_precision)), 0.0)
     optimizer = np.where(on_host, 0.0, 8.0 * psi / shards)
     return _out(params), _out(grads), _out(optimizer)
 
@@ -95,13 +99,14 @@ def memory_terms(
     precision: Any,
     reduce_precision: Any,
     offload: Any,
+    accumulation: Any = "sharded",
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
     instead), as the predictor adds them up (analysis/predict/inputs.py)."""
     params, grads, optimizer = model_state_bytes(
-        num_parameters, sharding, num_gpus, num_nodes, reduce_precision, offload
+        num_parameters, sharding, num_gpus, num_nodes, reduce_precision, offload, accumulation
     )
-    on_device = model_state_bytes(num_parameters, sharding, num_gpus, num_nodes, reduce_precision, False)
+    on_device = model_state_bytes(num_parameters, sharding, num_gpus, num_nodes, reduce_precision, False, accumulation)
     buffers = buffer_bytes(num_parameters, largest_weight, num_layers, sharding, precision, reduce_precision)
     offloaded = _out(np.asarray(sum(on_device)) - params - grads - optimizer)
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
@@ -112,7 +117,7 @@ def memory_terms_of(x: CellArrays) -> Terms:
     m = x.method
     return memory_terms(
         x.params, x.largest_weight, x.layers, m["fsdp_sharding"], x.num_gpus, x.num_nodes, x.precision,
-        m["fsdp_reduce_precision"], m["fsdp_offload"],
+        m["fsdp_reduce_precision"], m["fsdp_offload"], m["fsdp_accumulation"],
     )  # fmt: skip
 
 
@@ -120,8 +125,9 @@ def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nod
     """Allocated bytes per GPU that do not grow with the micro-batch: model states after sharding and buffers."""
     psi = num_parameters(model)
     states = model_state_bytes(
-        psi, method.fsdp_sharding, num_gpus, num_nodes, method.fsdp_reduce_precision, method.fsdp_offload
-    )
+        psi, method.fsdp_sharding, num_gpus, num_nodes, method.fsdp_reduce_precision, method.fsdp_offload,
+        method.fsdp_accumulation,
+    )  # fmt: skip
     largest = family_module(model.family).largest_weight_elements(model)
     buffers = buffer_bytes(
         psi, largest, model.num_layers, method.fsdp_sharding, method.precision, method.fsdp_reduce_precision

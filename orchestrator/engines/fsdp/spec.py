@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from orchestrator.config.schema import Config
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
-FIELDS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision")
+FIELDS = ("fsdp_sharding", "fsdp_offload", "fsdp_reduce_precision", "fsdp_accumulation")
 
 
 def check(cell: Config) -> list[Refusal]:
@@ -68,6 +68,9 @@ def label(settings: Mapping[str, Scalar]) -> str:
     reduce = settings.get("fsdp_reduce_precision")
     if isinstance(reduce, str) and reduce and reduce != MethodConfig.fsdp_reduce_precision:
         parts.append(f"reduce-{reduce}")
+    accumulation = settings.get("fsdp_accumulation")
+    if isinstance(accumulation, str) and accumulation and accumulation != MethodConfig.fsdp_accumulation:
+        parts.append(f"accumulate-{accumulation}")
     return " ".join(parts)
 
 
@@ -94,4 +97,5 @@ SPEC = EngineSpec(
     step_time_terms=step_time_terms,
     not_fit_advice="full sharding, fsdp_offload",
     sharding_fields=("fsdp_sharding", "fsdp_offload"),  # the reduce dtype is tuned per count, as precision is
+    identity_own=("fsdp_accumulation",),  # its default changed what an FSDP cell runs: old ids are not the new
 )

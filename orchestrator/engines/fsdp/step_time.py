@@ -2,8 +2,8 @@
 communication and of offload for one optimizer step, element-wise over the predictor's arrays.
 
 Every micro-step gathers the parameters (compute dtype) for the forward and, under ``full`` and ``hybrid``, again
-for the backward; gradients are reduced once, at the boundary (``set_requires_gradient_sync``), in the reduce
-dtype: a reduce-scatter over the shard group, plus an all-reduce of each shard across nodes under ``hybrid``, or
+for the backward; gradients are reduced in the reduce dtype every micro-step (``fsdp_accumulation: sharded``) or
+once, at the boundary (``unsharded``: ``set_requires_gradient_sync``): a reduce-scatter over the shard group, plus an all-reduce of each shard across nodes under ``hybrid``, or
 one all-reduce under ``none``. Offload copies the fp32 shards to the GPU for each gather and the gradients back,
 and steps AdamW on the CPU.
 """
@@ -35,7 +35,8 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     # Inside a node for the shards of hybrid; across nodes for everything else of a multi-node cell.
     shard_bw = np.where((nodes > 1) & (sharding != "hybrid"), inter, intra)
     gather_s = accum * gathers * (shards - 1.0) / shards * psi * p / shard_bw
-    scatter_s = (shards - 1.0) / shards * psi * r / shard_bw
+    scatters = np.where(m["fsdp_accumulation"] == "unsharded", 1.0, accum)
+    scatter_s = scatters * (shards - 1.0) / shards * psi * r / shard_bw
     replicas = n / shards
     replica_bw = np.where(nodes > 1, inter, intra)
     all_reduce_s = 2.0 * (replicas - 1.0) / replicas * psi / shards * r / replica_bw

@@ -39,19 +39,24 @@ def test_shard_groups() -> None:
 
 
 def test_sharded_states_are_zero3s_sixteen_bytes_plus_the_accumulated_gradients() -> None:
+    # Accumulating sharded (the default: a reduce-scatter every micro-batch), the states are ZeRO-3's 16 bytes.
     params, grads, optimizer = model_state_bytes(PSI, "full", 8)
-    assert (params, optimizer) == (4 * PSI / 8, 8 * PSI / 8)
-    assert grads == 4 * PSI / 8 + 4 * PSI  # fp32 shards, plus the unsharded fp32 gradients between boundaries
+    assert (params, grads, optimizer) == (4 * PSI / 8, 4 * PSI / 8, 8 * PSI / 8)
     zero3 = sum(ds_memory.model_state_bytes(PSI, 3, 8, "bf16"))
-    assert params + (grads - 4 * PSI) + optimizer == zero3
-    assert model_state_bytes(PSI, "full", 8, reduce_precision="bf16")[1] == 4 * PSI / 8 + 2 * PSI
-    assert sum(model_state_bytes(PSI, "none", 8)) == 16 * PSI + 4 * PSI  # every rank holds everything
+    assert params + grads + optimizer == zero3
+    # Accumulating unsharded, each rank keeps the whole gradients between boundaries, in the reduce dtype.
+    unsharded = model_state_bytes(PSI, "full", 8, accumulation="unsharded")
+    assert unsharded[1] == 4 * PSI / 8 + 4 * PSI
+    assert model_state_bytes(PSI, "full", 8, 1, "bf16", False, "unsharded")[1] == 4 * PSI / 8 + 2 * PSI
+    assert sum(model_state_bytes(PSI, "none", 8, accumulation="unsharded")) == 16 * PSI + 4 * PSI
+    assert sum(model_state_bytes(PSI, "none", 8)) == 16 * PSI  # every rank holds everything
     assert model_state_bytes(PSI, "hybrid", 16, 2)[0] == 4 * PSI / 8  # sharded inside a node of 8
 
 
 def test_offload_keeps_the_states_on_the_host_but_not_the_accumulated_gradients() -> None:
-    params, grads, optimizer = model_state_bytes(PSI, "full", 8, offload=True)
+    params, grads, optimizer = model_state_bytes(PSI, "full", 8, offload=True, accumulation="unsharded")
     assert (params, grads, optimizer) == (0.0, 4 * PSI, 0.0)
+    assert model_state_bytes(PSI, "full", 8, offload=True) == (0.0, 0.0, 0.0)
     terms = memory_terms(PSI, 1e8, 20, "full", 8, 1, "bf16", "fp32", True)
     assert terms["offloaded"] == pytest.approx(16 * PSI / 8)
 
@@ -140,3 +145,28 @@ def test_plan_names_the_engine(catalog: Catalog) -> None:
 def test_method_defaults_are_deepspeeds() -> None:
     m = MethodConfig()
     assert m.engine == "deepspeed" and dataclasses.asdict(m)["fsdp_sharding"] == "full"
+
+
+def test_sharded_accumulation_reduces_every_micro_batch_and_joins_every_fsdp_id(catalog: Catalog) -> None:
+    from orchestrator.cells.cell import cell_id, identity
+
+    sharded, unsharded = _fsdp(catalog), _fsdp(catalog, fsdp_accumulation="unsharded")
+    rows = [synthetic_row(c) for c in (sharded, unsharded)]
+    x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
+    one, four = (step_terms(x, np.full(2, n))[:, 1] for n in (1.0, 4.0))
+    assert one[0] == pytest.approx(one[1])  # one micro-batch: one reduction either way
+    assert four[0] > four[1]  # four micro-batches: four reduce-scatters against one
+    mem = [predict_cell(c, micro_batch_size=4).peak_memory_gib for c in (sharded, unsharded)]
+    assert mem[0] < mem[1]  # whole gradients kept between boundaries
+    # A cell measured before the setting existed ran unsharded under an id without it: no FSDP id is that id now.
+    legacy = identity(to_config(sharded))
+    assert legacy.pop("method.fsdp_accumulation") == "sharded"
+    assert "method.fsdp_accumulation" not in identity(
+        to_config(synthetic.cell_config("pythia-1b", "a100-80gb", 8, catalog=catalog))
+    )
+    assert cell_id(to_config(sharded)) != cell_id(to_config(unsharded))
+    # ... and the report reads such a record's cell as what it ran.
+    from analysis.sweeps.catalog import stored_cell
+
+    old = dict(sharded, method={k: v for k, v in sharded["method"].items() if k != "fsdp_accumulation"})
+    assert stored_cell(old).method.fsdp_accumulation == "unsharded"
