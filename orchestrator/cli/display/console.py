@@ -92,9 +92,13 @@ def note(text: str) -> None:
     make_console(stderr=True).print(_t(f"gpudays: {text}"))
 
 
-def plan_summary(plan: Plan) -> RenderableType:
-    """Where the sweep goes, how many cells run, which are refused and why."""
-    lines = [_t(f"sweep folder: {plan.sweep_dir}")]
+def plan_summary(plan: Plan, preview: bool = False) -> RenderableType:
+    """Where the sweep goes, how many cells run, which are refused and why. A ``preview`` (plan, dry run) writes
+    nothing: the folder is the one a sweep of these cells would use, and said so where it does not exist yet."""
+    folder = f"sweep folder: {plan.sweep_dir}"
+    if preview and not plan.sweep_dir.exists():
+        folder = f"sweep folder a sweep of these cells would use (not created): {plan.sweep_dir}"
+    lines = [_t(folder)]
     dup = f", {plan.duplicates} duplicate(s) merged" if plan.duplicates else ""
     lines.append(_t(f"{len(plan.cells)} cell(s) to measure, {len(plan.skipped)} refused before submission{dup}"))
     for cell in plan.skipped:
