@@ -343,16 +343,12 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``budget`` or ``shortest``; a user's mistake is one line on stderr and exit status 2."""
-    from rich.console import Console
-
     from orchestrator.cli.display.console import make_console
 
     if getattr(args, "format", "table") != "table":  # stdout carries the data alone
         console = make_console(stderr=True)
-    elif getattr(args, "width", None):
-        console = Console(width=args.width, highlight=False)
     else:
-        console = make_console()
+        console = make_console(width=getattr(args, "width", None))
     try:
         if args.budget_command == "shortest":
             return run_shortest(args, console)

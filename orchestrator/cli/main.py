@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli.errors import CommandError, Exit, outcome_of, save_traceback
+from orchestrator.cli.errors import CommandError, Exit, outcome_of, save_traceback, stdout_closed
 from orchestrator.cli.parser import build_parser
 
 if TYPE_CHECKING:
@@ -250,7 +250,19 @@ HANDLERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its outcome is the exit code (``Exit``), bad input an error line, never a traceback."""
+    """Run one command; its outcome is the exit code (``Exit``), bad input an error line, never a traceback. A
+    closed stdout (piped into ``head``) ends it quietly with SIGPIPE's status: it says nothing of the cells."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered fails here, not in Python's last flush at exit
+        return code
+    except BrokenPipeError:
+        if stdout_closed():
+            return int(Exit.STDOUT_CLOSED)
+        raise
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser(HANDLERS).parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error argparse has already explained
@@ -260,14 +272,24 @@ def main(argv: list[str] | None = None) -> int:
     console.set_format(getattr(args, "format", "table"))
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError as e:
+        if stdout_closed():
+            return int(Exit.STDOUT_CLOSED)
+        return _ended(e)  # a pipe of the command's own (a subprocess's stdin): said like any other error
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is an exit code and one line
-        code, line = outcome_of(e)
-        console.error(line)
-        if code is Exit.INTERNAL:
-            console.note(f"the traceback is in {save_traceback()}; please report it with the command line")
-        return int(code)
+        return _ended(e)
     finally:
         console.set_format("table")
+
+
+def _ended(e: BaseException) -> int:
+    from orchestrator.cli.display import console
+
+    code, line = outcome_of(e)
+    console.error(line)
+    if code is Exit.INTERNAL:
+        console.note(f"the traceback is in {save_traceback()}; please report it with the command line")
+    return int(code)
 
 
 if __name__ == "__main__":
