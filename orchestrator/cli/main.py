@@ -56,6 +56,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from orchestrator.cli import adaptive
 
         goal = adaptive.goal_from_flags(args.target_pct, args.budget_gpu_hours, args.round_cells, len(plan.cells))
+    from orchestrator.cli.folder import say_measured_before
+
+    say_measured_before(plan.sweep_dir, [c.cell_id for c in plan.cells])
     if args.dry_run:
         return preview.preview(plan, ask_scheduler=not args.planning)
     preview.show_plan(plan, predictions=False)
