@@ -87,7 +87,7 @@ def _models(text: str | None, sizes: str | None, default_all: bool) -> list[Mode
     from orchestrator.models import SCALING_LAW_FAMILIES, scaling_law_error
 
     names = _names(text)
-    if not names and default_all:
+    if not names and not _names(sizes) and default_all:  # --size alone: those models, not every bundled one
         names = [
             n
             for n, d in _group("model").items()

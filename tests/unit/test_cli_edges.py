@@ -64,3 +64,46 @@ def test_a_new_sweep_of_cells_measured_beside_it_says_where_and_goes_on(tmp_path
     # Into the folder that holds them, or where no folder beside it does: nothing to say.
     assert cli.main(["sweep", "--dir", str(tmp_path / "elsewhere" / "s"), *overrides]) == Exit.OK
     assert "measured already" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "command", ["sweep", "plan", "status", "show", "resume", "cancel", "report", "budget", "shortest"]
+)
+def test_every_commands_help_has_a_description_and_the_exit_codes(command: str, capsys) -> None:
+    assert cli.main([command, "--help"]) == Exit.OK
+    usage, _, rest = capsys.readouterr().out.partition("\n\n")
+    assert rest.split("\n\n")[0].strip() and not rest.startswith("options:"), "a description under the usage"
+    assert "exit codes:" in rest and all(f"  {code.value} " in rest for code in Exit)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--gpu-hours", "1M"], "What 1,000,000 GPU-hours trains"),
+        (["--usd", "100k"], "What $100,000 of cloud GPU time trains"),
+        (["--gpu-hours", "2.5e4"], "What 25,000 GPU-hours trains"),
+    ],
+)
+def test_budget_amounts_take_the_suffixes_token_budgets_take(flags: list[str], says: str, capsys) -> None:
+    assert cli.main(["budget", *flags, "--gpu", "h100-80gb", "--size", "1B"]) == Exit.OK
+    assert says in capsys.readouterr().out
+
+
+def test_one_reader_of_suffixed_numbers_for_sizes_tokens_and_budgets() -> None:
+    from analysis.planners.budget import amount, parse_size
+    from analysis.predict.estimates import parse_token_budget
+
+    for text, value in (("300B", 300e9), ("100k", 1e5), ("1.5T", 1.5e12), ("2G", 2e9), ("7e9", 7e9), ("3m", 3e6)):
+        assert parse_size(text) == amount("--usd", text) == parse_token_budget(text).value == value, text
+    with pytest.raises(ValueError, match=r"--gpu-hours 1Q: give an amount above 0"):
+        amount("--gpu-hours", "1Q")
+    with pytest.raises(ValueError, match=r"--usd -5"):
+        amount("--usd", "-5")
+
+
+def test_budget_with_sizes_alone_lists_those_models_only(capsys) -> None:
+    assert cli.main(["budget", "--gpu-hours", "1e4", "--gpu", "h100-80gb", "--size", "7B,70B", "--format", "json"]) == 0
+    import json
+
+    models = {row["model"] for row in json.loads(capsys.readouterr().out)["models"]}
+    assert len(models) == 2 and not any(m.startswith("pythia") for m in models), models
