@@ -45,7 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if adaptive_flags and not getattr(args, "adaptive", False):
         named = ", ".join("--" + f.replace("_", "-") for f in adaptive_flags)
         raise CommandError(f"{named}: only with --adaptive (measure part of the grid, predict the rest)")
-    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
+    plan = sweep_mod.plan(overrides, search_dirs, _sweep_dir(args.dir, overrides), costing=args.planning)
     if not args.planning and any(c.typed.cluster.backend == "slurm" for c in plan.cells):
         _one_line_folder(plan.sweep_dir)
     if not args.dry_run:  # what this machine cannot take, said before seconds of predicting (the scheduler later)
@@ -75,6 +75,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "with it; a sweep of every cell goes to a folder of its own (--dir)"
         )
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+
+
+def _sweep_dir(given: str | None, overrides: list[str]) -> Path | None:
+    """``--dir``, where given; both it and a ``hydra.sweep.dir=`` override naming another folder is bad input (which
+    one was meant cannot be told). None: the composed ``hydra.sweep.dir``."""
+    named = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0].strip() == "hydra.sweep.dir"]
+    if not given:
+        return None
+    for value in named:
+        value = value.strip()
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if Path(value).expanduser().absolute() != Path(given).expanduser().absolute():
+            raise CommandError(
+                f"--dir {given} and hydra.sweep.dir={value} name two sweep folders; give one of them (or both the same)"
+            )
+    return Path(given)
 
 
 def _print_config(overrides: list[str], search_dirs: list[Path], which: str, resolve: bool) -> int:

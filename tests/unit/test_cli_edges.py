@@ -107,3 +107,15 @@ def test_budget_with_sizes_alone_lists_those_models_only(capsys) -> None:
 
     models = {row["model"] for row in json.loads(capsys.readouterr().out)["models"]}
     assert len(models) == 2 and not any(m.startswith("pythia") for m in models), models
+
+
+def test_dir_and_a_different_hydra_sweep_dir_are_refused_naming_both(tmp_path, capsys) -> None:
+    one, two = tmp_path / "one", tmp_path / "two"
+    argv = ["--dir", str(one), f"hydra.sweep.dir={two}", "model=pythia-tiny", "gpu=cpu"]
+    for command in ("plan", "sweep"):
+        assert cli.main([command, *argv]) == Exit.BAD_INPUT
+        err = capsys.readouterr().err
+        assert f"--dir {one} and hydra.sweep.dir={two}" in err
+    assert not one.exists() and not two.exists()
+    # The same folder both ways is no conflict.
+    assert cli.main(["plan", "--dir", str(one), f"hydra.sweep.dir='{one}'", "model=pythia-tiny", "gpu=cpu"]) == 0
