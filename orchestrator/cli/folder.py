@@ -97,6 +97,30 @@ def _seen(states: list[status.CellState]) -> tuple[tuple[str, str, int], ...]:
 def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: Waves | None = None) -> None:
     """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts.
     Checks back off (Backoff) while no cell changes state and no wave goes out."""
+    try:
+        _wait(paths, interval_s, waves)
+    except KeyboardInterrupt:
+        console.note(stopped_waiting(paths, len(waves.held) if waves is not None else 0))
+        raise
+
+
+def stopped_waiting(paths: SweepPaths, held: int) -> str:
+    """What a Ctrl-C while waiting leaves: the jobs go on without this command, and how to follow or stop them."""
+    left = (
+        f"; {held} cell(s) held back by a job limit were not submitted: "
+        f"`{shell_hint('gpudays', 'resume', paths.root)}` submits them"
+        if held
+        else ""
+    )
+    return (
+        f"stopped waiting, not the jobs: the sweep's submitted jobs keep running on the scheduler{left}; follow them "
+        f"with `{shell_hint('gpudays', 'status', paths.root, '--watch')}` (or wait again and report with "
+        f"`{shell_hint('gpudays', 'resume', paths.root, '--wait')}`), stop them with "
+        f"`{shell_hint('gpudays', 'cancel', paths.root)}`"
+    )
+
+
+def _wait(paths: SweepPaths, interval_s: float, waves: Waves | None) -> None:
     states = states_or_records(paths)
     backoff = Backoff(interval_s)
     wait_s = interval_s

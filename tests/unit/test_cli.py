@@ -294,6 +294,24 @@ def test_resume_wait_with_nothing_to_resubmit_waits_for_the_running_cells(
     assert waited == [tmp_path], "--wait waits for every active cell, whoever submitted it"
 
 
+def test_ctrl_c_while_waiting_says_the_jobs_keep_running_and_how_to_follow_them(
+    tmp_path: Path, tiny_config, capsys, monkeypatch
+) -> None:
+    from orchestrator.cli import folder
+
+    _running(tmp_path, tiny_config)
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder.time, "sleep", ctrl_c)
+    assert cli.main(["resume", str(tmp_path), "--wait"]) == Exit.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "stopped waiting, not the jobs" in err and "keep running" in err
+    for hint in (["status", str(tmp_path), "--watch"], ["cancel", str(tmp_path)]):
+        assert shlex.join(["gpudays", *hint]) in err
+
+
 def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, tiny_config, capsys, monkeypatch) -> None:
     cid = _cell(tmp_path, tiny_config, "failed", reason="boom")
     paths = SweepPaths(tmp_path)
