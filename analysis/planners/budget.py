@@ -18,11 +18,10 @@ layouts of :mod:`analysis.predict.parallelism`; every row says which in ``source
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 
 from analysis.planners.shortest import MAX_GPUS, chinchilla_loss, critical_batch_sequences, scaling_curve
-from analysis.predict.estimates import purchase_cost_usd
+from analysis.predict.estimates import purchase_cost_usd, suffixed_number
 from analysis.predict.network import Network
 from analysis.predict.parallelism import LayoutEstimate, best_layout, min_gpus_to_fit
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
@@ -44,8 +43,6 @@ DEFAULT_MAX_DAYS = 90.0
 days, and part (b)'s cheapest configuration is the cheapest that ends within it (where one can)."""
 DEFAULT_OVERRUN_PCT = 25.0
 """Part (b)'s fastest configuration may spend this much more than the budget: going faster costs efficiency."""
-_SIZE_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([kKmMbBtT]?)\s*$")
-_SIZE_SUFFIX = {"": 1.0, "k": 1e3, "m": 1e6, "b": 1e9, "t": 1e12}
 
 
 @dataclass(frozen=True)
@@ -68,21 +65,35 @@ class Budget:
         return f"{self.num_gpus} GPUs for {self.days:g} days"
 
 
+def amount(flag: str, value: str | float | None) -> float | None:
+    """A budget's amount as given, ``1M``, ``100k``, ``2.5e4`` or ``1000`` (``suffixed_number``); a ValueError
+    naming ``flag`` and the accepted forms where it is not a number above 0."""
+    if value is None:
+        return None
+    read = suffixed_number(value)
+    if read is None or not (0 < read[0] < math.inf):
+        raise ValueError(f"{flag} {value}: give an amount above 0, such as 1000, 2.5e4, 100k or 1M (K, M, B, T)")
+    return read[0]
+
+
 def parse_budget(
-    gpu_hours: float | None = None,
-    usd: float | None = None,
+    gpu_hours: str | float | None = None,
+    usd: str | float | None = None,
     pricing: str = "cloud",
     num_gpus: int | None = None,
-    days: float | None = None,
+    days: str | float | None = None,
 ) -> Budget:
-    """One budget from the command line's options; a ValueError that says what is accepted otherwise."""
+    """One budget from the command line's options (amounts as given: ``1M``, ``100k``, ``2.5e4``); a ValueError
+    that says what is accepted otherwise."""
     accepted = "give one of: --gpu-hours H, --usd D [--pricing cloud|purchase --days N], --gpus N --days N"
     kinds = [k for k, v in (("gpu_hours", gpu_hours), ("usd", usd), ("gpus", num_gpus)) if v is not None]
     if len(kinds) != 1:
         raise ValueError(f"a budget needs exactly one amount ({', '.join(kinds) or 'none given'}); {accepted}")
-    for name, value in (("--gpu-hours", gpu_hours), ("--usd", usd), ("--gpus", num_gpus), ("--days", days)):
-        if value is not None and not value > 0:
-            raise ValueError(f"{name} must be positive, got {value!r}")
+    gpu_hours, usd, days = (
+        amount(flag, v) for flag, v in (("--gpu-hours", gpu_hours), ("--usd", usd), ("--days", days))
+    )
+    if num_gpus is not None and not num_gpus > 0:
+        raise ValueError(f"--gpus must be positive, got {num_gpus!r}")
     if gpu_hours is not None:
         return Budget("gpu_hours", gpu_hours=float(gpu_hours))
     if usd is not None:
@@ -151,10 +162,10 @@ def fixed_count_layout(
 
 def parse_size(text: str) -> float:
     """A parameter count such as ``70B``, ``1.3e9`` or ``350M``; a ValueError naming the accepted forms."""
-    match = _SIZE_RE.match(str(text))
-    if not match or float(match.group(1)) <= 0:
+    read = suffixed_number(text)
+    if read is None or not (0 < read[0] < math.inf):
         raise ValueError(f"cannot read model size {text!r}; accepted: 350M, 1.3B, 70B, 1T or a number like 7e9")
-    return float(match.group(1)) * _SIZE_SUFFIX[match.group(2).lower()]
+    return read[0]
 
 
 def sized_model(

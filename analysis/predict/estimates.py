@@ -30,7 +30,19 @@ BASE_MACHINE_USD: dict[int, float] = {1: 1_000.0, 2: 1_500.0, 4: 7_500.0, 8: 10_
 # --------------------------------------------------------------------------------------------------------------
 
 _SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
-_BUDGET_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
+_SUFFIXED_RE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([a-zA-Z]?)\s*$")
+
+
+def suffixed_number(text: str | float) -> tuple[float, str] | None:
+    """A number as a user writes an amount, ``300B``, ``100k``, ``1.5T``, ``7e9`` or ``1000``: its value and the
+    suffix given (``""`` for none), or None where it cannot be read. K, M, B (or G) and T, in either case, multiply
+    by 1e3, 1e6, 1e9 and 1e12. The one reader of token budgets, model sizes and budgets (GPU-hours, dollars)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return float(text), ""
+    match = _SUFFIXED_RE.match(str(text))
+    if not match or match.group(2).upper() not in _SUFFIX:
+        return None
+    return float(match.group(1)) * _SUFFIX[match.group(2).upper()], match.group(2)
 
 
 @dataclass(frozen=True)
@@ -83,13 +95,13 @@ def parse_token_budget(tokens: str | float | int | None) -> TokenBudget:
         if multiple <= 0:
             raise ValueError(f"token budget {tokens!r} must be positive; {accepted}")
         return TokenBudget("per_parameter", multiple)
-    match = _BUDGET_RE.match(text)
-    if not match or match.group(2).upper() not in _SUFFIX:
+    read = suffixed_number(text)
+    if read is None:
         raise ValueError(f"cannot read token budget {tokens!r}; {accepted}")
-    value = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
+    value, unit = read
     if value <= 0:
         raise ValueError(f"token budget {tokens!r} must be positive; {accepted}")
-    if not match.group(2) and value < MIN_BARE_TOKENS:
+    if not unit and value < MIN_BARE_TOKENS:
         # "300" or "20" is almost always a forgotten unit (300B, 20x): a run of a few hundred tokens trains nothing.
         raise ValueError(
             f"token budget {tokens!r} has no unit and is {value:g} tokens, far too few to pre-train on; give a unit: "

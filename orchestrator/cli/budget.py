@@ -87,7 +87,7 @@ def _models(text: str | None, sizes: str | None, default_all: bool) -> list[Mode
     from orchestrator.models import SCALING_LAW_FAMILIES, scaling_law_error
 
     names = _names(text)
-    if not names and default_all:
+    if not names and not _names(sizes) and default_all:  # --size alone: those models, not every bundled one
         names = [
             n
             for n, d in _group("model").items()
@@ -345,16 +345,12 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``budget`` or ``shortest``; a user's mistake is one line on stderr and exit status 2."""
-    from rich.console import Console
-
     from orchestrator.cli.display.console import make_console
 
     if getattr(args, "format", "table") != "table":  # stdout carries the data alone
         console = make_console(stderr=True)
-    elif getattr(args, "width", None):
-        console = Console(width=args.width, highlight=False)
     else:
-        console = make_console()
+        console = make_console(width=getattr(args, "width", None))
     try:
         if args.budget_command == "shortest":
             return run_shortest(args, console)

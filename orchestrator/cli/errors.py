@@ -22,6 +22,7 @@ class Exit(IntEnum):
     WRITE_FAILED = 5
     INTERNAL = 70
     INTERRUPTED = 130
+    STDOUT_CLOSED = 141
 
 
 EXIT_MEANING = {
@@ -34,6 +35,8 @@ EXIT_MEANING = {
     "the old file is kept",
     Exit.INTERNAL: "a bug in gpudays: the message names the file with the traceback; please report it",
     Exit.INTERRUPTED: "stopped with Ctrl-C",
+    Exit.STDOUT_CLOSED: "its output was closed before it ended (piped into head): ended quietly, as SIGPIPE ends a "
+    "command (128 + 13)",
 }
 
 
@@ -80,6 +83,27 @@ def _is_sweep_error(e: BaseException) -> bool:
     raises one, so it is looked up where it is loaded: a command that plans nothing never loads Hydra for it."""
     planning = sys.modules.get("orchestrator.planning.plan")
     return planning is not None and isinstance(e, planning.SweepError)
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has gone (``gpudays status DIR | head``): a write to it raised the
+    BrokenPipeError being handled, not a pipe of the command's own (a subprocess's stdin). Then stdout is pointed
+    at /dev/null, so that nothing more (Python's last flush at exit included) fails on it."""
+    import os
+    import select
+
+    try:
+        fd = sys.stdout.fileno()
+        poll = select.poll()
+        poll.register(fd, select.POLLOUT)
+        closed = any(revents & select.POLLERR for _, revents in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+    if closed:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, fd)
+        os.close(devnull)
+    return closed
 
 
 def save_traceback() -> str:

@@ -38,6 +38,8 @@ def check(configs: Mapping[str, Config]) -> None:
     here = {c: v for c, v in configs.items() if v.cluster.backend == "local"}
     try:
         launch.check_gpu_types(slurm)
+        for line in launch.untyped_gpu_notes(slurm):
+            console.note(f"warning: {line}")
         for cfg in here.values():
             local.local_parameters(launch.resources(cfg))
         local.check_local_gpus(here)

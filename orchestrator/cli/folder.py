@@ -97,6 +97,30 @@ def _seen(states: list[status.CellState]) -> tuple[tuple[str, str, int], ...]:
 def wait_for(paths: SweepPaths, interval_s: float = 5.0, waves: Waves | None = None) -> None:
     """Block until no cell is pending, running or held back by a job limit (``waves``), showing the counts.
     Checks back off (Backoff) while no cell changes state and no wave goes out."""
+    try:
+        _wait(paths, interval_s, waves)
+    except KeyboardInterrupt:
+        console.note(stopped_waiting(paths, len(waves.held) if waves is not None else 0))
+        raise
+
+
+def stopped_waiting(paths: SweepPaths, held: int) -> str:
+    """What a Ctrl-C while waiting leaves: the jobs go on without this command, and how to follow or stop them."""
+    left = (
+        f"; {held} cell(s) held back by a job limit were not submitted: "
+        f"`{shell_hint('gpudays', 'resume', paths.root)}` submits them"
+        if held
+        else ""
+    )
+    return (
+        f"stopped waiting, not the jobs: the sweep's submitted jobs keep running on the scheduler{left}; follow them "
+        f"with `{shell_hint('gpudays', 'status', paths.root, '--watch')}` (or wait again and report with "
+        f"`{shell_hint('gpudays', 'resume', paths.root, '--wait')}`), stop them with "
+        f"`{shell_hint('gpudays', 'cancel', paths.root)}`"
+    )
+
+
+def _wait(paths: SweepPaths, interval_s: float, waves: Waves | None) -> None:
     states = states_or_records(paths)
     backoff = Backoff(interval_s)
     wait_s = interval_s
@@ -213,3 +237,35 @@ def describe(paths: SweepPaths) -> str | None:
 def rounds_to_go(paths: SweepPaths) -> bool:
     """True for an adaptive sweep that has not stopped (``status --check`` then says it is not done)."""
     return is_adaptive(paths) and adaptive_state(paths).stopped is None
+
+
+def measured_before(sweep_dir: Path, cell_ids: list[str]) -> tuple[Path, int] | None:
+    """The latest other sweep folder beside ``sweep_dir`` (a sweep folder of the same default name's family, e.g.
+    an earlier ``sweeps/gpudays/<time>``) holding records of some of ``cell_ids``, and how many of them it holds."""
+    found: list[tuple[float, Path, int]] = []
+    try:
+        siblings = [p for p in sweep_dir.parent.iterdir() if p != sweep_dir and p.is_dir()]
+    except OSError:
+        return None
+    for folder in siblings:
+        paths = SweepPaths(folder)
+        held = sum(1 for cid in cell_ids if paths.record(cid).is_file())
+        if held:
+            found.append((folder.stat().st_mtime, folder, held))
+    if not found:
+        return None
+    _, folder, held = max(found)
+    return folder, held
+
+
+def say_measured_before(sweep_dir: Path, cell_ids: list[str]) -> None:
+    """A sweep into a new folder of cells an earlier sweep beside it measured: said, with how to reuse those."""
+    if sweep_dir.exists() or not cell_ids or (earlier := measured_before(sweep_dir, cell_ids)) is None:
+        return
+    folder, held = earlier
+    console.note(
+        f"{held} of these {len(cell_ids)} cell(s) were measured already in {folder}, and are measured again in the "
+        f"new folder {sweep_dir}; to reuse them, `{shell_hint('gpudays', 'report', folder)}` reports those records "
+        f"and `{shell_hint('gpudays', 'resume', folder)}` reruns only the cells there that need it (--dir "
+        f"{shlex.quote(str(folder))} sweeps into that folder)"
+    )

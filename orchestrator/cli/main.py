@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cli.errors import CommandError, Exit, outcome_of, save_traceback
+from orchestrator.cli.errors import CommandError, Exit, outcome_of, save_traceback, stdout_closed
 from orchestrator.cli.parser import build_parser
 
 if TYPE_CHECKING:
@@ -45,7 +45,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if adaptive_flags and not getattr(args, "adaptive", False):
         named = ", ".join("--" + f.replace("_", "-") for f in adaptive_flags)
         raise CommandError(f"{named}: only with --adaptive (measure part of the grid, predict the rest)")
-    plan = sweep_mod.plan(overrides, search_dirs, Path(args.dir) if args.dir else None, costing=args.planning)
+    plan = sweep_mod.plan(overrides, search_dirs, _sweep_dir(args.dir, overrides), costing=args.planning)
     if not args.planning and any(c.typed.cluster.backend == "slurm" for c in plan.cells):
         _one_line_folder(plan.sweep_dir)
     if not args.dry_run:  # what this machine cannot take, said before seconds of predicting (the scheduler later)
@@ -56,6 +56,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from orchestrator.cli import adaptive
 
         goal = adaptive.goal_from_flags(args.target_pct, args.budget_gpu_hours, args.round_cells, len(plan.cells))
+    from orchestrator.cli.folder import say_measured_before
+
+    say_measured_before(plan.sweep_dir, [c.cell_id for c in plan.cells])
     if args.dry_run:
         return preview.preview(plan, ask_scheduler=not args.planning)
     preview.show_plan(plan, predictions=False)
@@ -72,6 +75,23 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             "with it; a sweep of every cell goes to a folder of its own (--dir)"
         )
     return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+
+
+def _sweep_dir(given: str | None, overrides: list[str]) -> Path | None:
+    """``--dir``, where given; both it and a ``hydra.sweep.dir=`` override naming another folder is bad input (which
+    one was meant cannot be told). None: the composed ``hydra.sweep.dir``."""
+    named = [o.split("=", 1)[1] for o in overrides if o.lstrip("+").split("=", 1)[0].strip() == "hydra.sweep.dir"]
+    if not given:
+        return None
+    for value in named:
+        value = value.strip()
+        if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        if Path(value).expanduser().absolute() != Path(given).expanduser().absolute():
+            raise CommandError(
+                f"--dir {given} and hydra.sweep.dir={value} name two sweep folders; give one of them (or both the same)"
+            )
+    return Path(given)
 
 
 def _print_config(overrides: list[str], search_dirs: list[Path], which: str, resolve: bool) -> int:
@@ -250,7 +270,19 @@ HANDLERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run one command; its outcome is the exit code (``Exit``), bad input an error line, never a traceback."""
+    """Run one command; its outcome is the exit code (``Exit``), bad input an error line, never a traceback. A
+    closed stdout (piped into ``head``) ends it quietly with SIGPIPE's status: it says nothing of the cells."""
+    try:
+        code = _run(argv)
+        sys.stdout.flush()  # what is still buffered fails here, not in Python's last flush at exit
+        return code
+    except BrokenPipeError:
+        if stdout_closed():
+            return int(Exit.STDOUT_CLOSED)
+        raise
+
+
+def _run(argv: list[str] | None) -> int:
     try:
         args = build_parser(HANDLERS).parse_args(argv)
     except SystemExit as e:  # --help, --version, or a usage error argparse has already explained
@@ -260,14 +292,24 @@ def main(argv: list[str] | None = None) -> int:
     console.set_format(getattr(args, "format", "table"))
     try:
         return int(args.func(args) or 0)
+    except BrokenPipeError as e:
+        if stdout_closed():
+            return int(Exit.STDOUT_CLOSED)
+        return _ended(e)  # a pipe of the command's own (a subprocess's stdin): said like any other error
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - every ending is an exit code and one line
-        code, line = outcome_of(e)
-        console.error(line)
-        if code is Exit.INTERNAL:
-            console.note(f"the traceback is in {save_traceback()}; please report it with the command line")
-        return int(code)
+        return _ended(e)
     finally:
         console.set_format("table")
+
+
+def _ended(e: BaseException) -> int:
+    from orchestrator.cli.display import console
+
+    code, line = outcome_of(e)
+    console.error(line)
+    if code is Exit.INTERNAL:
+        console.note(f"the traceback is in {save_traceback()}; please report it with the command line")
+    return int(code)
 
 
 if __name__ == "__main__":

@@ -54,9 +54,7 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
-        return sub.add_parser(
-            name, help=help, description=help, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
-        )
+        return _command(sub, name, help)
 
     sw = command("sweep", "expand Hydra overrides into cells and run or submit them")
     pl = command("plan", "every cell with its predicted memory, time and cost; nothing submitted, no scheduler asked")
@@ -147,6 +145,14 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     return parser
 
 
+def _command(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
+    """A command: ``help`` is its line in ``gpudays --help`` and its description, the exit codes its epilog."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        name, help=help, description=help, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    return parser
+
+
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", help="GPU types on offer, comma-separated (conf/gpu; default: every GPU with a peak)")
     p.add_argument("--model", help="models from conf/model, comma-separated")
@@ -176,11 +182,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 
 def _budget_parsers(subparsers: Any, handler: Handler) -> None:
     """The ``budget`` and ``shortest`` commands."""
-    bp = subparsers.add_parser("budget", help="what a budget (GPU-hours, dollars, GPUs x days) trains, and the "
-                               "compute-optimal model for it")  # fmt: skip
+    bp = _command(subparsers, "budget", "what a budget (GPU-hours, dollars, GPUs x days) trains, and the "
+                  "compute-optimal model for it")  # fmt: skip
     amount = bp.add_mutually_exclusive_group(required=True)
-    amount.add_argument("--gpu-hours", type=float, help="a budget of GPU-hours")
-    amount.add_argument("--usd", type=float, help="a budget in dollars (see --pricing)")
+    amount.add_argument("--gpu-hours", help="a budget of GPU-hours: 50000, 2.5e4, 100k, 1M")
+    amount.add_argument("--usd", help="a budget in dollars (see --pricing): 250000, 100k, 1.5M")
     amount.add_argument("--gpus", type=int, help="a budget of GPUs (with --days)")
     bp.add_argument(
         "--pricing",
@@ -203,7 +209,7 @@ def _budget_parsers(subparsers: Any, handler: Handler) -> None:
     _common(bp)
     bp.set_defaults(func=handler, budget_command="budget")
 
-    sp = subparsers.add_parser("shortest", help="the critical batch and the shortest possible training of a model")
+    sp = _command(subparsers, "shortest", "the critical batch and the shortest possible training of a model")
     sp.add_argument(
         "--tokens",
         help="tokens to train: 20x (per parameter), 300B; default: a conf/model's own run, 20x for --size models",

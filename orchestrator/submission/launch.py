@@ -43,6 +43,9 @@ from orchestrator.store.durable import WriteFailed, write_text_atomic
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.version import gpudays_version
 from orchestrator.submission import faults
+from orchestrator.submission.gpu_types import check_gpu_types as check_gpu_types
+from orchestrator.submission.gpu_types import gpu_type_problem
+from orchestrator.submission.gpu_types import untyped_gpu_notes as untyped_gpu_notes
 from orchestrator.submission.refused import SchedulerUnreachable as SchedulerUnreachable
 from orchestrator.submission.refused import SubmissionRefused as SubmissionRefused
 from orchestrator.submission.refused import name_cells as name_cells
@@ -135,39 +138,6 @@ def exclusive(cell: Config) -> bool:
     node's GPUs to the user's fair share and waited for a node to empty. A cell measured beside other jobs says so
     in its record (``shared_node``) and the report flags it."""
     return bool(cell.cluster.exclusive)
-
-
-def gpu_type_problem(cell: Config) -> str | None:
-    """Why a SLURM cell's GPU type cannot be requested, or None.
-
-    A cluster config that maps GPU types (``gres_by_gpu`` or ``constraint_by_gpu`` not empty) must map the cell's
-    GPU in one of them: a type it does not map would otherwise become an untyped ``--gres=gpu:N``, which any GPU
-    satisfies, and the cell would measure whatever GPU the scheduler picked. A cluster config with both maps empty
-    asks for untyped GPUs on purpose (a cluster with one GPU type).
-    """
-    gpu, cluster = cell.gpu, cell.cluster
-    if cluster.backend != "slurm" or gpu.accelerator != "cuda":
-        return None
-    by_gres, by_constraint = cluster.gres_by_gpu, cluster.constraint_by_gpu
-    if not (by_gres or by_constraint) or gpu.name in by_gres or gpu.name in by_constraint:
-        return None
-    mapped = sorted({*by_gres, *by_constraint})
-    return (
-        f"cell {cells.cell_id(cell)} ({cells.label(cell)}) asks for gpu={gpu.name}, which the cluster config "
-        f"maps in neither cluster.gres_by_gpu nor cluster.constraint_by_gpu (it maps {', '.join(mapped)}); "
-        f"add `{gpu.name}: <the site's gres type>` to gres_by_gpu (sinfo -o '%P %G' lists them) or a feature "
-        "to constraint_by_gpu in your cluster's YAML file, or choose a GPU this cluster has"
-    )
-
-
-def check_gpu_types(configs: Mapping[str, Config]) -> None:
-    """Raise SubmissionRefused naming every cell whose GPU type the cluster config does not map."""
-    problems = [p for p in (gpu_type_problem(cfg) for cfg in configs.values()) if p]
-    if problems:
-        raise SubmissionRefused(
-            f"{len(problems)} cell(s) ask for a GPU type the cluster config does not map; nothing was submitted:\n  "
-            + "\n  ".join(problems)
-        )
 
 
 def render_setup(res: Resources) -> list[str]:

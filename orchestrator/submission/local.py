@@ -6,6 +6,7 @@ on the GPUs this shell may use, and its ranks talk over NCCL; a CPU cell sees no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import sys
@@ -197,9 +198,18 @@ def submit_local(
             job.results()
         except Exception:  # noqa: BLE001 - a cell's failure is in its record and logs; the others go on
             pass
+        _drop_unformatted_folder(paths)
         if on_done is not None:
             on_done(cid)
     return out
+
+
+def _drop_unformatted_folder(paths: SweepPaths) -> None:
+    """Remove the empty ``jobs/%j`` folder submitit's local job controller leaves: it makes the folder it is given
+    as named, before it puts its own process id for ``%j`` (the job's files go to ``jobs/<pid>/``). Only an empty
+    one goes; a controller starting now (another command's) makes it again, and that command removes it."""
+    with contextlib.suppress(OSError):
+        paths.submitit_folder().rmdir()
 
 
 @contextmanager

@@ -111,6 +111,31 @@ def test_a_gpu_type_the_cluster_does_not_map_stops_the_sweep_before_anything_is_
     assert not sweep_dir.exists()
 
 
+def test_plan_of_a_gpu_type_the_cluster_does_not_map_warns_and_exits_0(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))  # plan asks no scheduler
+    sweep_dir = tmp_path / "s"
+    argv = ["plan", "--dir", str(sweep_dir), "cluster=example-university", "gpu=h200", "model=pythia-70m"]
+    assert cli.main([*argv, "num_gpus=4"]) == Exit.OK
+    out, err = capsys.readouterr()
+    assert "pythia-70m on 4 × H200: " in out, "the plan and its answer are printed"
+    assert "warning: `gpudays sweep` of this plan would be refused" in err and "gres_by_gpu" in err
+    assert "error" not in err
+    assert f"sweep folder a sweep of these cells would use (not created): {sweep_dir}" in out
+    assert not sweep_dir.exists()
+
+
+def test_an_untyped_gpu_request_is_warned_before_submission(tmp_path, capsys, monkeypatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    argv = ["plan", "--dir", str(tmp_path / "s"), "cluster=slurm", "gpu=h100-80gb", "model=pythia-70m", "num_gpus=1"]
+    assert cli.main(argv) == Exit.OK
+    err = capsys.readouterr().err
+    assert "gpu=h100-80gb is requested as an untyped --gres=gpu:N" in err and "only one" in err
+    # A cluster config that maps the type asks for it by name: no warning.
+    argv = ["plan", "--dir", str(tmp_path / "s"), "cluster=example-university", "gpu=h100-80gb", "model=pythia-70m"]
+    assert cli.main(argv) == Exit.OK
+    assert "untyped" not in capsys.readouterr().err
+
+
 def test_status_check_exits_1_while_a_cell_needs_a_rerun(tmp_path: Path, tiny_config, capsys) -> None:
     _cell(tmp_path, tiny_config, "ok")
     assert cli.main(["status", str(tmp_path), "--check"]) == Exit.OK
@@ -267,6 +292,24 @@ def test_resume_wait_with_nothing_to_resubmit_waits_for_the_running_cells(
     monkeypatch.setattr(lifecycle, "wait_for", lambda paths, interval_s=5.0, waves=None: waited.append(paths.root))
     cli.main(["resume", str(tmp_path), "--wait"])
     assert waited == [tmp_path], "--wait waits for every active cell, whoever submitted it"
+
+
+def test_ctrl_c_while_waiting_says_the_jobs_keep_running_and_how_to_follow_them(
+    tmp_path: Path, tiny_config, capsys, monkeypatch
+) -> None:
+    from orchestrator.cli import folder
+
+    _running(tmp_path, tiny_config)
+
+    def ctrl_c(seconds: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(folder.time, "sleep", ctrl_c)
+    assert cli.main(["resume", str(tmp_path), "--wait"]) == Exit.INTERRUPTED
+    err = capsys.readouterr().err
+    assert "stopped waiting, not the jobs" in err and "keep running" in err
+    for hint in (["status", str(tmp_path), "--watch"], ["cancel", str(tmp_path)]):
+        assert shlex.join(["gpudays", *hint]) in err
 
 
 def test_a_failed_submission_leaves_every_record_where_it_was(tmp_path: Path, tiny_config, capsys, monkeypatch) -> None:

@@ -36,6 +36,19 @@ def test_slurm_jobs_get_the_time_limit_warning_the_job_side_acts_on(make_cell) -
     assert params["signal_delay_s"] == SIGNAL_DELAY_S
 
 
+def test_a_local_job_leaves_no_literal_job_id_folder(make_cell, tmp_path: Path, monkeypatch) -> None:
+    from orchestrator.submission import local
+
+    # The job is a stand-in, print: what is tested is the folder.
+    monkeypatch.setattr(local, "CellJob", lambda *args: print)  # a builtin job: it unpickles anywhere
+    paths = SweepPaths(tmp_path / "s")
+    cell = to_config(make_cell("model=pythia-tiny", "gpu=cpu", "num_gpus=1"))
+    launch.write_cell(paths, "c1", cell)
+    (attempt,) = local.submit_local(paths, {"c1": cell}, poll_s=0.05)
+    assert paths.job_dir(str(attempt.job_id)).is_dir(), "the job's own folder, named by its id"
+    assert not paths.submitit_folder().exists(), sorted(p.name for p in paths.jobs_dir.iterdir())
+
+
 def test_cell_config_round_trips_through_the_fast_writer(make_cell, tmp_path: Path) -> None:
     from omegaconf import OmegaConf
 

@@ -54,14 +54,26 @@ def set_format(form: str) -> None:
     _FORMAT[0] = form
 
 
-def make_console(stderr: bool = False) -> Console:
+class _Console(Console):
+    """rich's console, except that a closed stdout (piped into ``head``) is the command line's to end: rich's own
+    answer is ``SystemExit(1)``, which reads as "a cell needs a rerun"."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def make_console(stderr: bool = False, width: int | None = None) -> Console:
     """A console on stdout (or stderr). A terminal (rich's judgement, ``COLUMNS`` and ``TTY_COMPATIBLE`` included)
     has its own width; anything else no colours and a width that never wraps. Under ``--format csv|json`` the
-    stdout console is stderr's: stdout carries the data alone (``table_out``)."""
+    stdout console is stderr's: stdout carries the data alone (``table_out``). ``width`` fits it to that many
+    columns, terminal or not."""
     stream = sys.stderr if stderr or _FORMAT[0] != "table" else sys.stdout
+    if width:
+        return _Console(file=stream, highlight=False, width=width)
     probe = Console(file=stream)
     tty = probe.is_terminal
-    return Console(file=stream, highlight=False, width=None if tty else PIPED_WIDTH, soft_wrap=not tty)
+    return _Console(file=stream, highlight=False, width=None if tty else PIPED_WIDTH, soft_wrap=not tty)
 
 
 def table_out(view: Tabular) -> None:
@@ -92,9 +104,13 @@ def note(text: str) -> None:
     make_console(stderr=True).print(_t(f"gpudays: {text}"))
 
 
-def plan_summary(plan: Plan) -> RenderableType:
-    """Where the sweep goes, how many cells run, which are refused and why."""
-    lines = [_t(f"sweep folder: {plan.sweep_dir}")]
+def plan_summary(plan: Plan, preview: bool = False) -> RenderableType:
+    """Where the sweep goes, how many cells run, which are refused and why. A ``preview`` (plan, dry run) writes
+    nothing: the folder is the one a sweep of these cells would use, and said so where it does not exist yet."""
+    folder = f"sweep folder: {plan.sweep_dir}"
+    if preview and not plan.sweep_dir.exists():
+        folder = f"sweep folder a sweep of these cells would use (not created): {plan.sweep_dir}"
+    lines = [_t(folder)]
     dup = f", {plan.duplicates} duplicate(s) merged" if plan.duplicates else ""
     lines.append(_t(f"{len(plan.cells)} cell(s) to measure, {len(plan.skipped)} refused before submission{dup}"))
     for cell in plan.skipped:

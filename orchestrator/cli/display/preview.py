@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 def show_plan(plan: Plan, predictions: bool) -> None:
     """The plan's folder, its cells and refusals; with ``predictions``, every cell's predicted cost."""
     c = console.make_console()
-    c.print(console.plan_summary(plan))
+    c.print(console.plan_summary(plan, preview=predictions))
     for line in plan.notes:
         console.out(line)
     if predictions:
@@ -50,8 +50,9 @@ def _new_cells(plan: Plan) -> tuple[int, str]:
 def preview(plan: Plan, ask_scheduler: bool) -> Exit:
     """``gpudays plan`` (arithmetic, no scheduler asked) and ``sweep --dry-run`` (and the scheduler's check).
 
-    A plan is OK when it was shown, even if no cell would run (said on stderr); a GPU type the cluster config
-    cannot request is bad input either way.
+    A plan is OK when it was shown, even if no cell would run or a sweep of it would be refused (each said on
+    stderr): plan asks no scheduler and submits nothing, so what a sweep would refuse is a warning. The dry run
+    checks as a sweep does and refuses the same.
     """
     show_plan(plan, predictions=True)
     configs = {c.cell_id: c.typed for c in plan.cells}
@@ -67,7 +68,9 @@ def preview(plan: Plan, ask_scheduler: bool) -> Exit:
     try:
         launch.check_gpu_types(configs)
     except launch.SubmissionRefused as e:
-        raise CommandError(str(e)) from e
+        console.note(f"warning: `gpudays sweep` of this plan would be refused: {e}")
+    for line in launch.untyped_gpu_notes(configs):
+        console.note(f"warning: {line}")
     console.out(f"plan: {new} cell(s) would be submitted{clause}; nothing was, and no scheduler was asked")
     if not plan.cells:
         console.note("no cell of this plan would run (reasons above); `--run-unfit` runs unfit cells anyway")

@@ -10,7 +10,9 @@ batch dimension of its data dynamic, so ``torch.compile`` builds one graph for e
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import sys
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,42 @@ def check_precision_supported(precision: str) -> None:
         )
 
 
+OP_BUILT = " built successfully"
+"""The end of the line DeepSpeed's communication backends print on stdout, on every rank, each time they load their
+op (``DeepSpeed shm_comm_op built successfully``): one per rank in every cell's log, saying nothing."""
+
+
+def quiet_op_builds() -> None:
+    """Drop DeepSpeed's ``... built successfully`` line where it is printed, its backends' op loaders
+    (``deepspeed.comm.torch.build_shm_op``, ``deepspeed.comm.ccl.build_ccl_op``); everything else they print is
+    printed as before, and a failed build still raises. Idempotent."""
+    import importlib
+
+    for module_name, name in (("deepspeed.comm.torch", "build_shm_op"), ("deepspeed.comm.ccl", "build_ccl_op")):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            continue
+        original = getattr(module, name, None)
+        if original is None or getattr(original, "quiet", False):
+            continue
+        setattr(module, name, _quiet(original))
+
+
+def _quiet(load: Any) -> Any:
+    def quiet_load() -> Any:
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stdout(said):
+                return load()
+        finally:
+            kept = [line for line in said.getvalue().splitlines(keepends=True) if not line.rstrip().endswith(OP_BUILT)]
+            sys.stdout.write("".join(kept))
+
+    quiet_load.quiet = True  # type: ignore[attr-defined]
+    return quiet_load
+
+
 class DeepSpeedEngine:
     """The DeepSpeed engine of one rank (see ``orchestrator.engines.base.Engine`` for the protocol)."""
 
@@ -66,6 +104,7 @@ class DeepSpeedEngine:
         from deepspeed.accelerator import get_accelerator
 
         logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+        quiet_op_builds()
         accelerator = get_accelerator().device_name()
         if accelerator != self.device.type:
             raise RuntimeError(

@@ -57,7 +57,7 @@ def test_budget_forms_and_their_errors() -> None:
         parse_budget()
     with pytest.raises(ValueError, match="needs --days"):
         parse_budget(usd=1e5, pricing="purchase")
-    with pytest.raises(ValueError, match="positive"):
+    with pytest.raises(ValueError, match="--gpu-hours -5: give an amount above 0"):
         parse_budget(gpu_hours=-5)
     with pytest.raises(ValueError, match="cloud or purchase"):
         parse_budget(usd=1.0, pricing="lease")
