@@ -130,6 +130,7 @@ def adaptive_section(sweep_dirs: Sequence[Path], cells: pd.DataFrame) -> list[st
         *out,
         "",
         "Each cell's `answer` in cells.csv says whether it was measured or predicted; a predicted cell's 90% interval "
-        "is `predicted_step_time_s_low` to `predicted_step_time_s_high` (and the days, GPU-hours and cost bounds).",
+        "is `predicted_step_time_s_low` to `predicted_step_time_s_high`, and its days, GPU-hours and cost are those "
+        "of its predicted step time (days with the same interval: `time_to_train_days_low` to `_high`).",
         "",
     ]

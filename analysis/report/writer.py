@@ -4,7 +4,8 @@ Files written into the output folder (the first sweep folder unless given):
 
 - ``cells.csv``: one row per cell, every cell of every sweep (merged on the cell id; a cell measured more than
   once keeps its newest ``ok`` record);
-- ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
+- ``best.csv``: the fastest setting for each model × GPU type × GPU count, measured or (``answer``) predicted,
+  with its interval;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
 - ``layouts.csv`` (where mesh3d cells were measured): each one's measured step time, peak memory and bubble
   beside analysis/predict/parallelism.py's prediction and its terms (``analysis.report.layout_check``);
@@ -50,7 +51,8 @@ Measured by the probe (per GPU unless said otherwise)
 - ``peak_memory_gib`` (peak allocated GPU memory, GiB), ``peak_memory_reserved_gib``, ``host_rss_gib`` (GiB).
 - ``num_parameters`` (count), ``probe_wall_s`` (s the probe ran).
 
-Estimates for the whole training run (cells with status ``ok`` only)
+Estimates for the whole training run (cells with status ``ok``, and cells whose ``answer`` is predicted: from
+the predicted step time, the days' interval then the prediction's 90% one)
 
 - ``train_tokens`` (tokens of the budget), ``train_steps`` (optimizer steps: the model's ``train_steps`` for its own
   budget, else budget ÷ ``tokens_per_step`` rounded up).
@@ -82,7 +84,7 @@ Provenance
   start or end (squeue, on the job side; listed in the problems), False where none did, empty where unknown.
 
 The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
-``cells_compared`` (measured cells of that model × GPU × count), ``cost_basis`` and ``cost_usd`` (the cost the
+``cells_compared`` (answered cells of that model × GPU × count, measured or predicted), ``cost_basis`` and ``cost_usd`` (the cost the
 frontier is drawn on: ``cost_usd_cloud``, or ``gpu_hours`` where no cloud price is known and ``cost_usd`` is
 empty). Those of ``scaling.csv`` (speed-up, marginal speed-up per added GPU, the knee, tokens per kWh, dollars
 per billion tokens) are described in :mod:`analysis.report.scaling`.
@@ -180,6 +182,7 @@ def build_tables(
         problems.append(f"calibration failed ({exc}); predictions use the uncalibrated defaults")
         calibration = Calibration()
     cells = tables.add_predictions(cells, calibration, margin)
+    cells = tables.add_predicted_estimates(cells, budget)
     cells = tables.normalise_dtypes(cells)
     order = pd.to_numeric(cells["num_parameters"], errors="coerce")
     cells = (
@@ -246,7 +249,9 @@ def write_report(
             try:
                 from analysis.report.plots import write_plots
 
-                plot_files = write_plots(cells, best, front, scale, new, knee)
+                # The plots draw measurements only: a predicted best would read as measured there.
+                measured_best = tables.best_cells(cells, predicted=False)
+                plot_files = write_plots(cells, measured_best, front, scale, new, knee)
             except OSError:
                 raise
             except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
@@ -337,6 +342,8 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
     out.append("")
+    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval).")
+    out.append("")
     out.append(
         _markdown_table(
             report.best,
@@ -345,6 +352,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
                 "gpu",
                 "num_gpus",
                 "settings",
+                "answer",
                 "time_to_train_days",
                 "time_to_train_days_low",
                 "time_to_train_days_high",

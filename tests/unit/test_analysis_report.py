@@ -140,7 +140,11 @@ def test_bad_input_is_listed_and_the_rest_still_produced(tmp_path: Path, catalog
     assert "record is not valid JSON" in cells.loc["truncated", "reason"]
     assert cells.loc["empty", "status"] == "corrupt"
     assert cells.loc["garbage", "status"] == "corrupt"
-    assert np.isnan(cells.loc["garbage", "time_to_train_days"])
+    # nothing of the unusable record is measured: its days are its prediction's, and say so
+    assert np.isnan(cells.loc["garbage", "step_time_s"]) and cells.loc["garbage", "answer"] == "predicted"
+    assert cells.loc["garbage", "time_to_train_days"] == pytest.approx(
+        cells.loc["garbage", "train_steps"] * cells.loc["garbage", "predicted_step_time_s"] / 86400
+    )
     assert cells.loc["failed", "reason"] == "NCCL timeout after 600 s"
     # An unknown GPU keeps the figures stored with its cell.
     assert cells.loc["oldgpu", "cost_usd_cloud"] == pytest.approx(cells.loc["oldgpu", "gpu_hours"] * 2.5)
