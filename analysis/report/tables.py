@@ -258,7 +258,7 @@ BEST_COLUMNS = (
     "model", "gpu", "num_gpus", "num_nodes", "settings", *SETTING_COLUMNS, "answer", "step_time_s",
     "predicted_step_time_s", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high", "gpu_hours",
     "cost_usd_cloud", "cost_usd_amortised", "energy_kwh", "tokens_per_s", "mfu", "peak_memory_gib",
-    "cells_compared", "cell_id", "sweep",
+    "cells_compared", "caveats", "cell_id", "sweep",
 )  # fmt: skip
 """``answer`` says whether the row's figures were measured or predicted; a predicted row's ``*_low``/``*_high``
 bound the prediction's 90% interval, a measured row's the probe's 95% confidence interval."""

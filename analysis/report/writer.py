@@ -82,6 +82,15 @@ Provenance
 - ``hostnames`` (space-separated), ``device_name``, ``torch_version``, ``deepspeed_version``, ``slurm_job_id``,
   ``started_at``, ``finished_at`` (ISO 8601); ``shared_node``: True where another job ran on the cell's nodes at its
   start or end (squeue, on the job side; listed in the problems), False where none did, empty where unknown.
+- ``host_load_avg_1m``, ``host_cpus_given``, ``host_other_cpu_use``: the host while the cell was timed (the larger
+  load average of start and end, the cores the cell had, others' share of those cores' time, 0-1).
+
+Doubts (:mod:`analysis.report.caveats`; each also listed in the problems)
+
+- ``under_load``: True where others took a quarter of the cell's cores' time, or (that unknown) the load average
+  was twice its cores. ``repeat_step_times_s``: every measured step time of a cell measured more than once (merged
+  sweeps, earlier attempts); ``repeats_disagree``: True where their 95% intervals do not all overlap.
+  ``caveats``: the cell's doubts in words (these two, and an in-sample prediction 50% or more off).
 
 The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
 ``cells_compared`` (answered cells of that model × GPU × count, measured or predicted), ``cost_basis`` and ``cost_usd`` (the cost the
@@ -102,9 +111,11 @@ import pandas as pd
 
 from analysis.predict.estimates import TokenBudget, parse_token_budget
 from analysis.predict.predictor import DEFAULT_MARGIN, Calibration, calibrate
-from analysis.report import engine_comparison, layout_check, scaling, tables
+from analysis.report import caveats, engine_comparison, layout_check, scaling, tables
 from analysis.report.accuracy import adaptive_section, prediction_section
-from analysis.sweeps.records import Catalog, load_cells
+from analysis.report.caveats import CAVEAT_COLUMNS
+from analysis.report.repeats import repeat_measurements
+from analysis.sweeps.records import HOST_LOAD_COLUMNS, Catalog, load_cells
 from orchestrator.config.prices import CloudPrice, price_note
 from orchestrator.config.values import Row, Scalar
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set
@@ -130,7 +141,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records", "answer",
     "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
-    "shared_node",
+    "shared_node", *HOST_LOAD_COLUMNS, *CAVEAT_COLUMNS,
 )  # fmt: skip
 """Columns of cells.csv, in order (documented in this module's docstring); the engines' fields from the registry."""
 
@@ -222,6 +233,9 @@ def write_report(
     loaded = load_cells(sweep_dirs, states=states, catalog=catalog)
     problems = list(loaded.problems)
     cells, calibration = build_tables(loaded.frame, budget, margin, problems)
+    repeats = repeat_measurements(sweep_dirs)
+    cells = caveats.add_caveats(cells, repeats)
+    problems.extend(caveats.problems(cells, repeats))
     best = tables.best_cells(cells)
     front = tables.frontier(cells)
     scale = scaling.scaling(cells, knee)
@@ -344,25 +358,10 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval).")
     out.append("")
-    out.append(
-        _markdown_table(
-            report.best,
-            [
-                "model",
-                "gpu",
-                "num_gpus",
-                "settings",
-                "answer",
-                "time_to_train_days",
-                "time_to_train_days_low",
-                "time_to_train_days_high",
-                "gpu_hours",
-                "cost_usd_cloud",
-                "cost_usd_amortised",
-                "energy_kwh",
-            ],
-        )  # fmt: skip
-    )
+    best_columns = ["model", "gpu", "num_gpus", "settings", "answer", "time_to_train_days", "time_to_train_days_low",
+                    "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh",
+                    "caveats"]  # fmt: skip
+    out.append(_markdown_table(report.best, best_columns))
     out.append("## Days against cost: the frontier (`frontier.csv`)")
     out.append("")
     out.append("Cells no other cell beats on both time to train and cost (cloud cost; GPU-hours where no price).")
