@@ -97,12 +97,12 @@ def add_caveats(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataFrame:
     loaded = under_load(out)
     out["under_load"] = loaded.where(measured, pd.NA).astype("boolean")
     ids = out["cell_id"].astype(str) if "cell_id" in out.columns else pd.Series("", index=out.index)
-    measured_ids = set(repeats["cell_id"].astype(str)) if not repeats.empty else set()
-    groups = {cid: g for cid, g in repeats.groupby("cell_id")} if not repeats.empty else {}
-    many = {cid for cid in measured_ids if len(groups[cid]) > 1}
+    groups = {str(cid): g for cid, g in repeats.groupby("cell_id")} if not repeats.empty else {}
+    many = {cid for cid, g in groups.items() if len(g) > 1}
+    judged = {cid for cid in many if _num(groups[cid], "step_time_low_s").notna().sum() > 1}
     bad = disagreeing(repeats)
     out["repeat_step_times_s"] = [(_times(groups[c]) if c in many else None) for c in ids]
-    out["repeats_disagree"] = pd.array([(c in bad) if c in many else None for c in ids], dtype="boolean")
+    out["repeats_disagree"] = pd.array([(c in bad) if c in judged else None for c in ids], dtype="boolean")
     error = _num(out, "step_time_error_pct").where(measured)
     hot = loaded.fillna(False).to_numpy(dtype=bool) & measured.to_numpy(dtype=bool)
     texts = []
