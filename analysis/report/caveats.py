@@ -92,7 +92,7 @@ def _times(group: pd.DataFrame) -> str:
 
 def add_caveats(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataFrame:
     """:data:`CAVEAT_COLUMNS` for every cell (``caveats`` empty where there is nothing to doubt)."""
-    out = cells.copy()
+    out = cells.copy(deep=False)  # columns are added, never written into
     measured = out["status"].isin(MEASURED_FITS) if "status" in out.columns else pd.Series(False, index=out.index)
     loaded = under_load(out)
     out["under_load"] = loaded.where(measured, pd.NA).astype("boolean")
@@ -103,17 +103,18 @@ def add_caveats(cells: pd.DataFrame, repeats: pd.DataFrame) -> pd.DataFrame:
     bad = disagreeing(repeats)
     out["repeat_step_times_s"] = [(_times(groups[c]) if c in many else None) for c in ids]
     out["repeats_disagree"] = pd.array([(c in bad) if c in judged else None for c in ids], dtype="boolean")
-    error = _num(out, "step_time_error_pct").where(measured)
-    hot = loaded.fillna(False).to_numpy(dtype=bool) & measured.to_numpy(dtype=bool)
+    error = _num(out, "step_time_error_pct").where(measured).tolist()
+    hot = (loaded.fillna(False).to_numpy(dtype=bool) & measured.to_numpy(dtype=bool)).tolist()
     texts = []
-    for i, row in enumerate(rows_of(out, ("host_other_cpu_use", "host_cpus_given", "host_load_avg_1m"))):
+    load_rows = rows_of(out, ("host_other_cpu_use", "host_cpus_given", "host_load_avg_1m"))
+    for cid, row, busy, miss in zip(ids.tolist(), load_rows, hot, error, strict=True):
         said = []
-        if hot[i]:
+        if busy:
             said.append(f"measured under load ({load_text(row)})")
-        if ids.iloc[i] in bad:
-            said.append(f"repeats disagree ({_times(bad[ids.iloc[i]])} s)")
-        if abs(error.iloc[i]) >= LARGE_ERROR_PCT:
-            said.append(f"in-sample prediction {error.iloc[i]:+.1f}% off")
+        if cid in bad:
+            said.append(f"repeats disagree ({_times(bad[cid])} s)")
+        if abs(miss) >= LARGE_ERROR_PCT:
+            said.append(f"in-sample prediction {miss:+.1f}% off")
         texts.append("; ".join(said) or None)
     out["caveats"] = texts
     return out

@@ -132,22 +132,22 @@ def add_predicted_estimates(cells: pd.DataFrame, budget: est.TokenBudget) -> pd.
     """The training run's figures of every cell whose answer is predicted (``answer`` of :func:`add_predictions`),
     from its predicted step time: days with the prediction's 90% interval, GPU-hours, costs and energy; the
     measured cells' figures stay as they are. An adaptive sweep's unmeasured cells are answered this way."""
-    out = cells.copy()
-    predicted = out["answer"].eq("predicted") if "answer" in out.columns else pd.Series(False, index=out.index)
+    predicted = cells["answer"].eq("predicted") if "answer" in cells.columns else pd.Series(False, index=cells.index)
     if not predicted.any():
-        return out
-    x = inputs_from_columns({c: out[c] for c in out.columns}, len(out))
-    model_tokens_per_step = _col(out, "model_global_batch_size") * pd.Series(x.tokens_per_sample, index=out.index)
-    tokens, steps = _training_run(out, budget, model_tokens_per_step, model_tokens_per_step)
-    step = _col(out, "predicted_step_time_s").where(predicted)
-    out.loc[predicted, "train_tokens"] = tokens[predicted]
-    out.loc[predicted, "train_steps"] = steps[predicted]
-    for key, value in _run_figures(out, steps, step).items():
-        out.loc[predicted, key] = value[predicted]
-    days = out["time_to_train_days"]
+        return cells
+    rows = cells.loc[predicted]  # only these are worked out: a sweep's measured cells may be thousands
+    x = inputs_from_columns({c: rows[c] for c in rows.columns}, len(rows))
+    model_tokens_per_step = _col(rows, "model_global_batch_size") * pd.Series(x.tokens_per_sample, index=rows.index)
+    tokens, steps = _training_run(rows, budget, model_tokens_per_step, model_tokens_per_step)
+    step = _col(rows, "predicted_step_time_s")
+    figures = {"train_tokens": tokens, "train_steps": steps, **_run_figures(rows, steps, step)}
     for end in ("low", "high"):
-        bound = days * _col(out, f"predicted_step_time_s_{end}") / step
-        out.loc[predicted, f"time_to_train_days_{end}"] = bound[predicted]
+        figures[f"time_to_train_days_{end}"] = (
+            figures["time_to_train_days"] * _col(rows, f"predicted_step_time_s_{end}") / step
+        )
+    out = cells.copy(deep=False)  # each figure's column is replaced whole, never written into
+    for key, value in figures.items():
+        out[key] = _col(out, key).where(~predicted, value.reindex(out.index))
     return out
 
 
