@@ -89,8 +89,8 @@ def test_a_reports_answer_says_when_it_is_predicted_and_what_a_group_without_one
     failed = {**no_length, "status": "failed", "answer": "unknown", "step_time_s": None}
     line = answers.answer_lines([no_length, failed, failed], answers.MEASURED)[0]
     assert line == (
-        "m on 1 × CPU: no answer yet: 1 cell measured, but the length of the training run is unknown (give a "
-        "token budget: --tokens); 2 cells failed, and no step time can be predicted yet"
+        "m on 1 × CPU: no answer yet: 1 cell measured, but how many steps its training run takes is unknown (the "
+        "model's train_steps, or --tokens for a language model); 2 cells failed, and no step time can be predicted yet"
     )
     assert "ok:" not in line and "cell(s)" not in line
 

@@ -114,14 +114,16 @@ _STATUS_WORDS = {
 
 def missing(row: Mapping[str, object]) -> str:
     """Why a row gives no answer, in plain words: the plan's ``why``, else from its ``status`` and ``answer``."""
-    why = str(row.get("why") or "")
-    if why:
-        return why
+    if "why" in row:  # a plan's row: empty where the cell is answered, or left out for a reason of its own
+        return str(row.get("why") or "")
     status = str(row.get("status") or "")
     if status == "ok":
         if _float(row.get("step_time_s")) is None:
             return "measured, but recorded no step time"
-        return "measured, but the length of the training run is unknown (give a token budget: --tokens)"
+        return (
+            "measured, but how many steps its training run takes is unknown (the model's train_steps, or --tokens "
+            "for a language model)"
+        )
     words = _STATUS_WORDS.get(status, f"not measured yet ({status})" if status else "not measured")
     if row.get("answer") == "unknown":
         words += ", and no step time can be predicted yet"
@@ -144,6 +146,6 @@ def answer_lines(rows: Sequence[Mapping[str, object]], keys: AnswerKeys) -> list
         reasons: dict[str, int] = {}
         for r in group:
             reasons[missing(r)] = reasons.get(missing(r), 0) + 1
-        others = "; ".join(f"{n} cell{'s' if n > 1 else ''} {why}" for why, n in reasons.items())
+        others = "; ".join(f"{n} cell{'s' if n > 1 else ''} {why}" for why, n in reasons.items() if why)
         lines.append(answer_line(model, gpu, num_gpus, best, keys, others))
     return lines
