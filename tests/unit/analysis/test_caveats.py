@@ -83,6 +83,11 @@ def test_a_large_in_sample_error_is_named_and_every_in_sample_figure_says_so(rep
     assert abs(error) >= caveats.LARGE_ERROR_PCT
     [line] = [p for p in rep.problems if "cell outlier" in p]
     assert f"{error:+.1f}% off" in line and "in-sample" in line
+    # best.csv and its table in report.md carry the doubt with the answer it concerns
+    best = pd.read_csv(out / "best.csv").set_index("cell_id")
+    assert "in-sample prediction" in best.loc["outlier", "caveats"]
+    best_section = (out / "report.md").read_text().split("(`best.csv`)")[1].split("\n## ")[0]
+    assert "in-sample prediction" in best_section and "| caveats |" in best_section
     small = cells["step_time_error_pct"].abs() < caveats.LARGE_ERROR_PCT
     assert not any(f"cell {cid} " in p and "in-sample" in p for cid in cells.index[small] for p in rep.problems)
     section = (out / "report.md").read_text().split("## Predicted against measured")[1].split("\n## ")[0]
