@@ -416,7 +416,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append(
         "Days = training steps × measured step time; the interval is the probe's 95% confidence interval of the "
-        "mean step time. Cloud cost = GPU-hours × the hourly price in `conf/gpu`. Amortised cost = (base machine "
+        "mean step time (a cell answered by its prediction: the predicted step time and its 90% interval). Cloud cost = GPU-hours × the hourly price in `conf/gpu`. Amortised cost = (base machine "
         "+ GPUs) × days / (5 × 365), the cost model of Khandelwal et al. 2024. Energy = GPU-hours × board power: "
         "GPUs only, at rated power. Predictions are calibrated on this report's own measured cells, so their "
         "errors here are in-sample."
