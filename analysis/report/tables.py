@@ -62,38 +62,27 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     model_tokens_per_step = batch * seq
     tokens_per_step = _col(out, "tokens_per_step").fillna(model_tokens_per_step)
     out["tokens_per_step"] = tokens_per_step
-    model_steps = _col(out, "model_train_steps")
-    tokens = pd.Series(est.train_tokens(budget, model_steps * model_tokens_per_step, params), index=out.index)
-    if budget.kind == "model":
-        # The model's own run is exactly its train_steps, whatever the measured step's token count.
-        steps = model_steps
-    else:
-        steps = pd.Series(est.train_steps_for(tokens, tokens_per_step), index=out.index)
+    tokens, steps = _training_run(out, budget, model_tokens_per_step, tokens_per_step)
     out["train_tokens"] = tokens.where(ok)
     out["train_steps"] = steps.where(ok)
 
     step = _col(out, "step_time_s").where(ok)
     num_gpus = _col(out, "num_gpus")
-    days = pd.Series(est.time_to_train_days(steps, step), index=out.index)
     halfwidth = est.ci95_halfwidth_pct(
         out.get("step_time_ci95_pct"), out.get("step_time_mean_s"), out.get("step_time_std_s"), out.get("steps_timed")
     )
-    low, high = est.interval(days, halfwidth.to_numpy())
-    out["time_to_train_days"] = days
-    out["time_to_train_days_low"] = low
-    out["time_to_train_days_high"] = high
-    hours = pd.Series(est.gpu_hours(num_gpus, steps, step), index=out.index)
-    out["gpu_hours"] = hours
     out["cloud_usd_per_gpu_hour"] = _col(out, "gpu_cloud_usd_per_gpu_hour")
-    out["cost_usd_cloud"] = est.cloud_cost_usd(hours, out["cloud_usd_per_gpu_hour"])
-    for key in ("cloud_price_source", "cloud_price_date"):  # text: where the price comes from, or why none
-        out[key] = out[f"gpu_{key}"] if f"gpu_{key}" in out.columns else None
     out["machine_price_usd"] = est.purchase_cost_usd(
         num_gpus, _col(out, "num_nodes").fillna(1.0), _col(out, "gpu_purchase_price_usd")
     )
-    out["cost_usd_amortised"] = est.amortised_cost_usd(out["machine_price_usd"], days)
     out["board_power_w"] = _col(out, "gpu_board_power_w")
-    out["energy_kwh"] = est.energy_kwh(hours, out["board_power_w"])
+    for key, value in _run_figures(out, steps, step).items():
+        out[key] = value
+    low, high = est.interval(out["time_to_train_days"], halfwidth.to_numpy())
+    out["time_to_train_days_low"] = low
+    out["time_to_train_days_high"] = high
+    for key in ("cloud_price_source", "cloud_price_date"):  # text: where the price comes from, or why none
+        out[key] = out[f"gpu_{key}"] if f"gpu_{key}" in out.columns else None
 
     tokens_per_s = _col(out, "tokens_per_s").fillna(tokens_per_step / step)
     out["tokens_per_s"] = tokens_per_s
@@ -104,6 +93,61 @@ def add_estimates(frame: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
     out["throughput_unit"] = unit
     out["throughput_per_s"] = tokens_per_s.where(unit == "tokens", samples_per_s.where(unit == "images"))
     out["throughput_per_s_per_gpu"] = out["throughput_per_s"] / num_gpus
+    return out
+
+
+def _training_run(
+    out: pd.DataFrame, budget: est.TokenBudget, model_tokens_per_step: pd.Series, tokens_per_step: pd.Series
+) -> tuple[pd.Series, pd.Series]:
+    """Tokens and optimizer steps of every cell's training run (whether or not it was measured)."""
+    model_steps = _col(out, "model_train_steps")
+    tokens = pd.Series(
+        est.train_tokens(budget, model_steps * model_tokens_per_step, out["num_parameters"]), index=out.index
+    )
+    if budget.kind == "model":
+        # The model's own run is exactly its train_steps, whatever the measured step's token count.
+        return tokens, model_steps
+    return tokens, pd.Series(est.train_steps_for(tokens, tokens_per_step), index=out.index)
+
+
+RUN_FIGURES = ("time_to_train_days", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh")
+"""The figures of a training run, each proportional to the step time: a step time's interval carries over as it is."""
+
+
+def _run_figures(out: pd.DataFrame, steps: pd.Series, step: pd.Series) -> dict[str, pd.Series]:
+    """:data:`RUN_FIGURES` of ``steps`` optimizer steps of ``step`` seconds each, at each cell's prices and power
+    (``cloud_usd_per_gpu_hour``, ``machine_price_usd``, ``board_power_w``, set by :func:`add_estimates`)."""
+    days = pd.Series(est.time_to_train_days(steps, step), index=out.index)
+    hours = pd.Series(est.gpu_hours(_col(out, "num_gpus"), steps, step), index=out.index)
+    return {
+        "time_to_train_days": days,
+        "gpu_hours": hours,
+        "cost_usd_cloud": pd.Series(est.cloud_cost_usd(hours, out["cloud_usd_per_gpu_hour"]), index=out.index),
+        "cost_usd_amortised": pd.Series(est.amortised_cost_usd(out["machine_price_usd"], days), index=out.index),
+        "energy_kwh": pd.Series(est.energy_kwh(hours, out["board_power_w"]), index=out.index),
+    }
+
+
+def add_predicted_estimates(cells: pd.DataFrame, budget: est.TokenBudget) -> pd.DataFrame:
+    """The training run's figures of every cell whose answer is predicted (``answer`` of :func:`add_predictions`),
+    from its predicted step time: days with the prediction's 90% interval, GPU-hours, costs and energy; the
+    measured cells' figures stay as they are. An adaptive sweep's unmeasured cells are answered this way."""
+    predicted = cells["answer"].eq("predicted") if "answer" in cells.columns else pd.Series(False, index=cells.index)
+    if not predicted.any():
+        return cells
+    rows = cells.loc[predicted]  # only these are worked out: a sweep's measured cells may be thousands
+    x = inputs_from_columns({c: rows[c] for c in rows.columns}, len(rows))
+    model_tokens_per_step = _col(rows, "model_global_batch_size") * pd.Series(x.tokens_per_sample, index=rows.index)
+    tokens, steps = _training_run(rows, budget, model_tokens_per_step, model_tokens_per_step)
+    step = _col(rows, "predicted_step_time_s")
+    figures = {"train_tokens": tokens, "train_steps": steps, **_run_figures(rows, steps, step)}
+    for end in ("low", "high"):
+        figures[f"time_to_train_days_{end}"] = (
+            figures["time_to_train_days"] * _col(rows, f"predicted_step_time_s_{end}") / step
+        )
+    out = cells.copy(deep=False)  # each figure's column is replaced whole, never written into
+    for key, value in figures.items():
+        out[key] = _col(out, key).where(~predicted, value.reindex(out.index))
     return out
 
 
@@ -195,11 +239,15 @@ def _model_order(frame: pd.DataFrame) -> pd.Series:
     return _col(frame, "num_parameters")
 
 
-def _measured(cells: pd.DataFrame) -> pd.DataFrame:
-    """Measured cells with an estimate, only the columns the summary tables use (cheaper to group and sort)."""
+def _measured(cells: pd.DataFrame, predicted: bool = False) -> pd.DataFrame:
+    """Measured cells with an estimate (and, with ``predicted``, the cells answered by a prediction), only the
+    columns the summary tables use (cheaper to group and sort)."""
     if cells.empty or "status" not in cells.columns:
         return cells.iloc[0:0]
-    keep = cells["status"].isin(MEASURED_FITS) & _col(cells, "time_to_train_days").notna()
+    answer = cells["status"].isin(MEASURED_FITS)
+    if predicted and "answer" in cells.columns:
+        answer |= cells["answer"].eq("predicted")
+    keep = answer & _col(cells, "time_to_train_days").notna()
     wanted = [c for c in dict.fromkeys((*_SUMMARY_INPUTS, *BEST_COLUMNS, *FRONTIER_COLUMNS)) if c in cells.columns]
     return cells.loc[keep, wanted]
 
@@ -207,15 +255,19 @@ def _measured(cells: pd.DataFrame) -> pd.DataFrame:
 _SUMMARY_INPUTS = ("status", "num_parameters", "tokens_per_s")
 
 BEST_COLUMNS = (
-    "model", "gpu", "num_gpus", "num_nodes", "settings", *SETTING_COLUMNS, "step_time_s", "time_to_train_days",
-    "time_to_train_days_low", "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised",
-    "energy_kwh", "tokens_per_s", "mfu", "peak_memory_gib", "cells_compared", "cell_id", "sweep",
+    "model", "gpu", "num_gpus", "num_nodes", "settings", *SETTING_COLUMNS, "answer", "step_time_s",
+    "predicted_step_time_s", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high", "gpu_hours",
+    "cost_usd_cloud", "cost_usd_amortised", "energy_kwh", "tokens_per_s", "mfu", "peak_memory_gib",
+    "cells_compared", "caveats", "cell_id", "sweep",
 )  # fmt: skip
+"""``answer`` says whether the row's figures were measured or predicted; a predicted row's ``*_low``/``*_high``
+bound the prediction's 90% interval, a measured row's the probe's 95% confidence interval."""
 
 
-def best_cells(cells: pd.DataFrame) -> pd.DataFrame:
-    """The fastest measured cell for each model × GPU type × GPU count, settings spelled out."""
-    measured = _measured(cells)
+def best_cells(cells: pd.DataFrame, predicted: bool = True) -> pd.DataFrame:
+    """The fastest answered cell for each model × GPU type × GPU count, settings spelled out: measured, or (unless
+    ``predicted`` is False) predicted where that is faster or nothing of the group was measured."""
+    measured = _measured(cells, predicted)
     if measured.empty:
         return pd.DataFrame(columns=list(BEST_COLUMNS))
     keys = ["model", "gpu", "num_gpus"]

@@ -5,7 +5,8 @@ Files written into the output folder (the first sweep folder unless given):
 - ``cells.csv``: one row per cell, every cell of every sweep (merged on the cell id; a cell measured more than
   once keeps its newest ``ok`` record, and a plumbing check's record, ``probe.kind`` sleep or fail, never
   replaces a measurement's);
-- ``best.csv``: the fastest measured setting for each model × GPU type × GPU count;
+- ``best.csv``: the fastest setting for each model × GPU type × GPU count, measured or (``answer``) predicted,
+  with its interval;
 - ``frontier.csv``: for each model, the measured cells that no other beats on both days and cost;
 - ``layouts.csv`` (where mesh3d cells were measured): each one's measured step time, peak memory and bubble
   beside analysis/predict/parallelism.py's prediction and its terms (``analysis.report.layout_check``);
@@ -52,7 +53,8 @@ Measured by the probe (per GPU unless said otherwise)
 - ``peak_memory_gib`` (peak allocated GPU memory, GiB), ``peak_memory_reserved_gib``, ``host_rss_gib`` (GiB).
 - ``num_parameters`` (count), ``probe_wall_s`` (s the probe ran).
 
-Estimates for the whole training run (cells with status ``ok`` only)
+Estimates for the whole training run (cells with status ``ok``, and cells whose ``answer`` is predicted: from
+the predicted step time, the days' interval then the prediction's 90% one)
 
 - ``train_tokens`` (tokens of the budget), ``train_steps`` (optimizer steps: the model's ``train_steps`` for its own
   budget, else budget ÷ ``tokens_per_step`` rounded up).
@@ -82,9 +84,18 @@ Provenance
 - ``hostnames`` (space-separated), ``device_name``, ``torch_version``, ``deepspeed_version``, ``slurm_job_id``,
   ``started_at``, ``finished_at`` (ISO 8601); ``shared_node``: True where another job ran on the cell's nodes at its
   start or end (squeue, on the job side; listed in the problems), False where none did, empty where unknown.
+- ``host_load_avg_1m``, ``host_cpus_given``, ``host_other_cpu_use``: the host while the cell was timed (the larger
+  load average of start and end, the cores the cell had, others' share of those cores' time, 0-1).
+
+Doubts (:mod:`analysis.report.caveats`; each also listed in the problems)
+
+- ``under_load``: True where others took a quarter of the cell's cores' time, or (that unknown) the load average
+  was twice its cores. ``repeat_step_times_s``: every measured step time of a cell measured more than once (merged
+  sweeps, earlier attempts); ``repeats_disagree``: True where their 95% intervals do not all overlap.
+  ``caveats``: the cell's doubts in words (these two, and an in-sample prediction 50% or more off).
 
 The other tables reuse these names and units; their own columns: ``settings`` (a short label of the settings),
-``cells_compared`` (measured cells of that model × GPU × count), ``cost_basis`` and ``cost_usd`` (the cost the
+``cells_compared`` (answered cells of that model × GPU × count, measured or predicted), ``cost_basis`` and ``cost_usd`` (the cost the
 frontier is drawn on: ``cost_usd_cloud``, or ``gpu_hours`` where no cloud price is known and ``cost_usd`` is
 empty). Those of ``scaling.csv`` (speed-up, marginal speed-up per added GPU, the knee, tokens per kWh, dollars
 per billion tokens) are described in :mod:`analysis.report.scaling`.
@@ -102,9 +113,11 @@ import pandas as pd
 
 from analysis.predict.estimates import TokenBudget, parse_token_budget
 from analysis.predict.predictor import DEFAULT_MARGIN, Calibration, calibrate
-from analysis.report import engine_comparison, layout_check, scaling, tables
+from analysis.report import caveats, engine_comparison, layout_check, scaling, tables
 from analysis.report.accuracy import adaptive_section, prediction_section
-from analysis.sweeps.records import Catalog, load_cells
+from analysis.report.caveats import CAVEAT_COLUMNS
+from analysis.report.repeats import repeat_measurements
+from analysis.sweeps.records import HOST_LOAD_COLUMNS, Catalog, load_cells
 from orchestrator.config.prices import CloudPrice, price_note
 from orchestrator.config.values import Row, Scalar
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set
@@ -130,7 +143,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records", "answer",
     "step_time_error_pct",
     "hostnames", "device_name", "torch_version", "deepspeed_version", "slurm_job_id", "started_at", "finished_at",
-    "shared_node",
+    "shared_node", *HOST_LOAD_COLUMNS, *CAVEAT_COLUMNS,
 )  # fmt: skip
 """Columns of cells.csv, in order (documented in this module's docstring); the engines' fields from the registry."""
 
@@ -182,6 +195,7 @@ def build_tables(
         problems.append(f"calibration failed ({exc}); predictions use the uncalibrated defaults")
         calibration = Calibration()
     cells = tables.add_predictions(cells, calibration, margin)
+    cells = tables.add_predicted_estimates(cells, budget)
     cells = tables.normalise_dtypes(cells)
     order = pd.to_numeric(cells["num_parameters"], errors="coerce")
     cells = (
@@ -221,6 +235,9 @@ def write_report(
     loaded = load_cells(sweep_dirs, states=states, catalog=catalog)
     problems = list(loaded.problems)
     cells, calibration = build_tables(loaded.frame, budget, margin, problems)
+    repeats = repeat_measurements(sweep_dirs)
+    cells = caveats.add_caveats(cells, repeats)
+    problems.extend(caveats.problems(cells, repeats))
     best = tables.best_cells(cells)
     front = tables.frontier(cells)
     scale = scaling.scaling(cells, knee)
@@ -248,7 +265,9 @@ def write_report(
             try:
                 from analysis.report.plots import write_plots
 
-                plot_files = write_plots(cells, best, front, scale, new, knee)
+                # The plots draw measurements only: a predicted best would read as measured there.
+                measured_best = tables.best_cells(cells, predicted=False)
+                plot_files = write_plots(cells, measured_best, front, scale, new, knee)
             except OSError:
                 raise
             except Exception as exc:  # a plotting bug must not cost the tables; say what happened instead
@@ -339,24 +358,12 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
     out.append("")
-    out.append(
-        _markdown_table(
-            report.best,
-            [
-                "model",
-                "gpu",
-                "num_gpus",
-                "settings",
-                "time_to_train_days",
-                "time_to_train_days_low",
-                "time_to_train_days_high",
-                "gpu_hours",
-                "cost_usd_cloud",
-                "cost_usd_amortised",
-                "energy_kwh",
-            ],
-        )  # fmt: skip
-    )
+    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval).")
+    out.append("")
+    best_columns = ["model", "gpu", "num_gpus", "settings", "answer", "time_to_train_days", "time_to_train_days_low",
+                    "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh",
+                    "caveats"]  # fmt: skip
+    out.append(_markdown_table(report.best, best_columns))
     out.append("## Days against cost: the frontier (`frontier.csv`)")
     out.append("")
     out.append("Cells no other cell beats on both time to train and cost (cloud cost; GPU-hours where no price).")
@@ -411,7 +418,7 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append(
         "Days = training steps × measured step time; the interval is the probe's 95% confidence interval of the "
-        "mean step time. Cloud cost = GPU-hours × the hourly price in `conf/gpu`. Amortised cost = (base machine "
+        "mean step time (a cell answered by its prediction: the predicted step time and its 90% interval). Cloud cost = GPU-hours × the hourly price in `conf/gpu`. Amortised cost = (base machine "
         "+ GPUs) × days / (5 × 365), the cost model of Khandelwal et al. 2024. Energy = GPU-hours × board power: "
         "GPUs only, at rated power. Predictions are calibrated on this report's own measured cells, so their "
         "errors here are in-sample."

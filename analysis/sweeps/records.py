@@ -173,11 +173,28 @@ def flatten_cell(
             f"{where}: measured on a node shared with other jobs ({', '.join(dict.fromkeys(map(str, others)))}); "
             "its timing may be theirs too (cluster.exclusive)"
         )
+    row.update(host_load_columns(record.host_load if record else {}))
     row["started_at"] = as_name(record.started_at) if record else None
     row["finished_at"] = as_name(record.finished_at) if record else None
 
     row.update(figure_columns(cell))
     return row
+
+
+HOST_LOAD_COLUMNS = ("host_load_avg_1m", "host_cpus_given", "host_other_cpu_use")
+"""The host while the cell was timed (a record's ``host_load``, ``orchestrator.job.host_load``): the larger of the
+1-minute load averages at the start and end of the timed steps, the cores the rank was given, and the share of
+those cores' time other processes took (0-1)."""
+
+
+def host_load_columns(load: Mapping[str, Any]) -> dict[str, object]:
+    """:data:`HOST_LOAD_COLUMNS` of a record's ``host_load`` (empty where the record has none)."""
+    averages = [as_number(load.get(key)) for key in ("load_avg_1m_start", "load_avg_1m_end")]
+    return {
+        "host_load_avg_1m": max((a for a in averages if a is not None), default=None),
+        "host_cpus_given": as_int(load.get("host_cpus_given")),
+        "host_other_cpu_use": as_number(load.get("other_cpu_use")),
+    }
 
 
 def _cell_config(cell_dir: str, record: Record | None, problems: list[str], where: str) -> Mapping[str, Any]:

@@ -172,6 +172,7 @@ def test_an_adaptive_sweep_ends_with_every_cell_answered_after_measuring_a_minor
     assert adaptive.advance(paths, wait=False, report=False) == 0
     out = capsys.readouterr().out
     lifecycle.report([paths], None, None, plots=False)
+    out_report = capsys.readouterr().out
     state = read_state(paths)
     assert state.stopped is not None and state.stopped.reason == STOP_TARGET, out
     assert len(state.rounds) >= 2 and "round 2: measuring" in out
@@ -184,6 +185,25 @@ def test_an_adaptive_sweep_ends_with_every_cell_answered_after_measuring_a_minor
     rest = table[~table["cell_id"].isin(measured)]
     assert set(rest["answer"]) == {"predicted"} and set(rest["status"]) == {"unmeasured"}
     assert rest["predicted_step_time_s_low"].notna().all() and rest["predicted_step_time_s_high"].notna().all()
+    # every predicted cell is answered: its run's days (within the prediction's interval), GPU-hours and dollars
+    for column in ("time_to_train_days", "time_to_train_days_low", "time_to_train_days_high", "gpu_hours",
+                   "cost_usd_cloud"):  # fmt: skip
+        assert rest[column].gt(0).all(), column
+    assert (rest["time_to_train_days_low"] < rest["time_to_train_days"]).all()
+    assert (rest["time_to_train_days"] < rest["time_to_train_days_high"]).all()
+    ratio = rest["time_to_train_days_high"] / rest["time_to_train_days"]
+    assert (ratio - rest["predicted_step_time_s_high"] / rest["predicted_step_time_s"]).abs().max() < 1e-6
+    # best.csv answers every model × GPU × count of the grid; a group nothing of which was measured, by prediction
+    best = pd.read_csv(paths.root / "best.csv")
+    keys = ["model", "gpu", "num_gpus"]
+    assert len(best) == len(table.groupby(keys)) and best["time_to_train_days_high"].notna().all()
+    unmeasured = table.groupby(keys)["answer"].agg(lambda a: "measured" not in set(a))
+    assert unmeasured.any(), "the grid has a group left wholly to prediction"
+    by_group = best.set_index(keys)["answer"]
+    assert set(by_group[unmeasured[unmeasured].index]) == {"predicted"}
+    # and so does the one-line answer of each group
+    assert "no answer yet" not in out_report
+    assert out_report.count("predicted, not measured: ") >= int(unmeasured.sum())
     report = (paths.root / "report.md").read_text()
     assert "Adaptive sweep" in report and f"{len(measured)} of {len(cells)} cells measured" in report
     # status says where the sweep stands, and --check calls it done

@@ -50,7 +50,7 @@ def test_a_wrapping_reason_makes_room_before_any_column_is_left_out() -> None:
     assert "left out" not in text and text.count("word") == 20
 
 
-def test_the_one_line_answer_names_days_interval_gpu_hours_dollars_and_the_fastest_setting() -> None:
+def test_the_one_line_answer_names_each_figure_with_its_interval_and_the_fastest_setting() -> None:
     rows = [
         {"model": "pythia-1b", "gpu": "a100-80gb", "num_gpus": 4, "predicted_time_to_train_days": 36.16,
          "predicted_time_to_train_days_low": 34.2, "predicted_time_to_train_days_high": 38.4,
@@ -58,16 +58,41 @@ def test_the_one_line_answer_names_days_interval_gpu_hours_dollars_and_the_faste
          "cell_id": "slow"},
         {"model": "pythia-1b", "gpu": "a100-80gb", "num_gpus": 4, "predicted_time_to_train_days": 34.5,
          "predicted_time_to_train_days_low": 33.0, "predicted_time_to_train_days_high": 36.0,
-         "predicted_gpu_hours": 3317.0, "predicted_cost_usd_cloud": 5937.0, "setting": "fsdp-full bf16 mb=16",
-         "cell_id": "fast"},
+         "predicted_gpu_hours": 3317.0, "predicted_gpu_hours_low": 3100.0, "predicted_gpu_hours_high": 3500.0,
+         "predicted_cost_usd_cloud": 5937.0, "setting": "fsdp-full bf16 mb=16", "cell_id": "fast"},
         {"model": "pythia-12b", "gpu": "a100-80gb", "num_gpus": 4, "answered": False, "why": "predicted not to fit"},
     ]  # fmt: skip
+    # GPU-hours from their own bounds; dollars, which have none here, from the days' interval
     assert answers.answer_lines(rows, answers.PREDICTED) == [
-        "pythia-1b on 4 × A100-80GB: 34 days (90%: 33–36), 3.3k GPU-hours, $5.9k rented — fastest setting: "
-        "fsdp-full bf16 mb=16 (cell fast)",
-        "pythia-12b on 4 × A100-80GB: no answer yet (predicted not to fit: 1 cell(s))",
+        "pythia-1b on 4 × A100-80GB: 34 days (90%: 33–36), 3.3k GPU-hours (3.1k–3.5k), $5.9k rented ($5.7k–$6.2k) "
+        "— fastest setting: fsdp-full bf16 mb=16 (cell fast)",
+        "pythia-12b on 4 × A100-80GB: no answer yet: 1 cell predicted not to fit",
     ]
     assert [answers.number(v) for v in (3019.0, 0.00463, 1.2e6, 150.0)] == ["3.0k", "0.0046", "1.2M", "150"]
+
+
+def test_a_reports_answer_says_when_it_is_predicted_and_what_a_group_without_one_lacks() -> None:
+    measured = {"model": "m", "gpu": "cpu", "num_gpus": 1, "answer": "measured", "status": "ok",
+                "time_to_train_days": 2.0, "time_to_train_days_low": 1.9, "time_to_train_days_high": 2.1,
+                "gpu_hours": 48.0, "setting": "zero0 fp32", "cell_id": "a"}  # fmt: skip
+    predicted = {**measured, "answer": "predicted", "status": "unmeasured", "time_to_train_days": 1.0,
+                 "time_to_train_days_low": 0.8, "time_to_train_days_high": 1.5, "gpu_hours": 24.0, "cell_id": "b"}  # fmt: skip
+    lines = answers.answer_lines([measured, predicted], answers.MEASURED)
+    assert lines == [
+        "m on 1 × CPU: predicted, not measured: 1.0 days (90%: 0.8–1.5), 24 GPU-hours (19–36), no rental price "
+        "— fastest setting: zero0 fp32 (cell b)"
+    ]
+    assert answers.answer_lines([measured], answers.MEASURED)[0].startswith(
+        "m on 1 × CPU: 2.0 days (95%: 1.9–2.1), 48 GPU-hours (46–50)"
+    )
+    no_length = {**measured, "time_to_train_days": None, "step_time_s": 0.2, "gpu_hours": None}
+    failed = {**no_length, "status": "failed", "answer": "unknown", "step_time_s": None}
+    line = answers.answer_lines([no_length, failed, failed], answers.MEASURED)[0]
+    assert line == (
+        "m on 1 × CPU: no answer yet: 1 cell measured, but how many steps its training run takes is unknown (the "
+        "model's train_steps, or --tokens for a language model); 2 cells failed, and no step time can be predicted yet"
+    )
+    assert "ok:" not in line and "cell(s)" not in line
 
 
 @pytest.fixture(scope="module")
