@@ -21,6 +21,7 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.display.figures import count, figure
 from orchestrator.cli.parser import FORMATS as FORMATS  # noqa: E402 - one list of formats, the parser's
 
 """What ``--format`` accepts: a table fitted to the terminal, or every column as CSV or JSON."""
@@ -51,16 +52,16 @@ def missing(value: object) -> bool:
 
 
 def fmt(value: object) -> str:
-    """A number with four significant digits (thousands grouped), yes/no, or a dash for a missing value."""
+    """A number as every table writes it (``figures``: four significant digits, thousands grouped; a whole number
+    exactly), yes/no, or a dash for a missing value."""
     if missing(value):
         return "-"
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return "yes" if value else "no"
     if isinstance(value, float) or type(value).__name__.startswith("float"):
-        v = float(value)  # type: ignore[arg-type]
-        if v == 0:
-            return "0"
-        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+        return figure(float(value))  # type: ignore[arg-type]
+    if isinstance(value, int) or type(value).__name__.startswith(("int", "uint")):
+        return count(int(value))  # type: ignore[call-overload]
     return printable(" ".join(str(value).split()))
 
 
