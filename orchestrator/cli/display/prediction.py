@@ -25,6 +25,10 @@ INTERVALS = {
 """The predictions whose 90% interval the plan shows, and the key of its text."""
 
 
+OFFER_KEEP = ("model", "gpu", "num_gpus", "layout", "step_s", "gpu_h")
+"""The offered layouts' columns never left out: which layout of which cell, and its answer."""
+
+
 def interval_texts(row: Mapping[str, object]) -> dict[str, str]:
     """``low–high`` (``figures.interval``: three significant digits, an en dash) of each prediction's 90% interval, and ``basis``: how many records
     calibrated the cell's GPU type, or ``uncalibrated`` (the interval is the prior's, wide)."""
@@ -77,6 +81,6 @@ def layout_offers(p: Plan) -> RenderableType | None:
             "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit or is slower "
             "(analysis/predict/parallelism.py's layout model, uncalibrated):"
         ),
-        rows_table(offer_rows(found), numeric=numeric),
+        rows_table(offer_rows(found), numeric=numeric, keep=OFFER_KEEP),
         *(Text(f"  {o.model} x{o.num_gpus} {o.layout}: {o.sweep}") for o in found),
     )
