@@ -213,12 +213,13 @@ def test_point_labels_name_the_micro_batch_and_do_not_overlap(
         assert panel.x0 <= box.x0 and box.x1 <= panel.x1, f"{labels[i].get_text()} leaves its panel"
 
 
-def test_the_frontiers_corner_points_are_drawn_whole(two_counts, tmp_path: Path, monkeypatch) -> None:
+def test_the_frontiers_corner_points_have_room_for_their_ring_and_label(two_counts, tmp_path: Path, monkeypatch) -> None:
     figures = _drawn(monkeypatch)
     plots.plot_cost_vs_days(two_counts.cells, two_counts.frontier, tmp_path / "cost.png")
     ax = figures[0].axes[0]
     panel = ax.get_window_extent(figures[0].canvas.get_renderer())
-    ring_px = 9 / 2 * figures[0].dpi / 72  # the frontier's ring: 9 points across
+    # Room for the widest ring (a multi-node point's, 170 square points) and a line of its label beside it.
+    ring_px = (np.sqrt(170) / 2 + marks.POINT_PT * 1.3) * figures[0].dpi / 72
     for line in ax.lines:
         for x, y in ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()])):
             assert panel.x0 + ring_px <= x <= panel.x1 - ring_px and panel.y0 + ring_px <= y <= panel.y1 - ring_px
