@@ -26,6 +26,8 @@ Side = Literal["left", "right"]
 """Which side of its point a label is on (the label's horizontal alignment)."""
 POINT_PT = 7
 """The size of a point's label."""
+LINE_PT = POINT_PT * 1.3
+"""A line of point labels: how far a label moves up or down at a time."""
 
 _NOT_IN_LABEL = re.compile(r"bf16|fp16|fp32")
 _ACCUMULATION = re.compile(r"^(mb\d+)x\d+$")
@@ -36,7 +38,8 @@ LABEL_STEPS = (0, *(k * sign for k in range(1, 7) for sign in (1, -1)))
 
 
 def tick_label(value: float, _position: int | None = None) -> str:
-    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
+    """A tick's value as a plain number, thousands grouped (the ticks are round already: every digit shown)."""
+    return f"{value:,.0f}" if value >= 1000 else f"{value:.7g}"
 
 
 def log_ticks(ax: Axes, which: str, base: int = 10, max_ticks: int = 6) -> None:
@@ -57,8 +60,13 @@ def log_ticks(ax: Axes, which: str, base: int = 10, max_ticks: int = 6) -> None:
         ticks = [t for t in ticks if low <= t <= high]
         if len(ticks) >= 3:
             break
-    if len(ticks) < 3:  # a narrow range (under a decade or so): three ticks across it, two significant digits
-        ticks = sorted({float(f"{v:.2g}") for v in np.geomspace(low, high, 5)[1:-1]})
+    # A narrow range (under a decade or so): three ticks across it, with two significant digits, or as many more as
+    # keep them apart and inside (1,010 to 1,030 rounds to 1,000 at two).
+    inner = np.geomspace(low, high, 5)[1:-1]
+    for digits in range(2, 8):
+        if len(ticks) >= 3:
+            break
+        ticks = sorted(t for t in {float(f"{v:.{digits}g}") for v in inner} if low <= t <= high)
     stride = max(1, math.ceil(len(ticks) / max_ticks))
     axis.set_major_locator(FixedLocator(ticks[::stride]))
     axis.set_major_formatter(FuncFormatter(tick_label))
@@ -98,27 +106,29 @@ def label_points(ax: Axes, x: Iterable[float], y: Iterable[float], labels: Itera
 def spread_labels(fig: Figure) -> None:
     """Move each point's label up or down a line at a time, on its side of the point and then on the other, until
     it overlaps no label placed before it and stays inside its panel; where no place does both, the first that
-    overlaps nothing (else where it was)."""
+    overlaps nothing (else where it was). Each label is measured once: another place only moves its box."""
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's, which every figure here has
+    px = renderer.points_to_pixels(1.0)
     for ax in fig.axes:
         inside = ax.get_window_extent(renderer)
         placed: list[Bbox] = []
         for label in [t for t in ax.texts if t.get_gid() == "point-label" and isinstance(t, Annotation)]:
+            box = label.get_window_extent(renderer)
             x0, y0 = label.xyann
             ha: Side = "right" if label.get_horizontalalignment() == "right" else "left"
-            other: tuple[Side, float] = ("right" if ha == "left" else "left", -x0 - 2)  # 4 points right <-> 6 left
-            tries = [(side, (x, y0 + k * POINT_PT * 1.3)) for k in LABEL_STEPS for side, x in ((ha, x0), other)]
-            seen: list[tuple[Side, tuple[float, float], Bbox, bool]] = []
-            for side, offset in tries:
-                label.set_horizontalalignment(side)
-                label.xyann = offset
-                box = label.get_window_extent(renderer)
-                free = not any(box.overlaps(b) for b in placed)
-                seen.append((side, offset, box, free))
-                if free and inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1:
-                    break
-            else:
-                side, offset, box, _free = next((s for s in seen if s[3]), seen[0])
-                label.set_horizontalalignment(side)
-                label.xyann = offset
+            anchor = (box.x1 if ha == "right" else box.x0) - x0 * px  # the point, in pixels
+            other: Side = "right" if ha == "left" else "left"
+            tries = [(side, x, k) for k in LABEL_STEPS for side, x in ((ha, x0), (other, -x0 - 2))]  # 4 pt <-> -6
+            free: list[tuple[Side, tuple[float, float], Bbox]] = []
+            for side, x, k in tries:
+                left = anchor + x * px - (box.width if side == "right" else 0.0)
+                moved = Bbox.from_bounds(left, box.y0 + k * LINE_PT * px, box.width, box.height)
+                if not any(moved.overlaps(b) for b in placed):
+                    free.append((side, (x, y0 + k * LINE_PT), moved))
+                    if inside.x0 <= moved.x0 and moved.x1 <= inside.x1 and inside.y0 <= moved.y0 <= moved.y1 <= inside.y1:
+                        free.insert(0, free.pop())
+                        break
+            side, offset, box = free[0] if free else (ha, (x0, y0), box)
+            label.set_horizontalalignment(side)
+            label.xyann = offset
             placed.append(box)

@@ -235,3 +235,18 @@ def test_an_empty_plot_keeps_its_subtitle_whole(tmp_path: Path, monkeypatch: pyt
     for text in fig.texts:
         box = text.get_window_extent(renderer)
         assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, text.get_text()
+
+
+def test_a_very_narrow_log_range_gets_ticks_inside_it_and_apart() -> None:
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.set_ylim(1010, 1030)  # at two significant digits every tick would be 1,000, outside the range
+    marks.log_ticks(ax, "y")
+    ticks = list(ax.yaxis.get_majorticklocs())
+    labels = [ax.yaxis.get_major_formatter()(t, i) for i, t in enumerate(ticks)]
+    assert len(ticks) >= 3 and all(1010 <= t <= 1030 for t in ticks) and len(set(labels)) == len(labels), labels
+    ax.set_ylim(1.001, 1.009)
+    marks.log_ticks(ax, "y")
+    labels = [ax.yaxis.get_major_formatter()(t, i) for i, t in enumerate(ax.yaxis.get_majorticklocs())]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
