@@ -10,7 +10,6 @@ legend), so nothing is clipped whatever the number of panels, without a layout e
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -23,10 +22,11 @@ from matplotlib.collections import LineCollection
 from matplotlib.figure import Figure
 from matplotlib.gridspec import GridSpecBase
 from matplotlib.lines import Line2D
-from matplotlib.ticker import FixedLocator, FuncFormatter, MaxNLocator, NullFormatter, NullLocator
+from matplotlib.ticker import MaxNLocator
 from matplotlib.typing import LineStyleType
 from numpy.typing import ArrayLike
 
+from analysis.report.marks import POINT_PT, count_ticks, label_points, log_ticks, short, spread_labels
 from analysis.report.scaling import KNEE_MARGINAL_SPEEDUP
 from analysis.report.tables import settings_label
 
@@ -45,10 +45,11 @@ LEFT_IN, BETWEEN_COLUMNS_IN, LEGEND_GAP_IN, RIGHT_IN = 1.1, 0.85, 0.3, 0.25
 """Room for the y label and tick labels such as ``500,000``; between panels (tick labels only); around the legend."""
 TOP_IN, BETWEEN_ROWS_IN, BOTTOM_IN = 0.9, 0.95, 0.6
 """Room for the figure title and subtitle; between rows (x label, then the next panel's title); the x label."""
-FONT_PT = {"title": 14, "panel": 12, "label": 11, "tick": 10, "legend": 10, "note": 10, "point": 7}
+FONT_PT = {"title": 14, "panel": 12, "label": 11, "tick": 10, "legend": 10, "note": 10, "point": POINT_PT}
 MAX_LABELLED_POINTS = 24
 """A panel with more points than this labels its frontier (or fastest) points only; the CSV names every one."""
-_NOT_IN_LABEL = re.compile(r"mb\d+(x\d+)?|bf16|fp16|fp32")
+TEXT_MARGIN_IN = 0.2
+"""Room either side of the figure's title and subtitle where they are wider than the panels."""
 DPI = 100
 
 SHARDING_STYLES: list[tuple[str, LineStyleType]] = [
@@ -78,15 +79,21 @@ def _panels(models: list[str], title: str, note: str) -> tuple[Figure, list[Axes
 
 
 def _layout(fig: Figure, nrows: int, ncols: int, legend_in: float) -> float:
-    """Size the figure around panels of a fixed size; returns the x (figure fraction) where the legend starts."""
+    """Size the figure around panels of a fixed size, and wide enough for its title and subtitle (the panels then
+    centred); returns the x (figure fraction) where the legend starts."""
     grid_w = ncols * PANEL_IN[0] + (ncols - 1) * BETWEEN_COLUMNS_IN
     grid_h = nrows * PANEL_IN[1] + (nrows - 1) * BETWEEN_ROWS_IN
     width = LEFT_IN + grid_w + (LEGEND_GAP_IN + legend_in if legend_in else 0.0) + RIGHT_IN
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's, which every figure here has
+    title = fig.suptitle(fig.get_suptitle(), fontsize=FONT_PT["title"])
+    text_in = max(t.get_window_extent(renderer).width for t in [title, *fig.texts]) / fig.dpi
+    left_in = LEFT_IN + max(0.0, text_in + 2 * TEXT_MARGIN_IN - width) / 2
+    width = max(width, text_in + 2 * TEXT_MARGIN_IN)
     height = TOP_IN + grid_h + BOTTOM_IN
     fig.set_size_inches(width, height)
     fig.subplots_adjust(
-        left=LEFT_IN / width,
-        right=(LEFT_IN + grid_w) / width,
+        left=left_in / width,
+        right=(left_in + grid_w) / width,
         bottom=BOTTOM_IN / height,
         top=1.0 - TOP_IN / height,
         wspace=BETWEEN_COLUMNS_IN / PANEL_IN[0],
@@ -96,7 +103,7 @@ def _layout(fig: Figure, nrows: int, ncols: int, legend_in: float) -> float:
         if text.get_gid() == "note":
             text.set_position((0.5, 1.0 - 0.45 / height))
     fig.suptitle(fig.get_suptitle(), fontsize=FONT_PT["title"], y=1.0 - 0.12 / height, va="top")
-    return (LEFT_IN + grid_w + LEGEND_GAP_IN) / width
+    return (left_in + grid_w + LEGEND_GAP_IN) / width
 
 
 def _style(ax: Axes, model: str, xlabel: str, ylabel: str, first_column: bool) -> None:
@@ -134,57 +141,11 @@ def _grid(ax: Axes) -> GridSpecBase:
     return spec.get_gridspec()
 
 
-def _tick_label(value: float, _position: int | None = None) -> str:
-    return f"{value:,.0f}" if value >= 1000 else f"{value:.3g}"
-
-
-def _log_ticks(ax: Axes, which: str, base: int = 10, max_ticks: int = 6) -> None:
-    """Log scale with a few ticks inside the data's range (1-2-5 or powers of two), labelled as plain numbers.
-
-    Tick objects are the most expensive part of drawing a panel, and matplotlib's log locators create them for
-    every decade in reach, so the ticks are fixed here to the handful that show.
-    """
-    getter, axis = (ax.get_xlim, ax.xaxis) if which == "x" else (ax.get_ylim, ax.yaxis)
-    low, high = sorted(getter())
-    if not (np.isfinite(low) and np.isfinite(high)) or low <= 0:
-        return
-    first, last = math.floor(math.log(low, base)) - 1, math.ceil(math.log(high, base)) + 1
-    ticks: list[float] = []
-    # Coarse to fine mantissas until at least three ticks show (a narrow range needs the finer ones).
-    for steps in ((1.0,),) if base == 2 else ((1.0, 2.0, 5.0), (1.0, 2.0, 3.0, 5.0, 7.0), tuple(range(1, 10))):
-        ticks = [m * float(base) ** e for e in range(first, last + 1) for m in steps]
-        ticks = [t for t in ticks if low <= t <= high]
-        if len(ticks) >= 3:
-            break
-    if len(ticks) < 3:  # a narrow range (under a decade or so): three ticks across it, two significant digits
-        ticks = sorted({float(f"{v:.2g}") for v in np.geomspace(low, high, 5)[1:-1]})
-    stride = max(1, math.ceil(len(ticks) / max_ticks))
-    axis.set_major_locator(FixedLocator(ticks[::stride]))
-    axis.set_major_formatter(FuncFormatter(_tick_label))
-    axis.set_minor_locator(NullLocator())
-    axis.set_minor_formatter(NullFormatter())
-
-
-def _short(settings: object) -> str:
-    """A point's label: its settings without the micro-batch and precision (``fsdp-hybrid ckpt 2nodes``)."""
-    return " ".join(t for t in str(settings).split() if not _NOT_IN_LABEL.fullmatch(t))
-
-
-def _label(ax: Axes, x: Iterable[float], y: Iterable[float], labels: Iterable[str], colours: list[RGBA]) -> None:
-    """Write each point's setting beside it, in its GPU's colour (left of the rightmost points, to stay inside)."""
-    xs = [float(v) for v in x]
-    right = max(xs, default=0.0)
-    for xi, yi, text, colour in zip(xs, y, labels, colours, strict=True):
-        left = xi >= right and len(xs) > 1
-        ax.annotate(text, (xi, yi), xytext=(-6 if left else 4, 3), textcoords="offset points", color=colour,
-                    fontsize=FONT_PT["point"], ha="right" if left else "left", gid="point-label")  # fmt: skip
-
-
 def _ring_nodes(ax: Axes, x: ArrayLike, y: ArrayLike, nodes: ArrayLike, colours: list[RGBA]) -> None:
     """Ring the points whose cells span more than one node."""
     multi = np.asarray(nodes, dtype=float) > 1
     ax.scatter(np.asarray(x, dtype=float)[multi], np.asarray(y, dtype=float)[multi], s=170, facecolors="none",
-               zorder=3, edgecolors=[c for c, m in zip(colours, multi, strict=True) if m], linewidths=1.3)  # fmt: skip
+               zorder=3, clip_on=False, edgecolors=[c for c, m in zip(colours, multi, strict=True) if m], linewidths=1.3)  # fmt: skip
 
 
 NODES_ENTRY = (
@@ -226,6 +187,7 @@ def _finish(fig: Figure, axes: list[Axes], entries: list[tuple[Line2D, str]], pa
 
 
 def _save(fig: Figure, path: Path) -> Path:
+    spread_labels(fig)
     # zlib level 3: a quarter of the encoding time of the default for a slightly larger file.
     fig.savefig(path, dpi=DPI, pil_kwargs={"compress_level": 3})
     return path
@@ -270,14 +232,14 @@ def plot_days_vs_gpus(best: pd.DataFrame, path: Path) -> Path:
             linewidth=2,
         )
         point_colours = [colours[str(g)] for g in part["gpu"]]
-        _label(ax, part["num_gpus"].astype(float), part["time_to_train_days"].astype(float),
-               [f"{n:g}× {_short(t)}" for n, t in zip(part["num_gpus"], part["settings"], strict=True)], point_colours)  # fmt: skip
+        label_points(ax, part["num_gpus"].astype(float), part["time_to_train_days"].astype(float),
+               [f"{n:g}× {short(t)}" for n, t in zip(part["num_gpus"], part["settings"], strict=True)], point_colours)  # fmt: skip
         _ring_nodes(ax, part["num_gpus"], part["time_to_train_days"], part["num_nodes"], point_colours)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.margins(x=0.15)
-        _log_ticks(ax, "x", base=2)
-        _log_ticks(ax, "y")
+        ax.margins(x=0.15, y=0.1)
+        count_ticks(ax, part["num_gpus"])
+        log_ticks(ax, "y")
         _style(ax, model, "GPUs (count, log scale)", "time to train (days, log scale)", i % ncols == 0)
     entries = [*_gpu_entries(colours, best["gpu"].astype(str)), _header("marks"), NODES_ENTRY]
     return _finish(fig, axes, entries, path)
@@ -315,8 +277,8 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
         # Every point named by its GPU count and setting (the frontier's alone where a panel has too many).
         named = part if len(part) <= MAX_LABELLED_POINTS else part[part["cell_id"].isin(front["cell_id"])]
         named_colours = [colours.get(str(g), (0.0, 0.0, 0.0, 1.0)) for g in named["gpu"]]
-        _label(ax, named["time_to_train_days"].astype(float), named[basis].astype(float),
-               [f"{n:g}× {_short(settings_label(r))}" for n, r in zip(named["num_gpus"], named.to_dict("records"), strict=True)],
+        label_points(ax, named["time_to_train_days"].astype(float), named[basis].astype(float),
+               [f"{n:g}× {short(settings_label(r))}" for n, r in zip(named["num_gpus"], named.to_dict("records"), strict=True)],
                named_colours)  # fmt: skip
         _ring_nodes(ax, named["time_to_train_days"], named[basis], named["num_nodes"], named_colours)
         # The frontier as a staircase (everything above and right of it is beaten), its cells ringed so their
@@ -330,12 +292,13 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
             marker="o",
             markersize=9,
             markerfacecolor="none",
+            clip_on=False,  # a ring at a corner of the panel drawn whole
         )
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.margins(0.06)
-        _log_ticks(ax, "x")
-        _log_ticks(ax, "y")
+        ax.margins(0.1)  # room for the frontier's ring and a label at the corner points
+        log_ticks(ax, "x")
+        log_ticks(ax, "y")
         ylabel = "cloud cost (USD, log scale)" if basis == "cost_usd_cloud" else "GPU-hours (no price known, log)"
         first = i % ncols == 0 or len(bases) > 1  # a panel with another cost basis than its row says so itself
         _style(ax, model, "time to train (days, log scale)", ylabel, first)
@@ -408,7 +371,7 @@ def plot_scaling(scaling: pd.DataFrame, path: Path, knee: float = KNEE_MARGINAL_
         ax.autoscale_view()
         ax.margins(x=0.08)
         ax.set_xlim(*ax.get_xlim())  # the limits _log_ticks reads
-        _log_ticks(ax, "x", base=2)
+        count_ticks(ax, part["_n"])
         ax.set_ylim(0, max(1.1, float(part["_eff"].max()) * 1.08))
         ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
         _style(ax, model, "GPUs (count, log scale)", "scaling efficiency (speed-up ÷ ideal)", i % ncols == 0)

@@ -26,6 +26,7 @@ from analysis.sweeps.records import UNMEASURED, load_cells
 from orchestrator.cli import flow as lifecycle
 from orchestrator.cli import folder
 from orchestrator.cli.display import console
+from orchestrator.cli.display.figures import figure
 from orchestrator.cli.errors import CommandError, Exit
 from orchestrator.config.schema import to_config
 from orchestrator.store.adaptive_state import (
@@ -212,7 +213,7 @@ def _spent_gpu_s(measured: pd.DataFrame, probe: ProbeSteps, paths: SweepPaths | 
 def _standing(decision: Decision, size: int) -> str:
     widest = "unknown" if math.isinf(decision.widest_pct) else f"±{decision.widest_pct:.1f}%"
     return (
-        f"{decision.measured} of {size} cells measured, {decision.spent_gpu_hours:.3g} GPU-hours spent, "
+        f"{decision.measured} of {size} cells measured, {figure(decision.spent_gpu_hours, 3)} GPU-hours spent, "
         f"widest unmeasured interval {widest}"
     )
 

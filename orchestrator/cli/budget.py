@@ -154,7 +154,13 @@ def from_records(sweep_dirs: list[str]) -> FromRecords:
 
 
 def _fmt(column: str, value: Any) -> str:
+    """A value of ``budget``'s and ``shortest``'s tables: tokens in billions, shares in percent, dollars whole, any
+    other number as every table writes it (``figures``)."""
+    import numbers
+
     import pandas as pd
+
+    from orchestrator.cli.display.figures import count, figure
 
     if value is None or (isinstance(value, float) and pd.isna(value)):
         return ""
@@ -169,7 +175,9 @@ def _fmt(column: str, value: Any) -> str:
     if column in ("days",):
         return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
     if isinstance(value, float):
-        return f"{value:,.3g}" if abs(value) < 1000 else f"{value:,.0f}"
+        return figure(value)
+    if isinstance(value, numbers.Integral):
+        return count(int(value))
     return str(value)
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.cli.display import console
+from orchestrator.cli.display.figures import figure
 from orchestrator.cli.errors import CommandError, Exit
 from orchestrator.store.adaptive_state import (
     STOP_REASONS,
@@ -227,7 +228,7 @@ def describe(paths: SweepPaths) -> str | None:
         s = state.stopped
         widest = "unknown" if math.isinf(s.widest_pct) else f"±{s.widest_pct:.1f}%"
         return (f"{head}; stopped ({STOP_REASONS.get(s.reason, s.reason)}): {s.measured} measured, "
-                f"{s.spent_gpu_hours:.3g} GPU-hours, widest unmeasured interval {widest} ({goal})")  # fmt: skip
+                f"{figure(s.spent_gpu_hours, 3)} GPU-hours, widest unmeasured interval {widest} ({goal})")  # fmt: skip
     return (
         f"{head}; round {len(state.rounds)} is the latest ({goal}); once it has ended, "
         f"`{shell_hint('gpudays', 'resume', paths.root)}` decides the next"

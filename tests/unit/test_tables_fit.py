@@ -133,3 +133,75 @@ def test_budget_and_shortest_keep_their_answer_columns_whole(monkeypatch, capsys
     shortest = ["shortest", "--model", "pythia-1b", "--gpu", "a100-80gb,h100-80gb"]
     answer = ("model", "gpu", "parallelism", "point", "num_gpus", "days", "gpu_hours", "cloud_cost_usd")
     _check(shortest, answer, budget_fmt, monkeypatch, capsys)
+
+
+# Issue 30: whatever a narrow terminal leaves out, two different rows never look the same, and a reason wraps.
+
+
+def _at(view: object, width: int) -> str:
+    import io
+
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=width, force_terminal=True, color_system=None).print(view)
+    return out.getvalue()
+
+
+def _table_lines(text: str) -> list[str]:
+    return [ln for ln in text.splitlines()[1:] if ln.strip() and not ln.startswith(("left out", " "))]
+
+
+def test_report_rows_that_differ_only_in_checkpointing_and_sharding_stay_apart_at_80() -> None:
+    import pandas as pd
+
+    from orchestrator.cli.display.views import cells_table
+
+    base = {"cell_id": "", "model": "pythia-1b", "gpu": "a100-80gb", "num_gpus": 4, "num_nodes": 1,
+            "engine": "deepspeed", "status": "ok", "micro_batch_size": 8, "step_time_s": 5.0,
+            "time_to_train_days": 8.3, "gpu_hours": 794.4, "cost_usd_cloud": 2174.0}  # fmt: skip
+    rows = [{**base, "cell_id": f"cell{z}{int(c)}", "zero_stage": z, "activation_checkpointing": c}
+            for z in (0, 2) for c in (False, True)]  # fmt: skip
+    text = _at(cells_table(pd.DataFrame(rows)), 80)
+    lines = _table_lines(text.split("\n\n")[0])
+    assert len(lines) == 4 and len(set(lines)) == 4, text
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+
+
+def test_status_wraps_a_failed_cells_reason_at_80_rather_than_leaving_it_out() -> None:
+    from orchestrator.cli.display.views import status_table
+    from orchestrator.store.states import State
+    from orchestrator.submission.status import CellState
+
+    reason = "RuntimeError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error, NCCL version 2.21.5"
+    states = [CellState("b5a301e0f4df", State.FAILED, 1, "123456", reason,
+                        label="pythia-1b a100-80gb x8 zero3 offload-opt ckpt bf16 mb=auto"),
+              CellState("c6b402f1a5e0", State.OK, 1, "123457", label="pythia-1b a100-80gb x8 zero2 bf16 mb=auto")]  # fmt: skip
+    text = _at(status_table(states), 80)
+    words = " ".join(text.split())
+    assert "version 2.21.5" in words and "offload-opt" in words, text
+    assert "left out for the terminal's width: reason" not in words
+    assert all(len(ln) <= 80 for ln in text.splitlines())
+
+
+def test_the_offered_layouts_keep_gpu_and_gpu_count_at_80() -> None:
+    from orchestrator.cli.display.prediction import OFFER_KEEP
+    from orchestrator.cli.display.views import rows_table
+
+    rows = [{"model": "pythia-6.9b", "gpu": gpu, "num_gpus": n, "nodes": n // 8 or 1, "layout": "tp2 pp2 dp2",
+             "mb": 2, "mem_gib": 61.5, "step_s": 3.2, "bubble": 0.12, "mfu": 0.41, "gpu_h": 9505.0,
+             "dp_gpu_h": "none fits"} for gpu in ("a100-80gb", "h100-80gb") for n in (8, 16)]  # fmt: skip
+    text = _at(rows_table(rows, numeric=("num_gpus", "gpu_h"), keep=OFFER_KEEP), 80)
+    lines = _table_lines(text)
+    assert lines[0].split()[:3] == ["pythia-6.9b", "a100-80gb", "8"] and len(set(lines)) == 4, text
+    assert text.split()[:3] == ["model", "gpu", "num_gpus"] and "left out for the terminal's width: " in text
+
+
+def test_a_left_out_column_comes_back_where_it_alone_tells_two_rows_apart() -> None:
+    from orchestrator.cli.display.tabular import Column, choose_columns
+
+    columns = (Column("a", "a"), Column("b", "b", drop=1), Column("c", "c", drop=2), Column("d", "d", drop=3))
+    rows = [["x" * 10, "same", "c1", "d1"], ["x" * 10, "same", "c2", "d1"]]
+    assert choose_columns(columns, [10, 10, 10, 10], 22, rows) == [0, 2], "c instead of b, which tells nothing"
+    assert choose_columns(columns, [10, 10, 10, 10], 22, [rows[0], rows[0]]) == [0, 1], "alike in every column"
+    assert choose_columns(columns, [10, 10, 10, 10], 11, rows) is None, "no room for c: the rows fold"

@@ -22,6 +22,7 @@ from rich.table import Table
 from rich.text import Text
 
 from orchestrator.cli.display import tabular
+from orchestrator.cli.display.figures import figure
 from orchestrator.cli.display.tabular import Tabular, fmt, printable
 from orchestrator.cli.display.views import SHOW_ORDER as SHOW_ORDER  # the tables, as every caller has named them
 from orchestrator.cli.display.views import STATE_STYLE as STATE_STYLE
@@ -292,7 +293,7 @@ class LocalProgress:
 
     def done(self, state: CellState) -> None:
         step = state.record.metrics.step_time_s if state.record is not None else None
-        step_txt = f", {step:.4g} s/step" if isinstance(step, (int, float)) else ""
+        step_txt = f", {figure(step)} s/step" if isinstance(step, (int, float)) else ""
         reason = f": {state.reason}" if state.reason and state.state != "ok" else ""
         line = _t(f"  [{self.index}/{self.total}] {state.cell_id} ")
         line.append(state.state, style=state_style(state.state))

@@ -14,6 +14,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from orchestrator.cli.display.console import rows_table
+from orchestrator.cli.display.figures import interval
 from orchestrator.planning.plan import Plan, refuse_unfit
 
 INTERVALS = {
@@ -24,14 +25,18 @@ INTERVALS = {
 """The predictions whose 90% interval the plan shows, and the key of its text."""
 
 
+OFFER_KEEP = ("model", "gpu", "num_gpus", "layout", "step_s", "gpu_h")
+"""The offered layouts' columns never left out: which layout of which cell, and its answer."""
+
+
 def interval_texts(row: Mapping[str, object]) -> dict[str, str]:
-    """``low-high`` (three significant digits) of each prediction's 90% interval, and ``basis``: how many records
+    """``low–high`` (``figures.interval``: three significant digits, an en dash) of each prediction's 90% interval, and ``basis``: how many records
     calibrated the cell's GPU type, or ``uncalibrated`` (the interval is the prior's, wide)."""
     out: dict[str, str] = {}
     for key, text in INTERVALS.items():
         low, high = row.get(f"{key}_low"), row.get(f"{key}_high")
         if isinstance(low, float) and isinstance(high, float) and math.isfinite(low) and math.isfinite(high):
-            out[text] = f"{low:.3g}-{high:.3g}"
+            out[text] = interval(low, high)
     records = row.get("predicted_from_records")
     count = int(records) if isinstance(records, (int, float)) and math.isfinite(records) else 0
     out["predicted_basis"] = f"{count} records" if count else "uncalibrated"
@@ -76,6 +81,6 @@ def layout_offers(p: Plan) -> RenderableType | None:
             "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit or is slower "
             "(analysis/predict/parallelism.py's layout model, uncalibrated):"
         ),
-        rows_table(offer_rows(found), numeric=numeric),
+        rows_table(offer_rows(found), numeric=numeric, keep=OFFER_KEEP),
         *(Text(f"  {o.model} x{o.num_gpus} {o.layout}: {o.sweep}") for o in found),
     )

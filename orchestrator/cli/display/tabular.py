@@ -21,6 +21,7 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.cli.display.figures import count, figure
 from orchestrator.cli.parser import FORMATS as FORMATS  # noqa: E402 - one list of formats, the parser's
 
 """What ``--format`` accepts: a table fitted to the terminal, or every column as CSV or JSON."""
@@ -31,6 +32,8 @@ MIN_WRAP_WIDTH = 24
 """The narrowest a wrapping column (a reason) is squeezed to before columns are left out for it."""
 MAX_CELL_CHARS = 120
 """A text longer than this is cut on screen (``...``); CSV and JSON carry it whole."""
+MAX_WRAP_CHARS = 600
+"""The same for a wrapping column (a reason): a few lines of it."""
 
 
 def printable(text: str) -> str:
@@ -51,16 +54,16 @@ def missing(value: object) -> bool:
 
 
 def fmt(value: object) -> str:
-    """A number with four significant digits (thousands grouped), yes/no, or a dash for a missing value."""
+    """A number as every table writes it (``figures``: four significant digits, thousands grouped; a whole number
+    exactly), yes/no, or a dash for a missing value."""
     if missing(value):
         return "-"
     if isinstance(value, bool) or type(value).__name__ == "bool_":
         return "yes" if value else "no"
     if isinstance(value, float) or type(value).__name__.startswith("float"):
-        v = float(value)  # type: ignore[arg-type]
-        if v == 0:
-            return "0"
-        return f"{v:,.0f}" if abs(v) >= 1e4 else f"{v:.4g}"
+        return figure(float(value))  # type: ignore[arg-type]
+    if isinstance(value, int) or type(value).__name__.startswith(("int", "uint")):
+        return count(int(value))  # type: ignore[call-overload]
     return printable(" ".join(str(value).split()))
 
 
@@ -101,11 +104,12 @@ class Tabular:
     """The headers the last rendering left out for width."""
 
     def _texts(self) -> list[list[Text]]:
-        def one(key: str, value: object) -> Text:
-            out = self.text(key, value) if self.text is not None else Text(fmt(value))
-            return out if len(out.plain) <= MAX_CELL_CHARS else out[: MAX_CELL_CHARS - 3] + "..."
+        def one(c: Column, value: object) -> Text:
+            out = self.text(c.key, value) if self.text is not None else Text(fmt(value))
+            most = MAX_WRAP_CHARS if c.wrap else MAX_CELL_CHARS
+            return out if len(out.plain) <= most else out[: most - 3] + "..."
 
-        return [[one(c.key, row.get(c.key)) for c in self.columns] for row in self.rows]
+        return [[one(c, row.get(c.key)) for c in self.columns] for row in self.rows]
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> Iterator[RenderableType]:
         if self.header is not None:
@@ -122,7 +126,7 @@ class Tabular:
     def _fitted(self, width: int) -> Iterator[RenderableType]:
         texts = self._texts()
         natural = [max(len(c.header), *(t[i].cell_len for t in texts)) for i, c in enumerate(self.columns)]
-        kept = choose_columns(self.columns, natural, width)
+        kept = choose_columns(self.columns, natural, width, [[t.plain for t in row] for row in texts])
         notes = [self.caption] if self.caption else []
         if kept is None:
             self.left_out = []
@@ -154,9 +158,42 @@ def _trimmed(table: Table, width: int) -> Iterator[RenderableType]:
         yield Segments([*line, Segment.line()])
 
 
-def choose_columns(columns: Sequence[Column], natural: Sequence[int], width: int) -> list[int] | None:
+def choose_columns(
+    columns: Sequence[Column], natural: Sequence[int], width: int, rows: Sequence[Sequence[str]] = ()
+) -> list[int] | None:
     """The indices of the columns that fit ``width``, leaving out the highest ``drop`` ranks first (the rightmost
-    of equal rank first) until the rest fit; None where even the rank-0 columns do not fit (the table folds)."""
+    of equal rank first) until the rest fit; None where even the rank-0 columns do not fit (the table folds).
+
+    ``rows``, the texts shown: no two rows that differ may look the same. Where the columns kept make two rows
+    alike, the left-out column of the lowest rank that tells them apart is kept as if of rank 0 and the choice is
+    made again (other columns left out in its place); where those no longer fit, the table folds."""
+    pinned: set[int] = set()
+    while True:
+        kept = _fitting(columns, natural, width, pinned)
+        if kept is None:
+            return None
+        apart = telling_apart(columns, rows, kept)
+        if apart is None:
+            return kept
+        pinned.add(apart)
+
+
+def telling_apart(columns: Sequence[Column], rows: Sequence[Sequence[str]], kept: Sequence[int]) -> int | None:
+    """None where no two different ``rows`` look the same in the ``kept`` columns; else the column left out, of
+    the lowest ``drop`` rank, that tells some of them apart."""
+    alike: dict[tuple[str, ...], set[tuple[str, ...]]] = {}
+    for row in rows:
+        alike.setdefault(tuple(row[i] for i in kept), set()).add(tuple(row))
+    groups = [group for group in alike.values() if len(group) > 1]
+    if not groups:
+        return None
+    left_out = [i for i in range(len(columns)) if i not in kept]
+    telling = [i for i in left_out if any(len({row[i] for row in group}) > 1 for group in groups)]
+    return min(telling, key=lambda i: (columns[i].drop, i))
+
+
+def _fitting(columns: Sequence[Column], natural: Sequence[int], width: int, pinned: set[int]) -> list[int] | None:
+    """Columns left out in their stated order until the rest fit; ``pinned`` ones never (as rank 0)."""
 
     def needed(kept: list[int]) -> int:
         widths = [min(natural[i], MIN_WRAP_WIDTH) if columns[i].wrap else natural[i] for i in kept]
@@ -165,7 +202,7 @@ def choose_columns(columns: Sequence[Column], natural: Sequence[int], width: int
     kept = list(range(len(columns)))
     dropped: list[int] = []
     while needed(kept) > width:
-        droppable = [i for i in kept if columns[i].drop > 0]
+        droppable = [i for i in kept if columns[i].drop > 0 and i not in pinned]
         if not droppable:
             return None
         dropped.append(max(droppable, key=lambda i: (columns[i].drop, i)))

@@ -73,11 +73,11 @@ CELL_COLUMNS = (
     Column("num_gpus", "gpus", numeric=True),
     Column("num_nodes", "nodes", numeric=True, drop=6),
     Column("sharding", "sharding", drop=2),
-    Column("activation_checkpointing", "ckpt", drop=8),
+    Column("activation_checkpointing", "ckpt", drop=3),
     Column("status", "status", drop=1),
     Column("micro_batch_size", "mb", numeric=True),
     Column("step_time_s", "step_s", numeric=True),
-    Column("peak_memory_gib", "mem_gib", numeric=True, drop=7),
+    Column("peak_memory_gib", "mem_gib", numeric=True, drop=8),
     Column("time_to_train_days", "days", numeric=True),
     Column("gpu_hours", "gpu_h", numeric=True),
     Column("cost_usd_cloud", "usd_cloud", numeric=True),
@@ -87,7 +87,8 @@ CELL_COLUMNS = (
     Column("reason", "reason", wrap=True, drop=5),
 )
 """The measured-cells table (``report``, the end of a sweep); left out first: pred_step_s, kwh, usd_amortised,
-ckpt, mem_gib, nodes, reason, cell, sharding, status."""
+mem_gib, nodes, reason, cell, ckpt, sharding, status. Where what is left makes two rows alike, the first column of
+that order read backwards (status, sharding, ckpt, cell...) that tells them apart is kept (``choose_columns``)."""
 
 PLAN_COLUMNS = (
     Column("cell_id", "cell", drop=5),
@@ -118,12 +119,13 @@ of_gib, mem_gib, fits."""
 STATUS_COLUMNS = (
     Column("cell_id", "cell"),
     Column("state", "state"),
-    Column("attempt", "try", numeric=True, drop=2),
-    Column("slurm_job_id", "job", drop=1),
-    Column("label", "settings"),
-    Column("reason", "reason", wrap=True, drop=3),
+    Column("attempt", "try", numeric=True, drop=3),
+    Column("slurm_job_id", "job", drop=2),
+    Column("label", "settings", wrap=True),
+    Column("reason", "reason", wrap=True, drop=1),
 )
-"""``gpudays status``; left out first: reason (wrapped before it is), try, job."""
+"""``gpudays status``; left out first: try, job, reason; the settings and the reason wrap (down to
+``MIN_WRAP_WIDTH`` each) before any of them is left out."""
 
 # The tables of ``gpudays budget`` and ``gpudays shortest`` (orchestrator/cli/budget.py).
 MODEL_COLUMNS = (
@@ -242,11 +244,11 @@ def plan_table(plan: Plan) -> Tabular:
     return Tabular(_present(PLAN_COLUMNS, rows), rows, footer=lines, data=data, text=_text)
 
 
-def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = ()) -> Tabular:
-    """Rows of plain values as a table, their keys as the headers; the first column is never left out, the others
-    from the last."""
+def rows_table(rows: Sequence[Mapping[str, object]], numeric: Sequence[str] = (), keep: Sequence[str] = ()) -> Tabular:
+    """Rows of plain values as a table, their keys as the headers; the first column and those of ``keep`` are never
+    left out, the others from the last."""
     keys = list(rows[0]) if rows else []
-    columns = [Column(k, k, numeric=k in numeric, drop=0 if i == 0 else len(keys) - i) for i, k in enumerate(keys)]
+    columns = [Column(k, k, numeric=k in numeric, drop=0 if i == 0 or k in keep else i) for i, k in enumerate(keys)]
     return Tabular(columns, rows, text=_text)
 
 

@@ -10,7 +10,7 @@ import synthetic
 from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
-from analysis.report import plots
+from analysis.report import marks, plots
 from analysis.report.writer import write_report
 from analysis.sweeps.records import Catalog
 
@@ -137,10 +137,10 @@ def test_each_point_of_cost_and_days_plots_names_its_setting_and_multi_node_poin
     plots.plot_days_vs_gpus(report.best, tmp_path / "days.png")
     cost, days = (fig.axes[0] for fig in figures)
     labels = {t.get_text() for t in cost.texts if t.get_gid() == "point-label"}
-    assert labels == {"8× zero0", "8× fsdp-full", "16× fsdp-hybrid 2nodes", "16× zero2 2nodes"}
+    assert labels == {"8× zero0 mb4", "8× fsdp-full mb4", "16× fsdp-hybrid mb4 2nodes", "16× zero2 mb4 2nodes"}
     assert {t.get_text() for t in days.texts if t.get_gid() == "point-label"} == {
-        "8× fsdp-full",
-        "16× fsdp-hybrid 2nodes",
+        "8× fsdp-full mb4",
+        "16× fsdp-hybrid mb4 2nodes",
     }
     for ax, ringed in ((cost, 2), (days, 1)):
         scatters = [c for c in ax.collections if isinstance(c, PathCollection)]
@@ -157,5 +157,96 @@ def test_a_narrow_log_range_still_gets_three_ticks() -> None:
     ax = fig.add_subplot()
     ax.set_yscale("log")
     ax.set_ylim(1450, 3200)  # under half a decade: 1-2-5 and finer mantissas give two ticks at most
-    plots._log_ticks(ax, "y")
+    marks.log_ticks(ax, "y")
     assert len(ax.yaxis.get_majorticklocs()) >= 3
+
+
+# Issue 30: GPU-count ticks at the counts measured, labels that name the micro-batch and do not overlap, corner
+# points drawn whole, an empty plot's subtitle whole.
+
+
+@pytest.fixture(scope="module")
+def two_counts(tmp_path_factory: pytest.TempPathFactory, catalog: Catalog):
+    """One model on 1 and 2 A100s at micro-batches 4 and 8, the two settings of a count nearly as fast."""
+    sweep = tmp_path_factory.mktemp("counts") / "sweep"
+    for gpus in (1, 2):
+        for mb, step in ((4, 3.0 / gpus), (8, 2.99 / gpus)):
+            config = synthetic.cell_config("pythia-160m", "a100-80gb", gpus, catalog=catalog)
+            metrics = synthetic.metrics(config, step, mb, 20.0)
+            synthetic.write_cell(
+                sweep, f"g{gpus}mb{mb}", config, synthetic.record(f"g{gpus}mb{mb}", config, "ok", metrics)
+            )
+    return write_report([sweep], plots=False)
+
+
+def test_a_gpu_count_axis_is_ticked_at_the_whole_counts_measured(
+    two_counts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _drawn(monkeypatch)
+    plots.plot_days_vs_gpus(two_counts.best, tmp_path / "days.png")
+    plots.plot_scaling(two_counts.scaling, tmp_path / "scaling.png")
+    for fig in figures:
+        axis = fig.axes[0].xaxis
+        assert list(axis.get_majorticklocs()) == [1.0, 2.0], "not 1.1, 1.4, 1.8"
+        assert [axis.get_major_formatter()(v, i) for i, v in enumerate((1.0, 2.0))] == ["1", "2"]
+        assert not len(axis.get_minorticklocs())
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.set_xscale("log", base=2)
+    marks.count_ticks(ax, [1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64])
+    assert list(ax.xaxis.get_majorticklocs()) == [1, 3, 6, 12, 24, 48, 64], "every second count, and the last"
+
+
+def test_point_labels_name_the_micro_batch_and_do_not_overlap(
+    two_counts, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    figures = _drawn(monkeypatch)
+    plots.plot_cost_vs_days(two_counts.cells, two_counts.frontier, tmp_path / "cost.png")
+    ax = figures[0].axes[0]
+    renderer = figures[0].canvas.get_renderer()
+    labels = [t for t in ax.texts if t.get_gid() == "point-label"]
+    assert sorted(t.get_text() for t in labels) == ["1× zero0 mb4", "1× zero0 mb8", "2× zero0 mb4", "2× zero0 mb8"]
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    panel = ax.get_window_extent(renderer)
+    for i, box in enumerate(boxes):
+        assert not any(box.overlaps(other) for other in boxes[i + 1 :]), labels[i].get_text()
+        assert panel.x0 <= box.x0 and box.x1 <= panel.x1, f"{labels[i].get_text()} leaves its panel"
+
+
+def test_the_frontiers_corner_points_have_room_for_their_ring_and_label(two_counts, tmp_path: Path, monkeypatch) -> None:
+    figures = _drawn(monkeypatch)
+    plots.plot_cost_vs_days(two_counts.cells, two_counts.frontier, tmp_path / "cost.png")
+    ax = figures[0].axes[0]
+    panel = ax.get_window_extent(figures[0].canvas.get_renderer())
+    # Room for the widest ring (a multi-node point's, 170 square points) and a line of its label beside it.
+    ring_px = (np.sqrt(170) / 2 + marks.POINT_PT * 1.3) * figures[0].dpi / 72
+    for line in ax.lines:
+        for x, y in ax.transData.transform(np.column_stack([line.get_xdata(), line.get_ydata()])):
+            assert panel.x0 + ring_px <= x <= panel.x1 - ring_px and panel.y0 + ring_px <= y <= panel.y1 - ring_px
+
+
+def test_an_empty_plot_keeps_its_subtitle_whole(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import pandas as pd
+
+    figures = _drawn(monkeypatch)
+    plots.plot_days_vs_gpus(pd.DataFrame(), tmp_path / "days.png")
+    fig = figures[0]
+    renderer = fig.canvas.get_renderer()
+    for text in fig.texts:
+        box = text.get_window_extent(renderer)
+        assert fig.bbox.x0 <= box.x0 and box.x1 <= fig.bbox.x1, text.get_text()
+
+
+def test_a_very_narrow_log_range_gets_ticks_inside_it_and_apart() -> None:
+    fig = Figure()
+    ax = fig.add_subplot()
+    ax.set_yscale("log")
+    ax.set_ylim(1010, 1030)  # at two significant digits every tick would be 1,000, outside the range
+    marks.log_ticks(ax, "y")
+    ticks = list(ax.yaxis.get_majorticklocs())
+    labels = [ax.yaxis.get_major_formatter()(t, i) for i, t in enumerate(ticks)]
+    assert len(ticks) >= 3 and all(1010 <= t <= 1030 for t in ticks) and len(set(labels)) == len(labels), labels
+    ax.set_ylim(1.001, 1.009)
+    marks.log_ticks(ax, "y")
+    labels = [ax.yaxis.get_major_formatter()(t, i) for i, t in enumerate(ax.yaxis.get_majorticklocs())]
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
