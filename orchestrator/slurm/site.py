@@ -24,6 +24,19 @@ def max_array_size(timeout_s: float = 30) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def private_data(timeout_s: float = 10) -> frozenset[str] | None:
+    """What the cluster hides from users (PrivateData in ``scontrol show config``: ``jobs``, ``usage``...; empty
+    where nothing is), or None where it cannot be read."""
+    try:
+        out = slurm.run(["scontrol", "show", "config"], timeout_s=timeout_s).stdout
+    except slurm.SlurmUnavailable:
+        return None
+    m = re.search(r"^PrivateData\s*=\s*(\S*)", out, re.MULTILINE)
+    if m is None:
+        return None
+    return frozenset(x for x in m.group(1).lower().split(",") if x and x != "none")
+
+
 def partitions() -> list[str]:
     """The partition names ``sinfo`` lists; raises SlurmUnavailable when it fails."""
     return sorted(set(slurm.checked(["sinfo", "-h", "-o", "%R"]).split()))
