@@ -282,10 +282,13 @@ def read(user: str) -> Site | None:
     qos_rows = slurm_site.sacctmgr_rows(["show", "qos", QOS_FORMAT])
     if qos_rows is None:
         return None
+    qos = parse_qos(qos_rows)
     associations = parse_associations(slurm_site.sacctmgr_rows(["show", "assoc", ASSOC_FORMAT]) or [])
-    partition_qos, default_partition = slurm_site.partition_qos()
+    # A partition's QOS matters only where some QOS limits queued jobs: else one scheduler call fewer.
+    limited = any(q != QosLimits(over_partition_qos=q.over_partition_qos) for q in qos.values())
+    partition_qos, default_partition = slurm_site.partition_qos() if limited else ({}, None)
     default_account = None
     if len({a.account for a in associations if a.user == user}) > 1:
         names = slurm_site.sacctmgr_names(["show", "user", user, "format=defaultaccount"])
         default_account = names[0] if names else None
-    return Site(user, parse_qos(qos_rows), associations, partition_qos, default_partition, default_account)
+    return Site(user, qos, associations, partition_qos, default_partition, default_account)

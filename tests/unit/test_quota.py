@@ -52,6 +52,9 @@ def test_limits_are_read_from_the_qos_the_associations_and_the_partitions(monkey
     assert any("QOS 'short' allows 40 queued jobs of all users (GrpSubmitJobs" in n for n in names), names
     assert any("association in account 'lab' allows 50 queued jobs (MaxSubmitJobs" in n for n in names), names
     assert any("account 'lab' allows 100 queued jobs of all its users (GrpSubmitJobs" in n for n in names), names
+    listings["qos"] = [["normal", "", "", "", ""]]
+    monkeypatch.setattr(slurm_site, "partition_qos", lambda: pytest.fail("no QOS limits: partitions not asked"))
+    assert quota.read_limits("ada") is not None
     monkeypatch.setattr(slurm_site, "sacctmgr_rows", lambda args: None)
     assert quota.read_limits("ada") is None, "no accounting: nothing to hold back"
 
