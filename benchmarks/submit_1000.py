@@ -4,14 +4,18 @@ With a probe that returns at once (``probe.kind=sleep probe.sleep_s=0``), on the
 ``gpudays cluster up`` (started here, and stopped again, if it is not up):
 
 1. ``gpudays sweep`` of 1,000 cells in two resource groups (1 and 2 tasks): wall time until the command returns,
-   and the number of sbatch calls (goal: under 10 s, one call per resource group);
-2. ``gpudays status`` on that sweep: wall time, in-process time, and the number of sacct calls (goal: under 2 s,
-   one call), once right after submission and once after the jobs were cancelled (every task then has a state);
+   the time from its start to its first scheduler call (start-up and planning), and its scheduler calls by
+   command (goal: one sbatch call per resource group);
+2. ``gpudays status`` on that sweep, once right after submission and once after the jobs were cancelled (every
+   task then has a state): wall time, in-process time, its own scheduler calls by command (goal: under 2 s, one
+   sacct call), and the files it opened and folders it listed (in-process, a cell's share too);
 3. the same 1,000 cells submitted by stock Hydra with hydra-submitit-launcher, timed until its sbatch call
-   returns (it then blocks until every job ends; it is stopped there), as a ratio to step 1.
+   returns (it then blocks until every job ends; it is stopped there), as a ratio to step 1 (goal: 20x).
 
-Every call to sbatch, sacct and squeue goes through a logging shim on PATH that runs the real command. The jobs
-of both sweeps are cancelled at the end. Figures are printed, never asserted.
+Every call to SLURM's commands goes through a logging shim on PATH that runs the real command. The shims are on
+the jobs' PATH too (sbatch exports the environment), so a call made inside a job (``SLURM_JOB_ID`` set) is logged
+as the jobs' and counted apart from gpudays' own. The jobs of both sweeps are cancelled at the end. Figures are
+printed, never asserted.
 
     python benchmarks/submit_1000.py [--cells 1000] [--keep DIR] [--no-hydra]
 
