@@ -4,14 +4,18 @@ With a probe that returns at once (``probe.kind=sleep probe.sleep_s=0``), on the
 ``gpudays cluster up`` (started here, and stopped again, if it is not up):
 
 1. ``gpudays sweep`` of 1,000 cells in two resource groups (1 and 2 tasks): wall time until the command returns,
-   and the number of sbatch calls (goal: under 10 s, one call per resource group);
-2. ``gpudays status`` on that sweep: wall time, in-process time, and the number of sacct calls (goal: under 2 s,
-   one call), once right after submission and once after the jobs were cancelled (every task then has a state);
+   the time from its start to its first scheduler call (start-up and planning), and its scheduler calls by
+   command (goal: one sbatch call per resource group);
+2. ``gpudays status`` on that sweep, once right after submission and once after the jobs were cancelled (every
+   task then has a state): wall time, in-process time, its own scheduler calls by command (goal: under 2 s, one
+   sacct call), and the files it opened and folders it listed (in-process, a cell's share too);
 3. the same 1,000 cells submitted by stock Hydra with hydra-submitit-launcher, timed until its sbatch call
-   returns (it then blocks until every job ends; it is stopped there), as a ratio to step 1.
+   returns (it then blocks until every job ends; it is stopped there), as a ratio to step 1 (goal: 20x).
 
-Every call to sbatch, sacct and squeue goes through a logging shim on PATH that runs the real command. The jobs
-of both sweeps are cancelled at the end. Figures are printed, never asserted.
+Every call to SLURM's commands goes through a logging shim on PATH that runs the real command. The shims are on
+the jobs' PATH too (sbatch exports the environment), so a call made inside a job (``SLURM_JOB_ID`` set) is logged
+as the jobs' and counted apart from gpudays' own. The jobs of both sweeps are cancelled at the end. Figures are
+printed, never asserted.
 
     python benchmarks/submit_1000.py [--cells 1000] [--keep DIR] [--no-hydra]
 
@@ -23,7 +27,10 @@ Step 3 needs the launcher plugin, installed into the project's environment for t
 from __future__ import annotations
 
 import argparse
+import builtins
+import contextlib
 import importlib.util
+import io
 import os
 import shutil
 import signal
@@ -31,15 +38,21 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-SHIMMED = ("sbatch", "sacct", "squeue")
+SHIMMED = ("sbatch", "sacct", "squeue", "scontrol", "sinfo", "sacctmgr", "scancel")
 HYDRA_INSTALL = f"{REPO / '.venv/bin/pip'} install hydra-submitit-launcher"
 
 
 def make_shims(folder: Path, log: Path) -> Path:
-    """sbatch, sacct, squeue shims that log ``name start_s end_s args`` and stdout, and pass the real output on."""
+    """Shims of SLURM's commands that log ``name who start_s end_s rc=N args => stdout`` and pass the real output on.
+
+    ``who`` is ``job`` for a call from inside a job (``SLURM_JOB_ID`` is set: the shims are on the jobs' PATH too,
+    as sbatch exports the submitting environment), else ``gpudays``: only those are the command's own calls.
+    """
     shims = folder / "shims"
     shims.mkdir(parents=True, exist_ok=True)
     for name in SHIMMED:
@@ -51,7 +64,8 @@ def make_shims(folder: Path, log: Path) -> Path:
             "t0=$(date +%s.%N)\n"
             f'out=$({real} "$@")\n'
             "rc=$?\n"
-            f'echo "{name} $t0 $(date +%s.%N) rc=$rc $* => ${{out:0:80}}" >> {log}\n'
+            'who=gpudays; [ -n "$SLURM_JOB_ID" ] && who=job\n'
+            f'echo "{name} $who $t0 $(date +%s.%N) rc=$rc $* => ${{out:0:80}}" >> {log}\n'
             'printf "%s\\n" "$out"\n'
             "exit $rc\n"
         )
@@ -59,14 +73,48 @@ def make_shims(folder: Path, log: Path) -> Path:
     return shims
 
 
-def calls(log: Path, name: str, since: int = 0) -> list[list[str]]:
-    """Logged calls of ``name`` after line ``since``: [name, start, end, rc, args...]."""
+def calls(log: Path, name: str | None, since: int = 0, who: str = "gpudays") -> list[list[str]]:
+    """Logged calls of ``name`` (None: of every command) by ``who`` after line ``since``: [name, start, end, rc,
+    args...], the caller dropped."""
     lines = log.read_text().splitlines()[since:] if log.exists() else []
-    return [line.split() for line in lines if line.startswith(name + " ")]
+    rows = [line.split() for line in lines]
+    return [[r[0], *r[2:]] for r in rows if len(r) > 2 and r[1] == who and (name is None or r[0] == name)]
 
 
 def line_count(log: Path) -> int:
     return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+def by_command(rows: list[list[str]]) -> str:
+    """``3 call(s): sacct 1, squeue 2``."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        name = f"{row[0]} --test-only" if "--test-only" in row else row[0]
+        counts[name] = counts.get(name, 0) + 1
+    return f"{len(rows)} call(s)" + (": " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) if rows else "")
+
+
+@contextlib.contextmanager
+def counting_reads() -> Iterator[dict[str, int]]:
+    """Count the files opened (``open``, ``os.open``) and folders listed (``os.scandir``, ``os.listdir``) in this
+    process meanwhile."""
+    counts = {"open": 0, "scandir": 0}
+    originals = (builtins.open, io.open, os.open, os.scandir, os.listdir)
+
+    def counted(fn: Any, key: str) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            counts[key] += 1
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    builtins.open = io.open = counted(originals[0], "open")
+    os.open = counted(originals[2], "open")
+    os.scandir, os.listdir = counted(originals[3], "scandir"), counted(originals[4], "scandir")
+    try:
+        yield counts
+    finally:
+        builtins.open, io.open, os.open, os.scandir, os.listdir = originals
 
 
 def submits(log: Path, since: int = 0) -> list[list[str]]:
@@ -123,7 +171,7 @@ def hydra_stock(work: Path, shim_env: dict[str, str], log: Path, num_cells: int)
     app = work / "stock_app.py"
     app.write_text(
         "import hydra\n"
-        "from orchestrator.config.schema import register_configs\n\n"
+        "from orchestrator.planning.compose_cache import register_configs\n\n"
         "register_configs()\n\n\n"
         f"@hydra.main(config_path={str(REPO / 'conf')!r}, config_name='config', version_base='1.3')\n"
         "def main(cfg):\n"
@@ -168,7 +216,8 @@ def hydra_stock(work: Path, shim_env: dict[str, str], log: Path, num_cells: int)
         submitted_s = float(call[2]) - start_epoch_s
     finally:
         # It would now poll until all jobs end; the figure is taken, so stop it.
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # it may have ended already
+            os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     job = call[-1] if call[-1].isdigit() else ""
     return submitted_s, len(submits(log, since)), job
@@ -213,23 +262,26 @@ def main() -> int:
         print(f"gpudays sweep: {sweep_s:.2f} s wall for {cells} cells, {len(submits(log, since))} sbatch call(s), "
               f"{len(calls(log, 'sbatch', since)) - len(submits(log, since))} sbatch --test-only")  # fmt: skip
         print("  " + result.stdout.strip().splitlines()[-2])
-        checks = calls(log, "sbatch", since)
-        first_s = float(checks[0][1]) - start_epoch_s
+        first = calls(log, None, since)[0]
+        first_s = float(first[1]) - start_epoch_s
         last_s = float(submits(log, since)[-1][2]) - start_epoch_s
-        print(f"  start to the first sbatch --test-only (start-up, planning): {first_s:.2f} s; from there to the "
-              f"last sbatch returned (checks, cell files, pickles, submission): {last_s - first_s:.2f} s")  # fmt: skip
+        print(f"  start to the first scheduler call ({first[0]}; start-up, planning): {first_s:.2f} s; from there to "
+              f"the last sbatch returned (checks, cell files, pickles, submission): {last_s - first_s:.2f} s")  # fmt: skip
+        print(f"  the sweep's own scheduler calls: {by_command(calls(log, None, since))}")
 
         def status_figures(when: str) -> None:
             since = line_count(log)
             wall_s, result = run_timed([*gpudays, "status", str(sweep_dir), "--summary"], env)
-            sacct_calls = len(calls(log, "sacct", since))
-            squeue_calls = len(calls(log, "squeue", since))
+            own = by_command(calls(log, None, since))
+            jobs = len(calls(log, None, since, who="job"))
             os.environ["PATH"] = env["PATH"]
             start = time.perf_counter()
-            states = status.cell_states(SweepPaths(sweep_dir))
+            with counting_reads() as reads:
+                states = status.cell_states(SweepPaths(sweep_dir))
             inproc_s = time.perf_counter() - start
-            print(f"gpudays status ({when}): {wall_s:.2f} s wall ({inproc_s:.2f} s in-process), "
-                  f"{sacct_calls} sacct call(s), {squeue_calls} squeue call(s): "
+            print(f"gpudays status ({when}): {wall_s:.2f} s wall ({inproc_s:.2f} s in-process); its scheduler calls: "
+                  f"{own}; file reads: {reads['open']} opened, {reads['scandir']} folders listed "
+                  f"({reads['open'] / max(1, len(states)):.1f} a cell); meanwhile {jobs} call(s) from the jobs: "
                   f"{console.summary_line(states, markup=False)}")  # fmt: skip
             if result.returncode != 0:
                 print(result.stderr[-2000:])

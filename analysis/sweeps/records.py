@@ -173,6 +173,11 @@ def flatten_cell(
             f"{where}: measured on a node shared with other jobs ({', '.join(dict.fromkeys(map(str, others)))}); "
             "its timing may be theirs too (cluster.exclusive)"
         )
+    elif shared is None and environment.get("other_users_jobs_hidden") is True:
+        problems.append(
+            f"{where}: whether its node was shared is unknown: the cluster hides other users' jobs (PrivateData=jobs), "
+            "so only yours could be seen (cluster.exclusive makes sure)"
+        )
     row.update(host_load_columns(record.host_load if record else {}))
     row["started_at"] = as_name(record.started_at) if record else None
     row["finished_at"] = as_name(record.finished_at) if record else None

@@ -45,12 +45,12 @@ from orchestrator.cells import cell as cells
 from orchestrator.cells.cell import TIME_LIMIT_WARNING_S
 from orchestrator.job.env import node_jobs, node_name, rendezvous, say, scheduler_ids, set_distributed_env
 from orchestrator.job.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
+from orchestrator.job.recorded import answered, claim_record, keep_earlier_record, superseded
 from orchestrator.slurm import commands as slurm
-from orchestrator.store.attempts import current_attempt
 from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import SweepPaths
-from orchestrator.store.record import Record, aside_path, read_cell_config, read_record, write_record
-from orchestrator.store.states import ANSWERS, RecordStatus
+from orchestrator.store.record import Record, read_cell_config, write_record
+from orchestrator.store.states import RecordStatus
 from orchestrator.store.version import gpudays_version, version_mismatch
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
@@ -204,7 +204,8 @@ def run_cell(
     _probe_done = True
     signal.setitimer(signal.ITIMER_REAL, 0)  # a requeue armed for the time limit is not needed any more
     quiet = result.status.value in ENDS_QUIETLY
-    if not quiet and rank != 0:
+    cancelled = result.status is RecordStatus.CANCELLED  # the job's fate, not the rank's: the same words on any
+    if not quiet and rank != 0 and not cancelled:
         time.sleep(PEER_RECORD_DELAY_S)  # where every rank failed alike, rank 0's words are the record
     # Rank 0 writes the record of a cell that ended well; the first rank to fail writes that of a failure, as its
     # peers may be ended (srun --kill-on-bad-exit) before they could.
@@ -243,7 +244,7 @@ def run_cell(
             sweep=typed.name if typed is not None else str(cell.get("name", "")),
             attempt=attempt,
             status=result.status,
-            reason=result.reason if rank == 0 or not result.reason else f"rank {rank}: {result.reason}",
+            reason=result.reason if rank == 0 or cancelled or not result.reason else f"rank {rank}: {result.reason}",
             traceback=result.traceback,
             settings=cells.settings(typed) if typed is not None else {},
             config=cell,
@@ -259,63 +260,9 @@ def run_cell(
     return result.status.value
 
 
-def claim_record(ranks_dir: Path, attempt: int) -> bool:
-    """Whether this rank is the first of its run to claim the failure record (a requeued run claims anew)."""
-    claim = ranks_dir / f"attempt{attempt}-run{os.environ.get('SLURM_RESTART_COUNT', '0')}-recorded"
-    try:
-        os.close(os.open(claim, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError:
-        return False
-    except OSError as e:
-        say(f"the record could not be claimed ({e}); this rank writes it")
-    return True
-
-
 class RankEnded(RuntimeError):
     """A rank's cell ended badly and is recorded: the rank exits non-zero, so that srun (``--kill-on-bad-exit``)
     ends its peers at once instead of leaving them in a collective until its timeout."""
-
-
-def superseded(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
-    """Whether a newer attempt of the cell was submitted after this job's (a submission cut short and made
-    again, whose first job ran after all): such a job leaves the cell alone, its record included."""
-    newest = current_attempt(paths, cell_id)
-    if newest > attempt:
-        say(f"cell {cell_id}: this job runs attempt {attempt}, but attempt {newest} has replaced it; it stops here")
-        return True
-    return False
-
-
-def answered(paths: SweepPaths, cell_id: str, attempt: int) -> bool:
-    """Whether this job's own attempt already has an answer (ok, does_not_fit, oom): a run SLURM started again
-    after the first had written it (a node that failed after the record, before the job ended) must not measure
-    the cell a second time under the same attempt; it stops here, the record as it is."""
-    found = read_record(paths.record(cell_id), cell_id)
-    if isinstance(found, Record) and found.attempt == attempt and found.state in ANSWERS:
-        say(f"cell {cell_id}: attempt {attempt} is already answered ({found.status}); this run measures nothing")
-        return True
-    return False
-
-
-def keep_earlier_record(paths: SweepPaths, cell_id: str, attempt: int) -> Path:
-    """Keep the record already there beside the new one, under its attempt's name: an earlier attempt's (``resume``
-    moves it aside once the new attempt is submitted; this is for a resume killed before it could), or an earlier
-    run's of this attempt (SLURM requeued the job after it wrote one). Returns where the new record goes: its own
-    place, or, should the old one not move, beside it, so that no record is ever written over another."""
-    target = paths.record(cell_id)
-    found = read_record(target, cell_id)
-    if found is None:
-        return target
-    aside = aside_path(paths, cell_id, found, attempt - 1)
-    try:
-        target.rename(aside)
-    except FileNotFoundError:
-        pass  # moved aside meanwhile (a resume)
-    except OSError as e:
-        instead = paths.archived_record(cell_id, attempt)
-        say(f"the record already there could not be kept aside ({e}); this one is written to {instead}")
-        return instead
-    return target
 
 
 def seconds_left(job_id: str | None, fallback_end: float) -> float:
@@ -361,6 +308,8 @@ class CellJob(submitit.helpers.Checkpointable):
             self._guard_time_limit()
         submitted_by = getattr(self, "submitted_by", None)  # a job pickled by an older gpudays has none
         status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues), submitted_by)
+        if status == RecordStatus.CANCELLED.value:
+            return status  # every rank was told (the cancel's SIGTERM) and ends of it: nothing to end, no traceback
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and status not in ENDS_QUIETLY:
             raise RankEnded(f"cell {self.cell_id} ended {status} on this rank (recorded); its peers are ended")
         return status
@@ -382,8 +331,8 @@ class CellJob(submitit.helpers.Checkpointable):
         env = submitit.JobEnvironment()
         warning = env._usr_sig()
         submitit_handler = signal.getsignal(warning)
-        if not callable(submitit_handler) or env.global_rank != 0:
-            return  # only rank 0 requeues (submitit's rule too); other ranks are ended by SLURM
+        if not callable(submitit_handler):
+            return  # not started by submitit's job runner, which handles both signals first
         typed, _ = cells.typed_cell(read_cell_config(SweepPaths(Path(self.sweep_root)).cell_config(self.cell_id)))
         if typed is None:
             return  # not a cell: run_cell records it as invalid at once, with no time limit to guard
@@ -454,5 +403,9 @@ class CellJob(submitit.helpers.Checkpointable):
                 raise JobCancelled(f"the scheduler cancelled job {job_id} (scancel)")
 
         submitit_terminate = signal.getsignal(signal.SIGTERM)
-        signal.signal(warning, on_warning)
+        # A cancel's SIGTERM reaches every rank: each ends its probe, whichever is free to (one waiting in a
+        # collective runs no handler until it returns), and the first records the cell cancelled. submitit's own
+        # handler only logs it, which left the other ranks running until SLURM killed them, KillWait later.
         signal.signal(signal.SIGTERM, on_terminate)
+        if env.global_rank == 0:
+            signal.signal(warning, on_warning)  # only rank 0 requeues (submitit's rule too)

@@ -9,6 +9,7 @@ import socket
 import sys
 
 from orchestrator.slurm import commands as slurm
+from orchestrator.slurm import site as slurm_site
 
 PORT_BASE, PORT_SPAN = 20_000, 12_000
 """Rank 0's port comes from the job id, within 20000-31999: below Linux's ephemeral ports (32768 and up by default),
@@ -31,7 +32,20 @@ def rendezvous(job_id: str, hostnames: list[str]) -> tuple[str, int]:
     return address, PORT_BASE + int(digits) % PORT_SPAN
 
 
-def scheduler_ids() -> dict[str, str | None]:
+_HIDDEN: list[bool | None] = []
+"""Whether the site hides other users' jobs, once asked (by :func:`node_jobs`)."""
+
+
+def others_hidden() -> bool | None:
+    """Whether SLURM hides other users' jobs from this user (``PrivateData=jobs``), so that a node's list of jobs
+    holds only the user's own; None where the configuration cannot be read. Asked once a process."""
+    if not _HIDDEN:
+        private = slurm_site.private_data()
+        _HIDDEN.append(None if private is None else "jobs" in private)
+    return _HIDDEN[0]
+
+
+def scheduler_ids() -> dict[str, str | bool | None]:
     keys = {
         "slurm_job_id": "SLURM_JOB_ID",
         "slurm_array_job_id": "SLURM_ARRAY_JOB_ID",
@@ -40,7 +54,10 @@ def scheduler_ids() -> dict[str, str | None]:
         "slurm_job_nodelist": "SLURM_JOB_NODELIST",
         "slurm_restart_count": "SLURM_RESTART_COUNT",
     }
-    return {name: os.environ.get(var) for name, var in keys.items()}
+    out: dict[str, str | bool | None] = {name: os.environ.get(var) for name, var in keys.items()}
+    # Where the node's jobs were listed: whether other users' jobs could be seen in that list.
+    out["other_users_jobs_hidden"] = _HIDDEN[0] if _HIDDEN else None
+    return out
 
 
 def node_name() -> str:
@@ -65,7 +82,8 @@ def set_distributed_env(
 
 def node_jobs() -> list[str] | None:
     """The other jobs running on this job's nodes (``12_3 alice``), at most ``MAX_NODE_JOBS``; None where SLURM
-    cannot say (not a SLURM job, or squeue failed: a probe is never failed for it)."""
+    cannot say (not a SLURM job, squeue failed: a probe is never failed for it; or none is listed where the cluster
+    hides other users' jobs, ``PrivateData=jobs``, so that an empty list would claim a node no one shared)."""
     nodes, own = os.environ.get("SLURM_JOB_NODELIST"), os.environ.get("SLURM_JOB_ID")
     if not nodes or not own:
         return None
@@ -74,4 +92,9 @@ def node_jobs() -> list[str] | None:
     except slurm.SlurmUnavailable as e:
         say(f"the node's other jobs could not be listed ({e}); the record leaves them unknown")
         return None
-    return [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]
+    others = [f"{shown} {user}" for raw, shown, user in jobs if raw != own][:MAX_NODE_JOBS]
+    if not others and others_hidden():
+        # Only the user's own jobs are listed: none says nothing of other users' jobs on the node.
+        say("this cluster hides other users' jobs (PrivateData=jobs): whether the node was shared is unknown")
+        return None
+    return others

@@ -228,13 +228,20 @@ class Composer:
         """The override's value as the typed config holds it, checked once per distinct override and base."""
         cache_key = (structural, o.input_line or "")
         if cache_key not in self._values:
-            cfg = copy.deepcopy(base.cfg)
             key = o.key_or_group
+            # Only the key's top-level section is copied, not the whole config (most of planning's time, once a
+            # copy per value of a swept key): a copied node keeps its parent, so the root's struct and read-only
+            # flags, and its types, still judge the value.
+            top, _, rest = key.partition(".")
+            section = base.cfg._get_node(top) if rest else None
+            cfg, path = (copy.deepcopy(section), rest) if isinstance(section, DictConfig) else (None, key)
+            if cfg is None:
+                cfg = copy.deepcopy(base.cfg)
             try:
-                OmegaConf.update(cfg, key, o.value(), merge=True)
+                OmegaConf.update(cfg, path, o.value(), merge=True)
             except OmegaConfBaseException as e:
-                raise SweepError(_explain_key(cfg, key, e, base.choices, overrides)) from e
-            node = OmegaConf.select(cfg, key)
+                raise SweepError(_explain_key(base.cfg, key, e, base.choices, overrides)) from e
+            node = OmegaConf.select(cfg, path)
             if isinstance(node, (DictConfig, ListConfig)):
                 node = OmegaConf.to_container(node, resolve=True)
             self._values[cache_key] = cast(ConfigValue, node)

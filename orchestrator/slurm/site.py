@@ -24,6 +24,19 @@ def max_array_size(timeout_s: float = 30) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def private_data(timeout_s: float = 10) -> frozenset[str] | None:
+    """What the cluster hides from users (PrivateData in ``scontrol show config``: ``jobs``, ``usage``...; empty
+    where nothing is), or None where it cannot be read."""
+    try:
+        out = slurm.run(["scontrol", "show", "config"], timeout_s=timeout_s).stdout
+    except slurm.SlurmUnavailable:
+        return None
+    m = re.search(r"^PrivateData\s*=\s*(\S*)", out, re.MULTILINE)
+    if m is None:
+        return None
+    return frozenset(x for x in m.group(1).lower().split(",") if x and x != "none")
+
+
 def partitions() -> list[str]:
     """The partition names ``sinfo`` lists; raises SlurmUnavailable when it fails."""
     return sorted(set(slurm.checked(["sinfo", "-h", "-o", "%R"]).split()))
@@ -75,14 +88,38 @@ def sacctmgr_names(args: Sequence[str]) -> list[str] | None:
     return None if rows is None else sorted({row[0] for row in rows})
 
 
-def user_jobs_by_qos(user: str) -> dict[str, int]:
-    """How many jobs ``user`` has in the queue (pending, running, completing), by QOS, each array task counted
-    (``squeue -r``) as MaxSubmitJobsPerUser counts them; raises SlurmUnavailable when squeue fails."""
-    out = slurm.checked(["squeue", "-h", "-r", "-u", user, "-o", "%q"])
-    counts: dict[str, int] = {}
-    for qos in out.split():
-        counts[qos] = counts.get(qos, 0) + 1
-    return counts
+def parse_partitions(text: str) -> tuple[dict[str, str], str | None]:
+    """``scontrol show partition -o`` -> (partition -> its QOS, for those that have one; the default partition)."""
+    qos: dict[str, str] = {}
+    default = None
+    for line in text.splitlines():
+        fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+        fields = {k.lower(): v for k, v in fields.items()}
+        name = fields.get("partitionname")
+        if not name:
+            continue
+        if fields.get("qos", "N/A") not in ("N/A", "", "(null)"):
+            qos[name] = fields["qos"]
+        if fields.get("default", "").upper() == "YES" and default is None:
+            default = name
+    return qos, default
+
+
+def partition_qos() -> tuple[dict[str, str], str | None]:
+    """Each partition's QOS (``QOS=`` in slurm.conf) and the default partition; empty where scontrol fails."""
+    try:
+        return parse_partitions(slurm.run(["scontrol", "show", "partition", "-o"], timeout_s=30).stdout)
+    except slurm.SlurmUnavailable:
+        return {}, None
+
+
+def queued_jobs(user: str | None) -> list[tuple[str, str, str, str]]:
+    """The jobs in the queue (pending, running, completing), each array task one (``squeue -r``), as (user,
+    account, QOS, partition): ``user``'s, or everyone's that this user may see where None. Raises
+    SlurmUnavailable when squeue fails."""
+    out = slurm.checked(["squeue", "-h", "-r", *(["-u", user] if user else []), "-o", "%u|%a|%q|%P"])
+    rows = [(line.split("|") + ["", "", "", ""])[:4] for line in out.splitlines() if line.strip()]
+    return [(u, a, q, p) for u, a, q, p in rows]
 
 
 def sbatch_test_only(script: str) -> str | None:

@@ -41,6 +41,23 @@ def name_cells(cell_ids: Sequence[str], configs: Mapping[str, Config], shown: in
     return f"{len(cell_ids)} cell(s) " + ", ".join(names) + more
 
 
+SUBMIT_LIMITS = {
+    "QOSMaxSubmitJobPerUserLimit": "a QOS's MaxSubmitJobsPerUser, the job's or its partition's (`sacctmgr show qos`)",
+    "QOSMaxSubmitJobPerAccountLimit": "a QOS's MaxSubmitJobsPerAccount (`sacctmgr show qos`)",
+    "QOSGrpSubmitJobsLimit": "a QOS's GrpSubmitJobs, counting every user's jobs (`sacctmgr show qos`)",
+    "AssocMaxSubmitJobLimit": "your association's MaxSubmitJobs (`sacctmgr show assoc`)",
+    "AssocGrpSubmitJobsLimit": "the GrpSubmitJobs of your association or an account above it (`sacctmgr show assoc`)",
+}
+"""sbatch's name for a limit on queued jobs it refused a job past, and that limit in words: the jobs that limit
+counts could not all be seen (another user's, where the site hides them) or changed since they were counted."""
+
+
+def limit_named(said: str) -> str:
+    """``said`` with the submit limit it names said in words, where it names one."""
+    named = [words for code, words in SUBMIT_LIMITS.items() if code.lower() in said.lower()]
+    return f"{said} (the limit on queued jobs refused: {'; '.join(named)})" if named else said
+
+
 _SBATCH_PREFIX = re.compile(r"^\s*sbatch:\s*(error|fatal):\s*", re.IGNORECASE)
 
 
@@ -95,6 +112,7 @@ def unsubmitted(
     if before:
         arrays = sorted({(a.job_id or "").split("_")[0] for a in before}, key=lambda j: (len(j), j))
         after += f"; the {len(before)} cell(s) submitted before it run as job(s) {', '.join(arrays)}"
+    said = limit_named(said)
     kind = SchedulerUnreachable if controller_down(said) else SubmissionRefused
     verb = "could not reach the scheduler for" if kind is SchedulerUnreachable else "refused"
     return kind(f"sbatch {verb} {who}: {said}; {after}")

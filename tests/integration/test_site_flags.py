@@ -186,6 +186,35 @@ def test_a_sweep_larger_than_a_qos_per_user_job_limit_ends_with_every_cell_ok(
         run(["sacctmgr", "-i", "delete", "qos", qos], check=False)
 
 
+def test_a_sweep_larger_than_its_partitions_qos_limit_ends_with_every_cell_ok(
+    slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = slurm_cluster.run_client
+    qos = "gpudays-partition"
+    run(["sacctmgr", "-i", "add", "qos", qos, "MaxSubmitJobsPerUser=2"], check=False)
+    run(["sacctmgr", "-i", "modify", "qos", qos, "set", "MaxSubmitJobsPerUser=2"])
+    # The partition's QOS (Partition QOS= in slurm.conf) limits every job in it, whatever QOS the job names.
+    run(["scontrol", "update", "PartitionName=urgent", f"QOS={qos}"])
+    try:
+        sweep_dir = tmp_path / "partition-limited"
+        code = cli.main(
+            [
+                "sweep", "-m", "--dir", str(sweep_dir), "--no-report", "cluster=slurm", "model=pythia-tiny",
+                "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=1", "model.seq_length=32,33,34", "cluster.cpus_per_gpu=1",
+                "cluster.time_limit_min=5", "cluster.partition=urgent", "--wait", "--interval", "1",
+            ]
+        )  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0, out
+        assert "1 cell(s) held back" in out and f"partition's QOS {qos!r} allows 2 queued jobs per user" in out, out
+        paths = SweepPaths(sweep_dir)
+        records = [json.loads(paths.record(cid).read_text()) for cid in paths.cell_ids()]
+        assert len(records) == 3 and all(r["status"] == "ok" for r in records), [r["reason"] for r in records]
+    finally:
+        run(["scontrol", "update", "PartitionName=urgent", "QOS="], check=False)
+        run(["sacctmgr", "-i", "delete", "qos", qos], check=False)
+
+
 def test_one_crashed_rank_ends_its_cell_at_once_with_a_classified_record(
     slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

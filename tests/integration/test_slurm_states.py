@@ -34,7 +34,8 @@ def test_a_running_cell_cancelled_with_scancel_is_cancelled_and_says_so(
 ) -> None:
     # scancel 8 s into a 60-minute limit was recorded as timeout, then failed: resume --time-factor was tempted.
     sweep_dir = tmp_path / "cancelled"
-    assert cli.main(["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=120"]) == 0
+    # Two ranks: rank 1 ran on until SLURM killed it, and rank 0 ended with a traceback in its log.
+    assert cli.main(["sweep", "--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=120", "num_gpus=2"]) == 0
     paths = SweepPaths(sweep_dir)
     (cid,) = paths.cell_ids()
     running = wait_until(
@@ -50,6 +51,9 @@ def test_a_running_cell_cancelled_with_scancel_is_cancelled_and_says_so(
     (state,) = status.cell_states(paths)
     assert record.status.value == "cancelled" and state.state == "cancelled", (record.status, record.reason)
     assert (record.reason or "").startswith("the job was cancelled (scancel)"), record.reason
+    logs = {p.name: p.read_text() for p in paths.jobs_dir.rglob("*_log.err")}
+    assert len(logs) == 2 and all("ends here" in text for text in logs.values()), logs
+    assert not any("Traceback" in text or "Timed out waiting" in text for text in logs.values()), logs
 
 
 def test_a_pending_cell_says_why_and_resume_wait_waits_for_the_cell_it_released(

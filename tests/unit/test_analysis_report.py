@@ -315,10 +315,12 @@ def test_calibration_from_sweeps(tmp_path: Path, catalog: Catalog) -> None:
 def test_a_cell_measured_on_a_shared_node_is_flagged(tmp_path: Path, catalog: Catalog) -> None:
     sweep = tmp_path / "shared"
     config = synthetic.cell_config("pythia-tiny", "cpu", 1, catalog=catalog)
-    for cell_id, start, end in (("alone", [], []), ("crowd", ["41 alice"], ["41 alice", "42 bob"]), ("unk", None, [])):
+    cases = (("alone", [], []), ("crowd", ["41 alice"], ["41 alice", "42 bob"]), ("unk", None, []), ("hid", None, None))
+    for cell_id, start, end in cases:
         rec = synthetic.record(cell_id, config, "ok", synthetic.metrics(config, 0.2, 4, 20.0))
         shared = None if start is None else bool(start or end)
         rec.environment.update(node_jobs_at_start=start, node_jobs_at_end=end, shared_node=shared)
+        rec.environment["other_users_jobs_hidden"] = cell_id == "hid"
         synthetic.write_cell(sweep, cell_id, config, rec)
     report = write_report([sweep], plots=False)
     table = pd.read_csv(sweep / "cells.csv").set_index("cell_id")
@@ -327,3 +329,5 @@ def test_a_cell_measured_on_a_shared_node_is_flagged(tmp_path: Path, catalog: Ca
     (flag,) = [p for p in report.problems if "shared with other jobs" in p]
     assert "crowd" in flag and "41 alice, 42 bob" in flag
     assert "shared with other jobs" in (sweep / "report.md").read_text()
+    (hidden,) = [p for p in report.problems if "hides other users' jobs" in p]
+    assert "hid" in hidden and "unknown" in hidden and pd.isna(table.loc["hid", "shared_node"])

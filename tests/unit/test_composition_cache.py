@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import sys
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
@@ -101,3 +102,24 @@ def test_kept_compositions_are_shared_between_plans(monkeypatch: pytest.MonkeyPa
     plan(overrides, sweep_dir=None)
     plan(overrides, sweep_dir=None)
     assert sum(made.values()) <= 1, "the second plan composes nothing again"
+
+
+def test_a_swept_value_is_checked_on_a_copy_of_its_section_not_of_the_whole_config(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each distinct value of a swept key was checked on a deep copy of the whole config: most of planning's time.
+    copied: list[object] = []
+    real = plan_mod.copy.deepcopy
+
+    def deepcopy(obj: object, *args: object, **kwargs: object) -> object:
+        if sys._getframe(1).f_globals.get("__name__") == plan_mod.__name__:  # planning's own copies
+            copied.append(obj)
+        return real(obj, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(plan_mod.copy, "deepcopy", deepcopy)
+    cells = plan(["model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "model.seq_length=range(64,74)"]).cells
+    assert len(cells) == 10
+    whole = [c for c in copied if isinstance(c, DictConfig) and not c._is_none() and {"model", "cluster"} <= set(c) and "hydra" not in c]
+    assert not whole and len(copied) >= 10
+    with pytest.raises(plan_mod.SweepError, match="unknown key 'model.nonexistent'"):
+        plan(["model=pythia-tiny", "gpu=cpu", "model.nonexistent=3"])

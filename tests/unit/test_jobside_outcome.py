@@ -130,10 +130,14 @@ def test_a_rank_that_ended_its_cell_badly_exits_non_zero_on_slurm(monkeypatch: p
 def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
     job: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    from orchestrator.job import env as job_env
     from orchestrator.slurm import commands as slurm
+    from orchestrator.slurm import site as slurm_site
 
     queue = [[("7", "7", "me"), ("41", "40_1", "alice")], [("7", "7", "me")]]
     monkeypatch.setattr(slurm, "jobs_on_nodes", lambda nodes: queue.pop(0))
+    monkeypatch.setattr(slurm_site, "private_data", lambda: frozenset())
+    monkeypatch.setattr(job_env, "_HIDDEN", [])
     monkeypatch.setenv("SLURM_JOB_NODELIST", "node[1-2]")
     monkeypatch.setenv("SLURM_JOB_ID", "7")
     _, _, raw = job("probe.kind=sleep")
@@ -149,6 +153,25 @@ def test_the_record_lists_the_nodes_other_jobs_and_says_whether_it_was_shared(
     assert status == "ok" and raw["environment"]["shared_node"] is None, "unknown, and the cell is not failed for it"
     monkeypatch.delenv("SLURM_JOB_NODELIST")
     assert job("probe.kind=sleep")[2]["environment"]["node_jobs_at_start"] is None, "not a SLURM job"
+
+
+def test_where_other_users_jobs_are_hidden_a_node_with_none_listed_is_not_called_unshared(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.job import env as job_env
+    from orchestrator.slurm import commands as slurm
+    from orchestrator.slurm import site as slurm_site
+
+    monkeypatch.setattr(slurm, "jobs_on_nodes", lambda nodes: [("7", "7", "me")])
+    monkeypatch.setattr(slurm, "run", lambda *a, **k: SimpleNamespace(stdout="PrivateData             = jobs,usage\n"))
+    assert slurm_site.private_data() == frozenset({"jobs", "usage"})
+    monkeypatch.setattr(job_env, "_HIDDEN", [])
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "node1")
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    _, _, raw = job("probe.kind=sleep")
+    env = raw["environment"]
+    assert env["shared_node"] is None, "only the user's own jobs could be seen: unknown, not unshared"
+    assert env["other_users_jobs_hidden"] is True and env["node_jobs_at_start"] is None
 
 
 @pytest.mark.parametrize("answer", ["ok", "does_not_fit", "oom"])

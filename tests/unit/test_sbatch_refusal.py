@@ -69,6 +69,7 @@ def test_a_refused_submission_exits_3_naming_the_cells_and_slurms_reason(
     assert len(ids) == 2 and all(cid in lines[0] for cid in ids)
     assert "sbatch refused 2 cell(s)" in lines[0] and "QOSMaxSubmitJobPerUserLimit" in lines[0]
     assert "Job violates accounting/QOS policy" in lines[0] and "internal error" not in lines[0]
+    assert "the limit on queued jobs refused: a QOS's MaxSubmitJobsPerUser" in lines[0], "the limit in words"
     assert "gpudays resume" in lines[0]
     # The scheduler has no job of the array's name: the intents are taken back, and the cells are new again.
     assert all(not paths.attempts(cid).exists() for cid in ids)
