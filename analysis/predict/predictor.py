@@ -222,6 +222,7 @@ PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine",
                 "predicted_time_to_train_days_high", "predicted_gpu_hours", "predicted_gpu_hours_low",
                 "predicted_gpu_hours_high", "predicted_cost_usd_cloud", "predicted_cost_usd_cloud_low",
                 "predicted_cost_usd_cloud_high", "predicted_cost_usd_amortised", "predicted_energy_kwh",
+                "goodput", "predicted_wall_clock_days", "predicted_wall_clock_gpu_hours",
                 "predicted_fits_at_micro_batch_1")  # fmt: skip
 """Columns of :func:`plan`: the cell, its engine and how it shards and offloads (each engine's
 ``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions; the last
@@ -237,7 +238,9 @@ def plan(
     For ``gpudays sweep --dry-run`` and ``gpudays plan``: settings, predicted fit, micro-batch, peak memory per
     GPU (GiB), step time (s), and for the model's own training run at that step time its days, GPU-hours, cost
     renting (``gpu.cloud_usd_per_gpu_hour``) and buying (the hardware written off over five years, as the report
-    does), and the GPUs' energy at board power.
+    does), and the GPUs' energy at board power: the training steps' figures (steady state); ``goodput`` (the
+    cluster's, or :data:`~analysis.predict.estimates.DEFAULT_GOODPUT`) and the run's wall-clock days and GPU-hours
+    beside them.
     """
     frame = pd.DataFrame([flat_cell(cell) for cell in cells])
     if frame.empty:
@@ -263,6 +266,10 @@ def plan(
     purchase = est.purchase_cost_usd(gpus, nodes, gpu_figure("purchase_price_usd"))
     out["predicted_cost_usd_amortised"] = est.amortised_cost_usd(purchase, days)
     out["predicted_energy_kwh"] = est.energy_kwh(hours, gpu_figure("board_power_w"))
+    # The whole run's wall-clock figures: the steps' over the cluster's goodput (restarts, evaluations, checkpoints).
+    out["goodput"] = est.goodput_of(out["cluster_goodput"] if "cluster_goodput" in out.columns else None)
+    out["predicted_wall_clock_days"] = est.wall_clock(days, out["goodput"])
+    out["predicted_wall_clock_gpu_hours"] = est.wall_clock(hours, out["goodput"])
     # Days, GPU-hours and dollars are proportional to the step time: its interval carries over as it is.
     for column in ("predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud"):
         for end in ("low", "high"):

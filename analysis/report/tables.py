@@ -110,8 +110,13 @@ def _training_run(
     return tokens, pd.Series(est.train_steps_for(tokens, tokens_per_step), index=out.index)
 
 
-RUN_FIGURES = ("time_to_train_days", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh")
-"""The figures of a training run, each proportional to the step time: a step time's interval carries over as it is."""
+RUN_FIGURES = (
+    "time_to_train_days", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh", "wall_clock_days",
+    "wall_clock_gpu_hours",
+)  # fmt: skip
+"""The figures of a training run, each proportional to the step time: a step time's interval carries over as it is.
+The first five are the training steps' (steady state); ``wall_clock_*`` the whole run's, over its cluster's
+``goodput`` (restarts, evaluations and checkpoints included: what published totals count)."""
 
 
 def _run_figures(out: pd.DataFrame, steps: pd.Series, step: pd.Series) -> dict[str, pd.Series]:
@@ -119,12 +124,16 @@ def _run_figures(out: pd.DataFrame, steps: pd.Series, step: pd.Series) -> dict[s
     (``cloud_usd_per_gpu_hour``, ``machine_price_usd``, ``board_power_w``, set by :func:`add_estimates`)."""
     days = pd.Series(est.time_to_train_days(steps, step), index=out.index)
     hours = pd.Series(est.gpu_hours(_col(out, "num_gpus"), steps, step), index=out.index)
+    goodput = pd.Series(est.goodput_of(_col(out, "cluster_goodput")), index=out.index)
     return {
         "time_to_train_days": days,
         "gpu_hours": hours,
         "cost_usd_cloud": pd.Series(est.cloud_cost_usd(hours, out["cloud_usd_per_gpu_hour"]), index=out.index),
         "cost_usd_amortised": pd.Series(est.amortised_cost_usd(out["machine_price_usd"], days), index=out.index),
         "energy_kwh": pd.Series(est.energy_kwh(hours, out["board_power_w"]), index=out.index),
+        "goodput": goodput,
+        "wall_clock_days": pd.Series(est.wall_clock(days, goodput), index=out.index),
+        "wall_clock_gpu_hours": pd.Series(est.wall_clock(hours, goodput), index=out.index),
     }
 
 
@@ -257,7 +266,8 @@ _SUMMARY_INPUTS = ("status", "num_parameters", "tokens_per_s")
 BEST_COLUMNS = (
     "model", "gpu", "num_gpus", "num_nodes", "settings", *SETTING_COLUMNS, "answer", "step_time_s",
     "predicted_step_time_s", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high", "gpu_hours",
-    "cost_usd_cloud", "cost_usd_amortised", "energy_kwh", "tokens_per_s", "mfu", "peak_memory_gib",
+    "cost_usd_cloud", "cost_usd_amortised", "energy_kwh", "goodput", "wall_clock_days", "wall_clock_gpu_hours",
+    "tokens_per_s", "mfu", "peak_memory_gib",
     "cells_compared", "caveats", "cell_id", "sweep",
 )  # fmt: skip
 """``answer`` says whether the row's figures were measured or predicted; a predicted row's ``*_low``/``*_high``

@@ -68,6 +68,11 @@ the predicted step time, the days' interval then the prediction's 90% one)
   machine_price_usd × time_to_train_days / (5 × 365) (USD; the "$100K or 100 Days" paper's five-year write-off).
 - ``board_power_w`` (W per GPU, from ``conf/gpu``); ``energy_kwh`` = gpu_hours × board_power_w / 1000 (kWh; GPU
   boards at rated power, host and cooling not included).
+- The figures above are the training steps' (steady state). ``goodput``: the share of the whole run's wall-clock
+  time the steps take (``cluster.goodput``, else 0.90, the published figure of large runs:
+  ``analysis.predict.estimates.DEFAULT_GOODPUT``); ``wall_clock_days`` = time_to_train_days / goodput and
+  ``wall_clock_gpu_hours`` = gpu_hours / goodput: the run with its restarts, evaluations and checkpoints, as
+  published totals count it.
 
 Predicted (see ``analysis/predict/predictor.py``; calibrated on the same report's ``ok`` records where there are any)
 
@@ -137,7 +142,7 @@ CELLS_COLUMNS: tuple[str, ...] = (
     "train_tokens", "train_steps", "time_to_train_days", "time_to_train_days_low", "time_to_train_days_high",
     "gpu_hours", "cloud_usd_per_gpu_hour", "cloud_price_source", "cloud_price_date", "cost_usd_cloud",
     "machine_price_usd", "cost_usd_amortised",
-    "board_power_w", "energy_kwh",
+    "board_power_w", "energy_kwh", "goodput", "wall_clock_days", "wall_clock_gpu_hours",
     "predicted_fits", "measured_fits", "fit_agrees", "predicted_micro_batch_size", "predicted_peak_memory_gib",
     "predicted_peak_memory_gib_low", "predicted_peak_memory_gib_high", "memory_error_pct", "predicted_step_time_s",
     "predicted_step_time_s_low", "predicted_step_time_s_high", "predicted_from_records", "answer",
@@ -358,11 +363,13 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
     out.append("")
-    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval).")
+    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval). "
+               "Days, GPU-hours and costs are the training steps' (steady state); `wall_clock_days` is the whole "
+               "run's at `goodput` (restarts, evaluations and checkpoints included).")
     out.append("")
     best_columns = ["model", "gpu", "num_gpus", "settings", "answer", "time_to_train_days", "time_to_train_days_low",
                     "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh",
-                    "caveats"]  # fmt: skip
+                    "wall_clock_days", "goodput", "caveats"]  # fmt: skip
     out.append(_markdown_table(report.best, best_columns))
     out.append("## Days against cost: the frontier (`frontier.csv`)")
     out.append("")

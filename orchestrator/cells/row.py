@@ -11,7 +11,7 @@ they agree on every column they share. The columns are the dataclasses' fields, 
   engine that join an id only where set (``EngineSpec.identity_if_set``) are empty, not applicable (a DeepSpeed
   cell has no FSDP sharding);
 - every ``ModelConfig`` field as ``model_<field>``, every ``GpuConfig`` field as ``gpu_<field>``, the network the
-  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``) and ``probe_memory_limit_gib``.
+  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``), the cluster's ``cluster_goodput`` and ``probe_memory_limit_gib``.
 
 Each value is coerced by its field's kind (:func:`orchestrator.config.values.coerce`), so that a column is one kind
 of thing whatever a stored config held (``to_config`` checks a config's keys, not its values). A record's own
@@ -68,6 +68,7 @@ def figure_columns(cell: Config) -> Row:
     # The network the cell's nodes share, as the predictor reads it (analysis.predict.network).
     out["cluster_gpus_per_node"] = as_int(cell.cluster.gpus_per_node)
     out["cluster_inter_node_gbits_s"] = as_number(cell.cluster.inter_node_gbits_s)
+    out["cluster_goodput"] = as_number(cell.cluster.goodput)
     out["probe_memory_limit_gib"] = as_number(cell.probe.memory_limit_gib)
     return out
 

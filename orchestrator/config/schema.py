@@ -294,6 +294,11 @@ class ClusterConfig:
     python: Optional[str] = None
     """The command that starts Python in the job, e.g. ``apptainer exec --nv /shared/gpudays.sif python3``; by
     default the submitting interpreter's absolute path (right on a shared file system, wrong in a container)."""
+    goodput: Optional[float] = field(default=None, metadata=domain(gt=0, le=1, optional=True))
+    """The share of a long training run's wall-clock time its training steps take, on this cluster (the rest:
+    restarts after failures, evaluations, checkpoints, waiting for nodes). Every figure in days and GPU-hours is
+    given steady-state and wall-clock (the steady-state figure over this). ``None``: the published figure of
+    large runs, 0.90 (``analysis.predict.estimates.DEFAULT_GOODPUT``)."""
     inter_node_gbits_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Network bandwidth from one node to the others, all its ports together, one direction, Gb/s (InfiniBand
     HDR is 200 Gb/s a port, NDR 400); ``None`` where unknown. Used only by the analytic parallelism estimates."""

@@ -1,8 +1,9 @@
 """The one-line answer per model × GPU type × GPU count, under ``plan``, ``sweep --wait`` and ``report``.
 
-``pythia-1b on 4 × A100-80GB: 36 days (90%: 20–64), 3.5k GPU-hours (1.9k–6.2k), $6.2k rented ($3.4k–$11k) —
-fastest setting: fsdp-full bf16 mb=16 (cell b5a301e0f4df)``: the fastest cell of the group, its time to train,
-GPU-hours and cloud cost, each with its interval (the plan's 90% prediction interval, or the probe's 95% confidence
+``pythia-1b on 4 × A100-80GB: 36 days (90%: 20–64) of training steps, 40 wall-clock at 90% goodput, 3.5k
+GPU-hours (1.9k–6.2k), $6.2k rented ($3.4k–$11k) — fastest setting: fsdp-full bf16 mb=16 (cell b5a301e0f4df)``:
+the fastest cell of the group, its time to train (the steps', and the whole run's at its goodput), GPU-hours and
+cloud cost, each with its interval (the plan's 90% prediction interval, or the probe's 95% confidence
 interval of a measurement; a cell of a report answered by its prediction says ``predicted, not measured`` and
 gives the prediction's 90% interval). A group without an answer says what each of its cells lacks.
 """
@@ -23,6 +24,8 @@ class AnswerKeys:
     usd: str
     level: str
     """The interval's confidence, as printed: ``90%`` or ``95%``."""
+    wall_clock_days: str
+    """The whole run's days at its goodput (restarts, evaluations, checkpoints included)."""
 
     @property
     def low(self) -> str:
@@ -33,8 +36,10 @@ class AnswerKeys:
         return f"{self.days}_high"
 
 
-PREDICTED = AnswerKeys("predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud", "90%")
-MEASURED = AnswerKeys("time_to_train_days", "gpu_hours", "cost_usd_cloud", "95%")
+PREDICTED = AnswerKeys(
+    "predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud", "90%", "predicted_wall_clock_days"
+)
+MEASURED = AnswerKeys("time_to_train_days", "gpu_hours", "cost_usd_cloud", "95%", "wall_clock_days")
 
 
 def number(value: float) -> str:
@@ -86,6 +91,9 @@ def answer_line(model: str, gpu: str, num_gpus: int, best: Mapping[str, object] 
     level = PREDICTED.level if predicted else keys.level
     interval = _bounds(best, keys.days, days, days, keys)
     parts = [f"{number(days)} days" + (f" ({level}: {interval})" if interval else "")]
+    wall, goodput = _float(best.get(keys.wall_clock_days)), _float(best.get("goodput"))
+    if wall is not None and goodput is not None:
+        parts[0] += f" of training steps, {number(wall)} wall-clock at {goodput:.0%} goodput"
     hours, usd = _float(best.get(keys.gpu_hours)), _float(best.get(keys.usd))
     if hours is not None:
         interval = _bounds(best, keys.gpu_hours, hours, days, keys)

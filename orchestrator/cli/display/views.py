@@ -107,13 +107,14 @@ PLAN_COLUMNS = (
     Column("predicted_step_time_s_90", "step_s_90%", drop=11),
     Column("predicted_time_to_train_days", "days", numeric=True),
     Column("predicted_time_to_train_days_90", "days_90%", drop=7),
+    Column("predicted_wall_clock_days", "wall_days", numeric=True, drop=14),
     Column("predicted_gpu_hours", "gpu_h", numeric=True),
     Column("predicted_cost_usd_cloud", "usd_cloud", numeric=True),
     Column("predicted_cost_usd_amortised", "usd_amortised", numeric=True, drop=9),
     Column("predicted_energy_kwh", "kwh", numeric=True, drop=12),
     Column("predicted_basis", "basis", drop=13),
 )
-"""The plan; left out first: basis, kwh, step_s_90%, mem_gib_90%, usd_amortised, runs, days_90%, nodes, cell,
+"""The plan; left out first: wall_days (the one-line answer gives it), basis, kwh, step_s_90%, mem_gib_90%, usd_amortised, runs, days_90%, nodes, cell,
 of_gib, mem_gib, fits."""
 
 STATUS_COLUMNS = (
