@@ -134,7 +134,7 @@ def layout_of(method: MethodConfig, num_gpus: int) -> Mesh3dLayout:
 def refusals(cell: Config) -> list[Refusal]:
     """Why mesh3d cannot run this cell, each naming the key: sizes that do not divide the GPUs, heads or layers,
     tensor parallelism across nodes, a pipeline longer than the layers, a schedule torch cannot run with these
-    micro-batches, a batch that does not split, a family the engine cannot split, fp16."""
+    micro-batches, a family the engine cannot split, fp16 (the batch: :func:`batch_refusals`)."""
     m, model = cell.method, cell.model
     tp, pp = int(m.tp), int(m.pp)
     splits = SPLIT_FAMILIES
@@ -180,10 +180,19 @@ def refusals(cell: Config) -> list[Refusal]:
                 "use bf16 or fp32",
             )
         )
-    if out:
-        return out
-    layout = layout_of(m, cell.num_gpus)
-    batch = model.global_batch_size
+    return out
+
+
+def batch_refusals(cell: Config) -> list[Refusal]:
+    """The global batch that does not split into the data-parallel replicas × pipeline micro-batches of one
+    micro-step, or whose share a fixed micro-batch does not divide: mesh3d's batch check (a replica's ranks share
+    their sequences, so the GPU count need not divide the batch). Nothing where the layout itself is refused."""
+    m, batch = cell.method, cell.model.global_batch_size
+    try:
+        layout = layout_of(m, cell.num_gpus)
+    except ValueError:
+        return []  # refused by refusals(), naming method.tp
+    out: list[Refusal] = []
     if batch % layout.batch_split:
         out.append(
             Refusal(
@@ -248,5 +257,3 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
             )
         )
     return out
-
-

@@ -91,6 +91,17 @@ def test_layouts_mesh3d_cannot_run_are_refused_naming_the_key(make_cell, overrid
         [MESH, "num_gpus=4"],
         [MESH, "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.pp=2"],
         [MESH, "model=pythia-160m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
+        # the batch splits over the replicas x micro-batches (64 x 8 of 1024), not over the 2,048 GPUs
+        [
+            MESH,
+            "model=llama-2-70b",
+            "cluster=slurm",
+            "gpu=h100-80gb",
+            "num_gpus=2048",
+            "num_nodes=256",
+            "method.tp=8",
+            "method.pp=4",
+        ],
         [
             MESH,
             "model=pythia-1b",
