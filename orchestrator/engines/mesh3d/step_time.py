@@ -42,14 +42,16 @@ def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
     return (p - 1.0) / (v * m + p - 1.0)
 
 
-def imbalance(num_parameters: Any, vocab_matrix: Any, num_layers: Any, pp: Any) -> Any:
+def imbalance(
+    num_parameters: np.ndarray, vocab_matrix: np.ndarray, num_layers: np.ndarray, pp: np.ndarray
+) -> np.ndarray:
     """``config.pipeline_imbalance`` of each cell: its slowest stage over the mean one (1 without a pipeline)."""
     psi = np.asarray(num_parameters, dtype=float)
     e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
     layers = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
     one = np.vectorize(lambda n, p, w: pipeline_imbalance(int(n), int(p), float(w)), otypes=[float])
-    return one(layers, np.asarray(pp, dtype=float), weight)
+    return np.asarray(one(layers, np.asarray(pp, dtype=float), weight), dtype=float)
 
 
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
