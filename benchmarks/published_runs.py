@@ -6,8 +6,8 @@ Each run of ``benchmarks/published_runs.toml`` (source, shape, tokens, sequence 
 the published layout where there is one, and the published GPU-hours or throughput, wall-clock or steady-state) is
 planned with the code ``gpudays plan`` runs (``orchestrator.planning.plan.plan`` with ``costing=True``, then
 ``orchestrator.cli.display.prediction.predict``, uncalibrated: no records), over the settings a user would plan:
-DeepSpeed ZeRO 0-3 and FSDP full/grad_op, each with and without activation checkpointing, plus the 3-D layout the
-plan offers (``analysis.predict.layouts.offers``, planned as the mesh3d cell its sweep line describes). The row's
+DeepSpeed ZeRO 0-3 and FSDP full/grad_op, each with and without activation checkpointing, plus the 3-D layouts the
+plan offers (``analysis.predict.layouts.offers``, each planned as the mesh3d cell its sweep line describes). The row's
 answer is the fastest of those predicted to fit, as the plan's answer line gives it. Beside it, where the run
 published its layout and the planner can express it (mesh3d tp/pp, or FSDP data parallelism), that layout's
 prediction; where it cannot, the reason (the engine's refusal).
@@ -222,7 +222,8 @@ def _reasons(cells: Sequence[Any]) -> str:
 
 def fastest(run: Run) -> tuple[Answer, Any]:
     """What the plan tells a user: the fastest setting predicted to fit, of the data-parallel settings and the
-    3-D layout the plan offers (planned as its mesh3d cell); else why none. With it, the model as the plan
+    3-D layouts the plan offers (each planned as its mesh3d cell), offered also where every data-parallel cell is
+    refused; else why none. With it, the model as the plan
     composes it (None where the run could not be planned)."""
     from analysis.predict.layouts import offers
     from orchestrator.planning.plan import SweepError
@@ -230,7 +231,7 @@ def fastest(run: Run) -> tuple[Answer, Any]:
     try:
         fitting, refused = planned([*run.overrides(), *SETTINGS])
         model = [*fitting, *refused][0].typed.model
-        found = offers((c.typed, c.prediction) for c in [*fitting, *refused] if c.prediction)
+        found = offers((c.typed, c.prediction) for c in [*fitting, *refused])
         for offer in found:
             cells, skipped = planned([*run.overrides(), *offer.overrides])
             fitting += cells

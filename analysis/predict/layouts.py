@@ -3,7 +3,9 @@ parallelism alone does not fit or is slower, as practitioners lay out large mode
 
 For each model × GPU type × GPU count of a plan, the fastest mesh3d layout that fits (``analysis.predict.parallelism``'s
 model with ``engine="mesh3d"``: FSDP2 over the replicas, no sequence parallelism) is offered when no
-data-parallel cell of the plan fits, or when its GPU-hours are fewer than the cheapest fitting one's; with the
+data-parallel cell of the plan fits (every one predicted not to, or refused before any prediction: a global batch
+that does not split over the GPUs, as BLOOM's 2048 sequences over 384), or when its GPU-hours are fewer than the
+cheapest fitting one's; with the
 overrides that sweep it (one schedule runs all of a replica's micro-batches, as Megatron-LM does, so
 ``method.pp_microbatches`` is the step's micro-batch count). Pure: configs and predictions in, offers out.
 """
@@ -15,13 +17,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from analysis.predict.network import network_for
-from analysis.predict.parallelism import LayoutEstimate, best_layout
+from analysis.predict.parallelism import LayoutEstimate, ranked_layouts
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import Config
 from orchestrator.config.values import Row
 from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES
 
 DATA_PARALLEL_ENGINES = ("deepspeed", "fsdp")
+NEAR = 1.10
+"""Layouts predicted within this factor of the fastest one's step time are offered beside it: the layout model is
+uncalibrated, so a near tie is no reason to hide one (BLOOM's published tp4 pp12 is within 1% of tp8 pp6)."""
+MOST_OFFERED = 3
+"""The most layouts offered for one model × GPU type × count: the fastest, then the next tensor × pipeline splits."""
 
 
 @dataclass(frozen=True)
@@ -37,7 +44,7 @@ class Offer:
     """The model's whole training run at the layout's predicted step time."""
     data_parallel_gpu_hours: float | None
     """The cheapest fitting data-parallel cell of the plan for the same model, GPUs and count; None when none
-    of them fits or the plan has none (:attr:`data_parallel_cells`)."""
+    of them fits, none can run (refused), or the plan has none (:attr:`data_parallel_cells`)."""
     data_parallel_cells: int
     """The plan's data-parallel cells (deepspeed, fsdp) for the same model, GPUs and count."""
     overrides: tuple[str, ...]
@@ -75,34 +82,55 @@ def offer(
     cell: Config, data_parallel_gpu_hours: float | None, data_parallel_cells: int = 1,
     efficiency: float = DEFAULT_EFFICIENCY,
 ) -> Offer | None:  # fmt: skip
-    """The mesh3d layout to offer for ``cell``'s model, GPUs and count; None on a device with no peak, where no
-    model-parallel layout fits, or where it is no cheaper than ``data_parallel_gpu_hours``."""
+    """The fastest mesh3d layout to offer for ``cell``'s model, GPUs and count (:func:`near_offers`' first)."""
+    found = near_offers(cell, data_parallel_gpu_hours, data_parallel_cells, efficiency)
+    return found[0] if found else None
+
+
+def near_offers(
+    cell: Config, data_parallel_gpu_hours: float | None, data_parallel_cells: int = 1,
+    efficiency: float = DEFAULT_EFFICIENCY,
+) -> list[Offer]:  # fmt: skip
+    """The mesh3d layouts to offer for ``cell``'s model, GPUs and count: the fastest that fits, and up to
+    :data:`MOST_OFFERED` in all of the other tensor × pipeline splits within :data:`NEAR` of its step time (each at
+    its fastest micro-batch and checkpointing); none on a device with no peak, where no model-parallel layout
+    fits, or where one is no cheaper than ``data_parallel_gpu_hours``."""
     gpu, model = cell.gpu, cell.model
     if gpu.accelerator != "cuda" or not (gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16):
-        return None
+        return []
     if model.family not in SPLIT_FAMILIES:  # an encoder, a vision model, a mixture of experts: mesh3d cannot run it
-        return None
+        return []
     network = network_for(gpu, cell.cluster)
     per_node = max(1, cell.num_gpus // max(cell.num_nodes, 1))
     if per_node < network.gpus_per_node:  # tensor parallelism stays inside the cell's nodes
         network = network.__class__(
             network.intra_node_gbytes_s, network.inter_node_gbytes_s_per_gpu, per_node, network.source
         )
-    est = best_layout(model, gpu, cell.num_gpus, model.global_batch_size, network, efficiency, engine="mesh3d")
-    if est is None or (est.layout.tensor == 1 and est.layout.pipeline == 1):
-        return None
-    hours = gpu_hours(est.step_time_s, model.train_steps, cell.num_gpus)
-    if data_parallel_gpu_hours is not None and hours >= data_parallel_gpu_hours:
-        return None
-    return Offer(
-        model.name, gpu.name, cell.num_gpus, cell.num_nodes, est, hours, data_parallel_gpu_hours,
-        data_parallel_cells, sweep_overrides(est),
-    )  # fmt: skip
+    ranked = ranked_layouts(model, gpu, cell.num_gpus, model.global_batch_size, network, efficiency, engine="mesh3d")
+    if not ranked or (ranked[0].layout.tensor == 1 and ranked[0].layout.pipeline == 1):
+        return []
+    out: list[Offer] = []
+    splits: set[tuple[int, int]] = set()
+    for est in ranked:
+        split = (est.layout.tensor, est.layout.pipeline)
+        if split in splits or split == (1, 1):
+            continue
+        if len(out) == MOST_OFFERED or est.step_time_s > NEAR * ranked[0].step_time_s:
+            break
+        hours = gpu_hours(est.step_time_s, model.train_steps, cell.num_gpus)
+        if data_parallel_gpu_hours is not None and hours >= data_parallel_gpu_hours:
+            break
+        splits.add(split)
+        offered = Offer(model.name, gpu.name, cell.num_gpus, cell.num_nodes, est, hours, data_parallel_gpu_hours,
+                        data_parallel_cells, sweep_overrides(est))  # fmt: skip
+        out.append(offered)
+    return out
 
 
 def offers(cells: Iterable[tuple[Config, Mapping[str, object]]]) -> list[Offer]:
-    """One offer per model × GPU type × GPU count × nodes of a plan's cells (their configs and predictions), where
-    data parallelism alone does not fit or is slower; in the plan's order."""
+    """One offer per model × GPU type × GPU count × nodes of a plan's cells (their configs and predictions, empty
+    for a refused cell), where data parallelism alone does not fit, cannot run, or is slower; in the plan's
+    order."""
     groups: dict[tuple[str, str, int, int], list[tuple[Config, Mapping[str, object]]]] = {}
     for cfg, prediction in cells:
         groups.setdefault((cfg.model.name, cfg.gpu.name, cfg.num_gpus, cfg.num_nodes), []).append((cfg, prediction))
@@ -111,9 +139,7 @@ def offers(cells: Iterable[tuple[Config, Mapping[str, object]]]) -> list[Offer]:
         data_parallel = [p for c, p in members if c.method.engine in DATA_PARALLEL_ENGINES]
         fitting = [_hours(p) for p in data_parallel if p.get("predicted_fits") is True]
         best = min((h for h in fitting if h is not None), default=None)
-        found = offer(members[0][0], best, len(data_parallel))
-        if found is not None:
-            out.append(found)
+        out.extend(near_offers(members[0][0], best, len(data_parallel)))
     return out
 
 

@@ -5,18 +5,19 @@ size, V vocabulary, s sequence length, b micro-batch (sequences), m micro-batche
 layout d (data) × t (tensor) × p (pipeline) GPUs.
 
 Memory per GPU (bytes):
-- model states of the GPU's share Ψ_gpu = Ψ_stage / t, where a stage holds ⌈L/p⌉ layers and one embedding matrix
-  (both when p = 1): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
+- model states of the GPU's share Ψ_gpu = Ψ_stage / t, where the largest stage holds its layers and one embedding
+  matrix (both when p = 1), the layers split over the stages balanced by cost, the end stages' embedding and output
+  layer weighed on them (``orchestrator.engines.mesh3d.config.stage_sizes``: the stages need not divide the layers): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
   parallelism; Rajbhandari et al. 2020, via :func:`orchestrator.engines.deepspeed.memory.model_state_bytes`);
 - activations with tensor-sequence parallelism and fused attention (Korthikanti et al. 2022, "Reducing Activation
   Recomputation in Large Transformer Models", §4: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
   not kept by flash/SDPA attention); with full recomputation ``2·s·b·h/t`` a layer plus one layer being rerun.
-  Under 1F1B the first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021, "Efficient
+  Under 1F1B stage i holds min(p − i, m) micro-batches of its layers in flight (Narayanan et al. 2021, "Efficient
   Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), the last one micro-batch plus its
   logits (12 bytes per token and vocabulary entry, split by t).
 
-Step time under 1F1B: (m + p − 1) × (compute + tensor-parallel + pipeline-send time of one micro-batch on one
-stage) + the data-parallel gradient reduction; the bubble is (p − 1)/(m + p − 1) of the step (Narayanan et al.
+Step time under 1F1B: (m + p − 1) × (compute + tensor-parallel + pipeline-send time of one micro-batch on the
+slowest stage, which sets the pace: the mean stage's compute times ``pipeline_imbalance``) + the data-parallel gradient reduction; the bubble is (p − 1)/(m + p − 1) of the step (Narayanan et al.
 2021). Tensor parallelism (kept inside a node) all-reduces the ``2·s·b·h`` bytes of a layer's activations
 twice forward and twice backward (Shoeybi et al. 2019, fig. 4; sequence parallelism replaces each by a
 reduce-scatter and an all-gather of the same volume), three times forward with recomputation; ring all-reduce moves
@@ -27,7 +28,6 @@ compute (an upper bound on time); the gradient reduction overlaps the last micro
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
 from analysis.predict.network import LINK_EFFICIENCY, Network
@@ -35,7 +35,7 @@ from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
-from orchestrator.engines.mesh3d.config import TP_PLANS
+from orchestrator.engines.mesh3d.config import TP_PLANS, end_weight, pipeline_imbalance, stage_sizes
 from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_terms
 from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
 from orchestrator.models import flops_per_token, language_family, num_parameters
@@ -117,13 +117,15 @@ class LayoutEstimate:
 
 
 def stage_parameters(model: ModelConfig, pipeline: int) -> float:
-    """Parameters of the largest pipeline stage: ⌈L/p⌉ layers and one embedding matrix (all of them when p = 1)."""
+    """Parameters of the largest pipeline stage: its layers and, on an end stage, one embedding matrix (all of them
+    when p = 1), the layers split as :func:`stage_sizes` balances them."""
     total = float(num_parameters(model))
     embedding = float(model.vocab_size * model.hidden_size)
     if pipeline == 1:
         return total
     per_layer = (total - 2.0 * embedding) / model.num_layers
-    return math.ceil(model.num_layers / pipeline) * per_layer + embedding
+    sizes = stage_sizes(model.num_layers, pipeline, end_weight(model))
+    return max(n * per_layer + (embedding if i in (0, pipeline - 1) else 0.0) for i, n in enumerate(sizes))
 
 
 def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batches: int) -> float:
@@ -134,22 +136,23 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     """
     s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
     family = language_family(model, "the tensor/pipeline-parallel layouts")
-    layers = math.ceil(model.num_layers / layout.pipeline)
+    sizes = stage_sizes(model.num_layers, layout.pipeline, end_weight(model))
     split = tensor_share(t, sequence_parallel=layout.engine == "megatron")
     full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b * split
     if layout.activation_checkpointing:
-        per_micro = layers * family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
+        per_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
         working = full_layer
     else:
-        per_micro = layers * full_layer
+        per_layer = full_layer
         working = 0.0
     # mesh3d keeps the output layer whole on every tensor rank (no vocabulary-parallel loss).
     logits = family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" else 1)
     if layout.pipeline == 1:
-        return per_micro + working + logits
-    first = min(layout.pipeline, num_micro_batches) * per_micro + working
-    last = per_micro + working + logits
-    return max(first, last)
+        return sizes[0] * per_layer + working + logits
+    p = layout.pipeline
+    held = max(n * per_layer * min(p - i, num_micro_batches) for i, n in enumerate(sizes[:-1]))
+    last = sizes[-1] * per_layer + logits
+    return max(held, last) + working
 
 
 def tensor_share(tensor: int, sequence_parallel: bool) -> float:
@@ -196,7 +199,9 @@ def estimate_layout(
         )  # fmt: skip
         params, grads = float(states["params"]), float(states["grads"])
         optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
-        psi_gpu = float(rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p))
+        psi_gpu = float(
+            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers)
+        )
     else:
         psi_gpu = stage_parameters(model, p) / t
         params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
@@ -204,9 +209,11 @@ def estimate_layout(
     memory = (params + grads + optimizer + activations) / GIB
 
     s, h = model.seq_length, model.hidden_size
-    stage_layers = math.ceil(model.num_layers / p)
+    stage_layers = max(stage_sizes(model.num_layers, p, end_weight(model)))
     hw_flops = flops_per_token(model, recompute=layout.activation_checkpointing)
+    pace = pipeline_imbalance(model.num_layers, p, end_weight(model))  # the slowest stage's over the mean one's
     compute_micro = b * s * hw_flops / (p * t) / (efficiency * peak * 1e12)
+    stage_micro = compute_micro * pace
     passes = 6 if layout.activation_checkpointing else 4
     tensor_micro = (
         stage_layers * passes * _ring_allreduce_s(2.0 * s * b * h, t, network.intra_node_gbytes_s, INTRA_NODE_LATENCY_S)
@@ -237,7 +244,7 @@ def estimate_layout(
         exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
     # Each schedule: k micro-batch slots and the bubble's (p − 1)/v (Narayanan et al. 2021, interleaved: §2.2.2).
     slots = schedules * (k + (p - 1) / v)
-    step = slots * (compute_micro + tensor_micro + pipeline_micro) + exposed_data_s
+    step = slots * (stage_micro + tensor_micro + pipeline_micro) + exposed_data_s
     tokens = global_batch_size * s
     model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
     return LayoutEstimate(
@@ -267,8 +274,8 @@ def candidate_layouts(
     model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int, engine: str = "megatron"
 ) -> list[Layout]:
     """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads
-    (and the key/value heads), pipeline stages dividing the layers, at least one sequence per data-parallel
-    replica; under ``mesh3d`` only the tensor splits its families have (``TP_PLANS``)."""
+    (and the key/value heads), pipeline stages of at least one layer each (they need not divide the layers), at
+    least one sequence per data-parallel replica; under ``mesh3d`` only the tensor splits its families have (``TP_PLANS``)."""
     out: list[Layout] = []
     kv_heads = model.num_kv_heads or model.num_heads
     for t in (1, 2, 4, 8, 16):
@@ -277,7 +284,7 @@ def candidate_layouts(
         if t > 1 and engine == "mesh3d" and model.family not in TP_PLANS:
             continue
         for p in range(1, model.num_layers + 1):
-            if model.num_layers % p or num_gpus % (t * p):
+            if num_gpus % (t * p):
                 continue
             d = num_gpus // (t * p)
             if global_batch_size % d:
@@ -290,6 +297,28 @@ def candidate_layouts(
     return out
 
 
+def ranked_layouts(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    num_gpus: int,
+    global_batch_size: int,
+    network: Network,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    data_parallel_only: bool = False,
+    engine: str = "megatron",
+) -> list[LayoutEstimate]:
+    """Every layout of ``num_gpus`` that fits in memory, the fastest first; ties go to the layout with less model
+    parallelism. ``data_parallel_only`` keeps t = p = 1; ``engine`` is :attr:`Layout.engine`."""
+    found = []
+    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node, engine):
+        if data_parallel_only and (layout.tensor > 1 or layout.pipeline > 1):
+            continue
+        est = estimate_layout(model, gpu, layout, global_batch_size, network, efficiency)
+        if est.fits:
+            found.append(est)
+    return sorted(found, key=lambda e: (e.step_time_s, e.layout.tensor * e.layout.pipeline))
+
+
 def best_layout(
     model: ModelConfig,
     gpu: GpuConfig,
@@ -300,22 +329,10 @@ def best_layout(
     data_parallel_only: bool = False,
     engine: str = "megatron",
 ) -> LayoutEstimate | None:
-    """The fastest layout of ``num_gpus`` that fits in memory; None when none fits or none can run the batch.
-
-    Ties go to the layout with less model parallelism. ``data_parallel_only`` keeps t = p = 1; ``engine`` is
-    :attr:`Layout.engine`.
-    """
-    best: LayoutEstimate | None = None
-    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node, engine):
-        if data_parallel_only and (layout.tensor > 1 or layout.pipeline > 1):
-            continue
-        est = estimate_layout(model, gpu, layout, global_batch_size, network, efficiency)
-        if not est.fits:
-            continue
-        key = (est.step_time_s, layout.tensor * layout.pipeline)
-        if best is None or key < (best.step_time_s, best.layout.tensor * best.layout.pipeline):
-            best = est
-    return best
+    """The fastest layout of ``num_gpus`` that fits in memory (:func:`ranked_layouts`' first); None when none fits
+    or none can run the batch."""
+    ranked = ranked_layouts(model, gpu, num_gpus, global_batch_size, network, efficiency, data_parallel_only, engine)
+    return ranked[0] if ranked else None
 
 
 def min_gpus_to_fit(

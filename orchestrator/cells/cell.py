@@ -20,6 +20,7 @@ from orchestrator.config.schema import Config, MethodConfig, ModelConfig, compil
 from orchestrator.config.values import Container, Row
 from orchestrator.engines.registry import (
     DEFAULT_ENGINE,
+    check_batch,
     check_engine_options,
     identity_keys,
     identity_keys_if_set,
@@ -271,7 +272,7 @@ def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
 
     Not ``submitting`` (``gpudays plan``): what only a submission needs of the cluster config (one node on
     ``cluster=local``) is not asked, since a plan costs the cell and runs nothing."""
-    m, gpu, model, cluster = cell.method, cell.gpu, cell.model, cell.cluster
+    m, gpu, cluster = cell.method, cell.gpu, cell.cluster
     num_gpus, num_nodes = cell.num_gpus, cell.num_nodes
     out: list[Refusal] = []
     on_cuda = gpu.accelerator == "cuda"
@@ -333,23 +334,7 @@ def check_runnable(cell: Config, submitting: bool = True) -> list[Refusal]:
         out.append(Refusal("num_nodes", "cluster=local runs on this machine only; use num_nodes=1 or cluster=slurm"))
 
     out.extend(_check_time_limit(cell))
-    global_batch = model.global_batch_size
-    if global_batch % num_gpus:
-        out.append(
-            Refusal("num_gpus", f"the global batch of {global_batch} sequences does not split over {num_gpus} GPUs")
-        )
-    else:
-        per_gpu = global_batch // num_gpus
-        micro = parse_micro_batch(m.micro_batch_size)
-        if isinstance(micro, int) and per_gpu % micro:
-            divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
-            out.append(
-                Refusal(
-                    "method.micro_batch_size",
-                    f"{micro} does not divide the per-GPU batch of {per_gpu} sequences "
-                    f"({global_batch} / {num_gpus} GPUs); use auto or one of {divisors}",
-                )
-            )
+    out.extend(check_batch(cell))  # over the GPUs, or what the engine splits a micro-step into
     return out
 
 

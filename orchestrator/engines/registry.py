@@ -162,6 +162,12 @@ def check_engine_options(cell: Config) -> list[Refusal]:
     return out
 
 
+def check_batch(cell: Config) -> list[Refusal]:
+    """Refusals of a cell whose global batch does not split as its engine splits it (``EngineSpec.batch_check``);
+    an engine not registered is checked as the default engine (its name is refused as an input error)."""
+    return _SPECS.get(cell.method.engine, _SPECS[DEFAULT_ENGINE]).batch_check(cell)
+
+
 def method_label(settings: Mapping[str, Scalar]) -> str:
     """How a cell shards, from its method settings (a ``MethodConfig``'s fields or a row of the cells table), by
     its engine's label: ``zero2 offload-opt``, ``fsdp-grad_op offload reduce-bf16``. Settings naming no engine

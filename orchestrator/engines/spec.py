@@ -76,6 +76,27 @@ class Links:
     """Parameters a node's CPUs update per second with Adam (offloaded optimizer steps)."""
 
 
+def per_gpu_batch(cell: Config) -> list[Refusal]:
+    """A data-parallel engine's batch check: every GPU runs its own sequences, so the global batch must split over
+    the GPUs, and a fixed micro-batch must divide each GPU's share."""
+    from orchestrator.config.refusal import Refusal
+
+    batch, num_gpus, micro = cell.model.global_batch_size, cell.num_gpus, cell.method.micro_batch_size
+    if batch % num_gpus:
+        return [Refusal("num_gpus", f"the global batch of {batch} sequences does not split over {num_gpus} GPUs")]
+    per_gpu = batch // num_gpus
+    if isinstance(micro, int) and not isinstance(micro, bool) and micro > 0 and per_gpu % micro:
+        divisors = [d for d in range(1, per_gpu + 1) if per_gpu % d == 0]
+        return [
+            Refusal(
+                "method.micro_batch_size",
+                f"{micro} does not divide the per-GPU batch of {per_gpu} sequences "
+                f"({batch} / {num_gpus} GPUs); use auto or one of {divisors}",
+            )
+        ]
+    return []
+
+
 @dataclass(frozen=True)
 class EngineSpec:
     """One training engine as the rest of gpudays sees it; ``orchestrator/engines/<name>/spec.py`` defines one."""
@@ -119,6 +140,10 @@ class EngineSpec:
     compile_scopes: tuple[str, ...] = ("regional",)
     """The values of ``method.compile_scope`` its engine compiles (``whole`` only where it wraps the whole model
     as one graph without splitting its own hooks out of it)."""
+    batch_check: Callable[[Config], list[Refusal]] = per_gpu_batch
+    """Refusals of a cell whose global batch does not split as this engine splits it: over the GPUs
+    (:func:`per_gpu_batch`, a data-parallel engine's), or over what shares a micro-step (mesh3d: its replicas ×
+    pipeline micro-batches)."""
     layout_terms: Callable[[CellArrays], Terms] | None = None
     """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what

@@ -82,3 +82,40 @@ def test_tensor_parallel_beside_data_parallel_accumulating_with_checkpointing(tm
     assert mesh["mesh_shape"] == [1, 2, 2] and mesh["bubble_measured"] is None and mesh["bubble_predicted"] == 0
     m = results[0]["metrics"]
     assert m["hardware_tflops_per_gpu"] > m["model_tflops_per_gpu"], "checkpointing reruns the layers"
+
+
+def test_an_uneven_pipeline_split_computes_what_the_whole_model_does() -> None:
+    # Five layers in three stages (the cost balance gives the ends fewer: their vocabulary matrices weigh on them),
+    # run one after the other in one process: the same loss and the same gradients as the unsplit model.
+    import torch
+
+    from orchestrator.config.schema import to_config
+    from orchestrator.engines.mesh3d.config import end_weight, layout_of, stage_sizes
+    from orchestrator.engines.mesh3d.parallelize import split_stages
+    from orchestrator.models import family_module
+
+    cfg = to_config(mesh_cell("model.num_layers=5", "model.num_parameters=null", "num_gpus=3", "method.pp=3"))
+    model, weight = cfg.model, end_weight(cfg.model)
+    assert stage_sizes(5, 3, weight) != [5 // 3] * 3 and sum(stage_sizes(5, 3, weight)) == 5
+    torch.manual_seed(0)
+    whole = family_module(model.family).build_model(model, "eager", torch.float32, torch.device("cpu"))
+    tokens = torch.randint(0, model.vocab_size, (2, 16))
+
+    def loss_of(logits: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
+
+    expected = loss_of(whole(tokens).logits)
+    expected.backward()
+    grads = {name: p.grad.clone() for name, p in whole.named_parameters() if p.grad is not None}
+    whole.zero_grad()
+    layout = layout_of(cfg.method, 3)
+    stages = [stage for rank in range(3) for _, stage in split_stages(whole, layout, rank, 5, weight)]
+    assert [len(s.layers) for s in stages] == stage_sizes(5, 3, weight)
+    h = tokens
+    for stage in stages:
+        h = stage(h)
+    got = loss_of(h)
+    got.backward()
+    torch.testing.assert_close(got, expected)
+    for name, p in whole.named_parameters():
+        torch.testing.assert_close(p.grad, grads[name], msg=name)

@@ -68,17 +68,19 @@ def predict(
 
 def layout_offers(p: Plan) -> RenderableType | None:
     """The tensor × pipeline × data-parallel layouts (``method.engine=mesh3d``) a plan offers where data
-    parallelism alone does not fit or is slower (analysis/predict/layouts.py), each with the ``gpudays sweep`` line that
+    parallelism alone does not fit, cannot run, or is slower (analysis/predict/layouts.py), each with the ``gpudays sweep`` line that
     measures it; None where there is none to offer."""
     from analysis.predict.layouts import offer_rows, offers
 
-    found = offers((cell.typed, cell.prediction) for cell in [*p.cells, *p.skipped] if cell.prediction)
+    # Refused cells count too: a model whose batch splits over no data-parallel cell's GPUs still gets a layout.
+    found = offers((cell.typed, cell.prediction) for cell in [*p.cells, *p.skipped])
     if not found:
         return None
     numeric = ("num_gpus", "nodes", "mb", "mem_gib", "step_s", "bubble", "mfu", "gpu_h", "dp_gpu_h")
     return Group(
         Text(
-            "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit or is slower "
+            "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit, cannot run or "
+            "is slower "
             "(analysis/predict/parallelism.py's layout model, uncalibrated):"
         ),
         rows_table(offer_rows(found), numeric=numeric, keep=OFFER_KEEP),

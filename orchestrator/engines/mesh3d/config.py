@@ -24,7 +24,7 @@ from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import PP_SCHEDULES
 
 if TYPE_CHECKING:
-    from orchestrator.config.schema import Config, MethodConfig
+    from orchestrator.config.schema import Config, MethodConfig, ModelConfig
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
 STAGES_PER_RANK = {"1f1b": 1, "interleaved_1f1b": 2}
@@ -90,10 +90,13 @@ class Mesh3dLayout:
         for ``m`` micro-batches over ``p`` ranks of ``v`` stages each; 0 without a pipeline."""
         return (self.pp - 1) / (self.stages_per_rank * self.microbatches + self.pp - 1)
 
-    def stage_layers(self, num_layers: int) -> list[range]:
-        """The decoder layers of each of the :attr:`num_stages` stages, in order (equal shares)."""
-        per = num_layers // self.num_stages
-        return [range(i * per, (i + 1) * per) for i in range(self.num_stages)]
+    def stage_layers(self, num_layers: int, end_weight: float = 0.0) -> list[range]:
+        """The decoder layers of each of the :attr:`num_stages` stages, in order, as :func:`stage_sizes` splits
+        them (``end_weight``: :func:`end_weight` of the model)."""
+        starts = [0]
+        for size in stage_sizes(num_layers, self.num_stages, end_weight):
+            starts.append(starts[-1] + size)
+        return [range(a, b) for a, b in zip(starts, starts[1:], strict=False)]
 
     def stages_of(self, pp_rank: int) -> list[int]:
         """The stages pipeline rank ``pp_rank`` holds: ``pp_rank``, then ``pp_rank + pp`` (interleaved, looped)."""
@@ -112,6 +115,64 @@ class Mesh3dLayout:
             "pp_stages": self.num_stages,
             "bubble_predicted": self.bubble,
         }
+
+
+def stage_sizes(num_layers: int, num_stages: int, end_weight: float = 0.0) -> list[int]:
+    """Decoder layers of each pipeline stage, every stage at least one, balanced by cost: a stage costs its layers,
+    and the first and the last ``end_weight`` layers more for the input embedding and the output layer they hold.
+    The split whose costliest stage costs least (then the most even one); middle stages share what the ends leave,
+    the later ones taking the remainder (they keep fewer micro-batches in flight). Layers need not divide evenly:
+    BLOOM's 70 layers in 12 stages are 5, ten of 6, 5; Llama 3 405B's 126 in 16 are 7, fourteen of 8, 7."""
+    if num_stages <= 1:
+        return [num_layers]
+    w = max(0.0, float(end_weight))
+    if num_stages == 2:
+        first = num_layers // 2
+        return [first, num_layers - first]
+    middle = num_stages - 2
+    best: tuple[tuple[float, float], list[int]] | None = None
+    top = min(num_layers - middle - 1, -(-num_layers // num_stages) + 1)
+    for a in range(1, top + 1):
+        for c in range(1, top + 1):
+            rest = num_layers - a - c
+            if rest < middle:
+                continue
+            low, extra = divmod(rest, middle)
+            sizes = [a, *([low] * (middle - extra)), *([low + 1] * extra), c]
+            costs = [a + w, *sizes[1:-1], c + w]
+            key = (max(costs), sum(x * x for x in costs))
+            if best is None or key < best[0]:
+                best = (key, sizes)
+    assert best is not None, "num_stages <= num_layers"
+    return best[1]
+
+
+def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0) -> list[float]:
+    """Each stage's cost as :func:`stage_sizes` weighs it: its layers, and ``end_weight`` more at each end."""
+    sizes = stage_sizes(num_layers, num_stages, end_weight)
+    ends = [1.0 if i in (0, len(sizes) - 1) else 0.0 for i in range(len(sizes))]
+    return [
+        n + max(0.0, end_weight) * (e + (1.0 if len(sizes) == 1 else 0.0)) for n, e in zip(sizes, ends, strict=True)
+    ]
+
+
+def pipeline_imbalance(num_layers: int, num_stages: int, end_weight: float = 0.0) -> float:
+    """The costliest stage over the mean one (1 for a perfectly balanced pipeline): the slowest stage sets the
+    pace of the whole pipeline, so a schedule lasts this many times what an even spread of the work would."""
+    if num_stages <= 1 or num_stages > num_layers:
+        return 1.0
+    costs = stage_costs(num_layers, num_stages, end_weight)
+    return max(costs) * len(costs) / sum(costs)
+
+
+def end_weight(model: ModelConfig) -> float:
+    """The input embedding's (or the output layer's) parameters in decoder layers of ``model``: what each end stage
+    of a pipeline holds beside its layers (:func:`stage_sizes`)."""
+    from orchestrator.models import num_parameters
+
+    vocab = float(model.vocab_size * model.hidden_size)
+    per_layer = (float(num_parameters(model)) - 2.0 * vocab) / max(model.num_layers, 1)
+    return vocab / per_layer if per_layer > 0 else 0.0
 
 
 def layout_of(method: MethodConfig, num_gpus: int) -> Mesh3dLayout:
@@ -134,7 +195,7 @@ def layout_of(method: MethodConfig, num_gpus: int) -> Mesh3dLayout:
 def refusals(cell: Config) -> list[Refusal]:
     """Why mesh3d cannot run this cell, each naming the key: sizes that do not divide the GPUs, heads or layers,
     tensor parallelism across nodes, a pipeline longer than the layers, a schedule torch cannot run with these
-    micro-batches, a batch that does not split, a family the engine cannot split, fp16."""
+    micro-batches, a family the engine cannot split, fp16 (the batch: :func:`batch_refusals`)."""
     m, model = cell.method, cell.model
     tp, pp = int(m.tp), int(m.pp)
     splits = SPLIT_FAMILIES
@@ -180,10 +241,19 @@ def refusals(cell: Config) -> list[Refusal]:
                 "use bf16 or fp32",
             )
         )
-    if out:
-        return out
-    layout = layout_of(m, cell.num_gpus)
-    batch = model.global_batch_size
+    return out
+
+
+def batch_refusals(cell: Config) -> list[Refusal]:
+    """The global batch that does not split into the data-parallel replicas × pipeline micro-batches of one
+    micro-step, or whose share a fixed micro-batch does not divide: mesh3d's batch check (a replica's ranks share
+    their sequences, so the GPU count need not divide the batch). Nothing where the layout itself is refused."""
+    m, batch = cell.method, cell.model.global_batch_size
+    try:
+        layout = layout_of(m, cell.num_gpus)
+    except ValueError:
+        return []  # refused by refusals(), naming method.tp
+    out: list[Refusal] = []
     if batch % layout.batch_split:
         out.append(
             Refusal(
@@ -225,14 +295,6 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
             )
         ]
     out = []
-    if layers % stages:
-        out.append(
-            Refusal(
-                "method.pp",
-                f"the {layers} layers do not split evenly into {stages} stages ({m.pp_schedule}); use a pp whose "
-                "stage count divides the layers",
-            )
-        )
     k = int(m.pp_microbatches)
     if k < pp:
         out.append(
@@ -248,5 +310,3 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
             )
         )
     return out
-
-

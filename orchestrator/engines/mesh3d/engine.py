@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
-from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, layout_of
+from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, end_weight, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.models.probe_data import DATA_BATCHES, seed_of
@@ -120,7 +120,7 @@ class Mesh3dEngine:
             enable_activation_checkpointing(module)
         module.train()
         pp_rank, _, _ = self.coordinates()
-        stages = split_stages(module, lay, pp_rank, cfg.model.num_layers)
+        stages = split_stages(module, lay, pp_rank, cfg.model.num_layers, end_weight(cfg.model))
         mixed = method.precision != "fp32"
         mp_policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if mixed else None, reduce_dtype=torch.float32 if mixed else None

@@ -6,7 +6,8 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
 
 - a rank's share: the decoder layers' (Ψ − 2E)/(p·t), plus the vocabulary matrices of its end of the pipeline
   (the input embedding on the first stage, the output layer on the last, both when p = 1), which stay whole on
-  every tensor rank (the engine does not split the vocabulary): Ψ_gpu = (Ψ − 2E)/(p·t) + E·(2 if p = 1 else 1);
+  every tensor rank (the engine does not split the vocabulary): Ψ_gpu = (Ψ − 2E)/(p·t) + E·(2 if p = 1 else 1)
+  where the stages split the layers evenly; otherwise the largest stage's (``config.stage_sizes``);
 - FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
   the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu;
 - gathered parameters: with a pipeline the stage stays gathered for all its micro-batches (resharding between
@@ -24,7 +25,7 @@ import numpy as np
 
 from orchestrator.engines.memory import activation_bytes_per_sequence, micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
-from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of
+from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of, stage_sizes
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
@@ -35,12 +36,24 @@ REDUCE_BYTES = 4.0
 """Gradients are reduced and accumulated in fp32."""
 
 
-def rank_parameters(num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any) -> Any:
-    """Parameters one rank holds before FSDP shards them (the largest stage's share)."""
+def rank_parameters(num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None) -> Any:
+    """Parameters one rank holds before FSDP shards them: the largest stage's share, of the layers as
+    ``config.stage_sizes`` splits ``num_layers`` (unevenly where the stages do not divide them; None: L/p each)."""
     psi = np.asarray(num_parameters, dtype=float)
     e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    if num_layers is not None:
+        return _out(np.vectorize(_largest_stage, otypes=[float])(psi, e, t, p, np.asarray(num_layers, dtype=float)))
     return _out((psi - 2.0 * e) / (p * t) + e * np.where(p > 1, 1.0, 2.0))
+
+
+def _largest_stage(psi: float, e: float, t: float, p: float, layers: float) -> float:
+    per_layer = (psi - 2.0 * e) / max(layers, 1.0)
+    if p <= 1 or p > layers or per_layer <= 0:
+        return (psi - 2.0 * e) / (p * t) + e * (1.0 if p > 1 else 2.0)
+    sizes = stage_sizes(int(layers), int(p), e / per_layer)
+    last = len(sizes) - 1
+    return max(n * per_layer / t + (e if i in (0, last) else 0.0) for i, n in enumerate(sizes))
 
 
 def memory_terms(
@@ -56,7 +69,7 @@ def memory_terms(
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
-    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p), dtype=float)
+    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, num_layers), dtype=float)
     pb = np.asarray(precision_bytes(precision), dtype=float)
     per_layer = share / np.maximum(np.asarray(num_layers, dtype=float) / p, 1.0)
     gathered = np.where(p > 1, pb * share, pb * (2.0 * per_layer + np.asarray(largest_weight, dtype=float) / t))

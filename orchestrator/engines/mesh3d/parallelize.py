@@ -65,12 +65,16 @@ def _parts(module: Any) -> tuple[Any, list[nn.Module], nn.Module, Any, nn.Module
     return module.get_input_embeddings(), list(layers), norm, module.get_output_embeddings(), rotary
 
 
-def split_stages(module: Any, layout: Mesh3dLayout, pp_rank: int, num_layers: int) -> list[tuple[int, Stage]]:
-    """The stages pipeline rank ``pp_rank`` runs, with their indices. A model whose output layer shares the input
+def split_stages(
+    module: Any, layout: Mesh3dLayout, pp_rank: int, num_layers: int, end_weight: float = 0.0
+) -> list[tuple[int, Stage]]:
+    """The stages pipeline rank ``pp_rank`` runs, with their indices, the layers split as
+    ``Mesh3dLayout.stage_layers`` balances them (``end_weight``: ``config.end_weight`` of the model, the end stages'
+    vocabulary matrices in layers). A model whose output layer shares the input
     embedding's matrix gets a copy of it on the last stage, as Megatron-LM keeps one on each end of the pipeline
     (Megatron also all-reduces the two copies' gradients; this probe leaves that one reduction out)."""
     embed, layers, norm, head, rotary = _parts(module)
-    split = layout.stage_layers(num_layers)
+    split = layout.stage_layers(num_layers, end_weight)
     last = layout.num_stages - 1
     out = []
     for index in layout.stages_of(pp_rank):

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.values import Scalar
-from orchestrator.engines.mesh3d.config import refusals
+from orchestrator.engines.mesh3d.config import batch_refusals, refusals
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -77,5 +77,6 @@ SPEC = EngineSpec(
     step_time_terms=step_time_terms,
     not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
     sharding_fields=("tp", "pp", "pp_schedule"),
+    batch_check=batch_refusals,
     layout_terms=layout_terms,
 )

@@ -11,7 +11,10 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
   pipeline reduces at the end of every schedule), over the d replicas;
 - the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), so
   the compute of the step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the
-  communication, the other time the step spends not computing.
+  communication, the other time the step spends not computing;
+- the slowest stage sets the pace: where the stages are not balanced (``config.pipeline_imbalance``: its
+  costliest stage over the mean one, the layers split unevenly or the ends' vocabulary matrices), every stage
+  waits for it, C·(imbalance − 1) more, also stretched by the bubble.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from orchestrator.engines.memory import precision_bytes
-from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
+from orchestrator.engines.mesh3d.config import STAGES_PER_RANK, pipeline_imbalance
 from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters
 
 if TYPE_CHECKING:
@@ -39,6 +42,18 @@ def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
     return (p - 1.0) / (v * m + p - 1.0)
 
 
+def imbalance(
+    num_parameters: np.ndarray, vocab_matrix: np.ndarray, num_layers: np.ndarray, pp: np.ndarray
+) -> np.ndarray:
+    """``config.pipeline_imbalance`` of each cell: its slowest stage over the mean one (1 without a pipeline)."""
+    psi = np.asarray(num_parameters, dtype=float)
+    e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
+    layers = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
+    one = np.vectorize(lambda n, p, w: pipeline_imbalance(int(n), int(p), float(w)), otypes=[float])
+    return np.asarray(one(layers, np.asarray(pp, dtype=float), weight), dtype=float)
+
+
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     """Nominal seconds of communication (``communication_s``, the bubble's wait included) and offload
     (``offload_s``: none) of one step of ``accum`` schedules, for every cell of ``x``."""
@@ -53,11 +68,12 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     tensor_s = rank_layers * 4.0 * 2.0 * (t - 1.0) / t * activation / links.intra_node
     pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
-    share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p), dtype=float)
+    share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers), dtype=float)
     data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
     compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
     idle = bubble(p, m["pp_microbatches"], m["pp_schedule"])
-    wait_s = compute_s * idle / (1.0 - idle)
+    pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p)
+    wait_s = compute_s * (pace / (1.0 - idle) - 1.0)
     return {"communication_s": tensor_s + pipeline_s + data_s + wait_s, "offload_s": np.zeros_like(tensor_s)}

@@ -11,7 +11,7 @@ import pytest
 
 from orchestrator.cells import cell as cells
 from orchestrator.config.schema import MethodConfig, to_config
-from orchestrator.engines.mesh3d.config import layout_of
+from orchestrator.engines.mesh3d.config import layout_of, stage_sizes
 from orchestrator.engines.mesh3d.memory import memory_terms, rank_parameters
 from orchestrator.engines.mesh3d.step_time import bubble
 from orchestrator.engines.registry import method_label
@@ -46,11 +46,6 @@ MESH = "method.engine=mesh3d"
         # a pipeline longer than the layers (pythia-tiny has 2)
         ([MESH, "num_gpus=4", "method.pp=4"], "method.pp", "has 2 layers"),
         ([MESH, "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"], "method.pp", "has 2 layers"),
-        (
-            [MESH, "model=pythia-70m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
-            "method.pp",
-            "do not split evenly into 4 stages",
-        ),
         ([MESH, "num_gpus=2", "method.pp=2", "method.pp_microbatches=1"], "method.pp_microbatches", "at least 2"),
         (
             [
@@ -91,6 +86,38 @@ def test_layouts_mesh3d_cannot_run_are_refused_naming_the_key(make_cell, overrid
         [MESH, "num_gpus=4"],
         [MESH, "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.pp=2"],
         [MESH, "model=pythia-160m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
+        # stages need not divide the layers: pythia-70m's 6 in 4 stages
+        [MESH, "model=pythia-70m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
+        # BLOOM-176B as it was trained: 70 layers in 12 stages, 2048 sequences over 8 replicas x 128 micro-batches
+        [
+            MESH,
+            "model=pythia-12b",
+            "model.num_parameters=null",
+            "model.num_layers=70",
+            "model.hidden_size=14336",
+            "model.num_heads=112",
+            "model.vocab_size=250880",
+            "model.global_batch_size=2048",
+            "gpu=a100-80gb",
+            "cluster=slurm",
+            "num_gpus=384",
+            "num_nodes=48",
+            "method.tp=4",
+            "method.pp=12",
+            "method.pp_microbatches=128",
+            "method.micro_batch_size=2",
+        ],  # fmt: skip
+        # the batch splits over the replicas x micro-batches (64 x 8 of 1024), not over the 2,048 GPUs
+        [
+            MESH,
+            "model=llama-2-70b",
+            "cluster=slurm",
+            "gpu=h100-80gb",
+            "num_gpus=2048",
+            "num_nodes=256",
+            "method.tp=8",
+            "method.pp=4",
+        ],
         [
             MESH,
             "model=pythia-1b",
@@ -113,6 +140,15 @@ def test_a_layout_is_a_mesh_stages_and_a_batch_split() -> None:
     assert lay.mesh_shape == (4, 8, 2) and lay.num_stages == 8 and lay.batch_split == 8 * 8
     assert lay.stages_of(1) == [1, 5]
     assert [list(r) for r in lay.stage_layers(16)][:2] == [[0, 1], [2, 3]]
+    # Uneven splits balanced by cost, the vocabulary matrices weighing on the end stages, as the published runs
+    # laid them out: BLOOM's 70 layers in 12 stages (its embedding about 1.46 layers), Llama 3 405B's 126 in 16.
+    assert stage_sizes(70, 12, 1.46) == [5, *[6] * 10, 5]
+    assert stage_sizes(126, 16, 0.65) == [7, *[8] * 14, 7]
+    assert [list(r) for r in layout_of(method(pp=3), 3).stage_layers(8, end_weight=2.0)] == [
+        [0, 1],
+        [2, 3, 4, 5],
+        [6, 7],
+    ]
     assert lay.bubble == pytest.approx(3 / (2 * 8 + 3))
     flat = layout_of(method(tp=2, pp_microbatches=8), 8)  # no pipeline: its micro-batch settings do nothing
     assert flat.microbatches == 1 and flat.batch_split == 4 and flat.bubble == 0.0 and flat.schedule == "none"
@@ -139,6 +175,11 @@ def test_memory_terms_split_the_layers_over_tensor_and_pipeline_ranks_and_shard_
     assert rank_parameters(psi, e, 1, 1) == pytest.approx(psi)
     assert rank_parameters(psi, e, 2, 1) == pytest.approx((psi - 2 * e) / 2 + 2 * e)
     assert rank_parameters(psi, e, 1, 2) == pytest.approx((psi - 2 * e) / 2 + e)
+    # an uneven split holds its largest stage: 5 layers in 3 stages of 1, 3, 1 where the ends weigh 2.3 layers
+    big_e = 2.4e8
+    per_layer = (psi - 2 * big_e) / 5
+    assert stage_sizes(5, 3, big_e / per_layer) == [1, 3, 1]
+    assert rank_parameters(psi, big_e, 1, 3, num_layers=5) == pytest.approx(per_layer + big_e)
     one = memory_terms(psi, e, e, 16, 1, 1, 1, "bf16")
     four_dp = memory_terms(psi, e, e, 16, 4, 1, 1, "bf16")
     assert four_dp["optimizer"] == pytest.approx(one["optimizer"] / 4) and one["optimizer"] == pytest.approx(8 * psi)
