@@ -14,8 +14,9 @@ prediction; where it cannot, the reason (the engine's refusal).
 
 For each row: predicted / published GPU-hours, the plan's 90% interval, whether the published figure falls inside
 it, and the interval's high/low ratio. Steady-state figures (FLOP/s, tokens/s, step time) are turned into the
-GPU-hours of the same tokens first. A wall-clock figure also holds restarts, evaluations and checkpoints, which
-the plan does not predict: a ratio below 1 is expected there. The summary gives the share within ±30%, the median
+GPU-hours of the same tokens first. A wall-clock figure also holds restarts, evaluations and checkpoints: it is
+scored against the plan's wall-clock GPU-hours (the steps' over the plan's ``goodput``), a steady-state figure
+against the steps' own. The summary gives the share within ±30%, the median
 |error|, the interval's coverage and its median high/low ratio, for all rows, each kind, and the confirmed rows.
 """
 
@@ -169,6 +170,9 @@ class Answer:
     high: float = math.nan
     fits: bool = True
     reason: str = ""
+    goodput: float = 1.0
+    """The share of the run's wall-clock time the plan takes its steps to be (its ``goodput``): a wall-clock
+    published figure is scored against the plan's wall-clock GPU-hours, the steps' over it."""
 
     @property
     def answered(self) -> bool:
@@ -197,6 +201,7 @@ def _answer(cell: Any) -> Answer:
         low=_float(p.get("predicted_gpu_hours_low")),
         high=_float(p.get("predicted_gpu_hours_high")),
         fits=p.get("predicted_fits") is not False,
+        goodput=_float(p.get("goodput")) or 1.0,
     )
 
 
@@ -286,15 +291,19 @@ class Row:
     answer: Answer
     layout: Answer | None
 
+    def _score(self, a: Answer | None) -> Score | None:
+        if a is None or not a.answered:
+            return None
+        g = a.goodput if self.run.kind == "wall-clock" else 1.0  # a wall-clock figure against the plan's wall-clock
+        return score(a.gpu_hours / g, a.low / g, a.high / g, self.published)
+
     @property
     def score(self) -> Score | None:
-        a = self.answer
-        return score(a.gpu_hours, a.low, a.high, self.published) if a.answered else None
+        return self._score(self.answer)
 
     @property
     def layout_score(self) -> Score | None:
-        a = self.layout
-        return score(a.gpu_hours, a.low, a.high, self.published) if a is not None and a.answered else None
+        return self._score(self.layout)
 
 
 def evaluate(run: Run) -> Row:
@@ -341,7 +350,8 @@ def render(rows: Sequence[Row]) -> str:
         gpus = f"{r.num_gpus}{'' if r.gpus_published else '*'}"
         flag = "" if r.confirmed else " (unconfirmed)"
         if a.answered:
-            setting, pred, interval = a.setting, _num(a.gpu_hours), f"{_num(a.low)}-{_num(a.high)}"
+            g = a.goodput if r.kind == "wall-clock" else 1.0  # the figure scored: wall-clock where published so
+            setting, pred, interval = a.setting, _num(a.gpu_hours / g), f"{_num(a.low / g)}-{_num(a.high / g)}"
         else:
             setting, pred, interval = "(none)", "-", "-"
             below.append(f"  {r.id}: {a.reason}")
@@ -361,7 +371,9 @@ def render(rows: Sequence[Row]) -> str:
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table)
     notes = "\n".join(f"  {r.run.id}: stand-in: {r.run.stand_in}" for r in rows if r.run.stand_in)
-    out = [text, "* GPU count not published: assumed (see the table's notes)"]
+    out = [text, "* GPU count not published: assumed (see the table's notes)",
+           "pred_gpu_h: the whole run's (wall-clock, at the plan's goodput) for a wall-clock row, the steps' for a "
+           "steady-state one"]  # fmt: skip
     if below:
         out += ["why a row has no figure:", *below]
     if notes:
