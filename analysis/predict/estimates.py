@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 from scipy import stats
 
 SECONDS_PER_DAY = 86_400.0
@@ -143,16 +144,17 @@ H100s (Llama Team 2024, "The Llama 3 Herd of Models", §3.3.4), and ByteDance mo
 over 10,000 GPUs (Jiang et al. 2024, NSDI, abstract). Published totals of GPU-hours are wall-clock figures."""
 
 
-def goodput_of(goodput: Any) -> Any:
+def goodput_of(goodput: ArrayLike | None) -> float | np.ndarray:
     """Each cell's goodput: its cluster's, else :data:`DEFAULT_GOODPUT` (NaN, None and out-of-range values)."""
     g = pd.to_numeric(pd.Series(np.atleast_1d(np.asarray(goodput, dtype=object))), errors="coerce").to_numpy()
-    out = np.where((g > 0) & (g <= 1), g, DEFAULT_GOODPUT)
-    return float(out[0]) if np.ndim(goodput) == 0 else out
+    out: np.ndarray = np.where((g > 0) & (g <= 1), g, DEFAULT_GOODPUT)
+    return float(out[0]) if goodput is None or np.ndim(goodput) == 0 else out
 
 
-def wall_clock(steady: Any, goodput: Any) -> Any:
+def wall_clock(steady: ArrayLike, goodput: ArrayLike | None) -> np.ndarray:
     """A figure of the training steps alone (days, GPU-hours) as the run's wall-clock figure: over its goodput."""
-    return np.asarray(steady, dtype=float) / goodput_of(goodput)
+    out: np.ndarray = np.asarray(steady, dtype=float) / goodput_of(goodput)
+    return out
 
 
 def gpu_hours(num_gpus: Any, train_steps: Any, step_time_s: Any) -> Any:

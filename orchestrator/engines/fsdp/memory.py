@@ -26,6 +26,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
@@ -61,7 +62,7 @@ def model_state_bytes(
     num_nodes: Any = 1,
     reduce_precision: Any = "fp32",
     offload: Any = False,
-    accumulation: Any = "sharded",
+    accumulation: ArrayLike = "sharded",
 ) -> tuple[Any, Any, Any]:
     """Bytes per GPU of (parameters, gradients, optimizer states) under FSDP2, after offload; gradients include
     the unsharded ones accumulated between boundaries where ``accumulation`` is ``unsharded``."""
@@ -99,7 +100,7 @@ def memory_terms(
     precision: Any,
     reduce_precision: Any,
     offload: Any,
-    accumulation: Any = "sharded",
+    accumulation: ArrayLike = "sharded",
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
     instead), as the predictor adds them up (analysis/predict/inputs.py)."""
