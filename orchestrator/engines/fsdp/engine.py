@@ -80,6 +80,7 @@ class FsdpEngine:
         # Built without storage and materialised after sharding: a rank allocates only its shards, initialised
         # as the unsplit model's (orchestrator/engines/materialising.py). fp32 weights: the sharded parameters are
         # the optimizer's master copy; mp_policy casts for compute.
+        torch.manual_seed(self.config.probe.seed)  # the same random state on every rank
         module, meta = build_meta(self.config)
         self._num_parameters = sum(p.numel() for p in module.parameters())
         if method.activation_checkpointing:

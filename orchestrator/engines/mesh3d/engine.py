@@ -117,6 +117,7 @@ class Mesh3dEngine:
             self.mesh = init_device_mesh(self.device.type, lay.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
         # Built without storage; each rank materialises only its stages' shards, initialised as the unsplit
         # model's (orchestrator/engines/materialising.py).
+        torch.manual_seed(cfg.probe.seed)  # the same random state on every rank
         module, meta = build_meta(cfg)
         self._num_parameters = sum(p.numel() for p in module.parameters())
         if method.activation_checkpointing:
