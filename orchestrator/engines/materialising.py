@@ -4,13 +4,15 @@ Built whole, a model needs four bytes a parameter on every rank before it is spl
 these engines build it on the meta device, apply their parallelism there (``fully_shard``, tensor-parallel plans,
 the pipeline's stages), and only then give the parameters storage (``to_empty``): each rank allocates its shards.
 
-Initialisation is deterministic per module, so a rank's shard holds exactly what the unsplit model holds: every
-module that owns tensors is initialised by the family's own ``_init_weights`` (transformers' per-module scheme) on
-a full-size copy of it (a copy of the meta model kept aside, never split), with the random generator seeded from
-the probe's seed and the module's name in the model; the copy's values go into the rank's shard (``DTensor``
-placements decide which part) and its storage is dropped before the next module. A rank therefore holds at most
-one module's whole tensors beside its shards (:func:`orchestrator.engines.memory.build_bytes` counts them), and
-the same model on one rank, unsplit (:func:`materialised`), has the same values, whatever the layout.
+Initialisation is deterministic per unit, so a rank's shard holds exactly what the unsplit model holds. A unit is
+a block of the family (a decoder layer) or a module outside the blocks that owns tensors (an embedding, the final
+norm, the output layer); it is initialised by the family's own ``_init_weights`` (transformers' per-module scheme,
+children before their parent) on a full-size copy of it (from a copy of the meta model kept aside, never split),
+with the random generator seeded from the probe's seed and the unit's name in the model; the copy's values go into
+the rank's shards (``DTensor`` placements decide which part) and its storage is dropped before the next unit. A
+rank therefore holds at most one unit's whole tensors beside its shards (what
+:func:`orchestrator.engines.memory.largest_unit` counts), and the same model on one rank, unsplit
+(:func:`materialised`), has the same values, whatever the layout.
 
 A tensor shared by two modules (an output layer tied to the input embedding) is written once, by the module that
 names it first; a module made after the split to stand for another (mesh3d's copy of a tied output layer on the
