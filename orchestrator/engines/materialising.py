@@ -21,7 +21,9 @@ last stage) is :meth:`MetaModel.adopt`-ed and takes that module's values.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import ctypes
 import zlib
 from typing import TYPE_CHECKING, Any
 
@@ -149,6 +151,16 @@ class MetaModel:
                             _copy_into(_direct_tensors(target)[key], value)
         finally:
             full.to_empty(device=torch.device(META), recurse=block)
+            if device.type == "cpu":
+                _trim_heap()
+
+
+def _trim_heap() -> None:
+    """Give the unit's freed copy back to the system on the CPU: glibc keeps freed blocks of a few MB in its heap
+    once a larger one was freed, so the process would grow by every unit's copy, the whole model's in the end (a
+    GPU's caching allocator reuses them instead)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def _within(name: str, block: str) -> bool:

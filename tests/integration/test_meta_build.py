@@ -1,6 +1,7 @@
 """The FSDP and mesh3d engines build on the meta device and give each rank only its shards: every shard, gathered,
 holds exactly what the unsplit model holds (same seed, same values), on four ranks over gloo, under FSDP (full
-sharding) and under mesh3d (tensor and pipeline parallelism, a tied output layer copied onto the last stage)."""
+sharding) and under mesh3d (tensor and pipeline parallelism, a tied output layer copied onto the last stage; tensor
+parallelism beside FSDP's data parallelism, each weight split over both)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from orchestrator.engines.materialising import materialised
 WORLD = 4
 CELLS = {
     "fsdp": ("method.engine=fsdp", "method.fsdp_sharding=full"),
-    "mesh3d": ("method.engine=mesh3d", "method.tp=2", "method.pp=2", "method.pp_microbatches=2"),
+    "mesh3d-tp-pp": ("method.engine=mesh3d", "method.tp=2", "method.pp=2", "method.pp_microbatches=2"),
+    "mesh3d-tp-dp": ("method.engine=mesh3d", "method.tp=2"),
 }
 
 
@@ -53,7 +55,7 @@ def _rank(rank: int, port: int, cells: dict[str, dict[str, Any]], out: str) -> N
         whole = dict(materialised(config, torch.device("cpu")).named_parameters(remove_duplicate=False))
         engine: Any = create_engine(config, torch.device("cpu"), rank)
         engine.build(BatchPlan(config.model.global_batch_size, getattr(engine, "batch_split", WORLD), 1))
-        params = list(engine.module.named_parameters()) if kind == "fsdp" else _stage_names(engine)
+        params = _stage_names(engine) if kind.startswith("mesh3d") else list(engine.module.named_parameters())
         assert params and all(isinstance(p, torch.distributed.tensor.DTensor) for _, p in params)
         held = sum(p.to_local().numel() for _, p in params)
         assert held < sum(p.numel() for p in set(whole.values())) / 2, f"{kind}: rank {rank} holds {held}"
