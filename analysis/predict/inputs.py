@@ -244,14 +244,19 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
 def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
-    and what offload keeps in host memory instead: each cell by its engine's memory model (its
+    what offload keeps in host memory instead, and the peak of the build (``build``, ``EngineSpec.build_bytes``): each cell by its engine's memory model (its
     ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
     terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
     holders = ("params", "grads", "optimizer", "buffers")
     per_sequence = x.per_sequence * layout_terms(x)["activation_share"]
     out = {**{k: terms[k] for k in holders}, "per_sequence": per_sequence, "offloaded": terms["offloaded"]}
     # On the CPU the measured peak is the process's resident growth, its runtime's own memory included.
-    out["buffers"] = out["buffers"] + np.where(x.accelerator == "cpu", CPU_RUNTIME_GIB * GIB, 0.0)
+    runtime = np.where(x.accelerator == "cpu", CPU_RUNTIME_GIB * GIB, 0.0)
+    out["buffers"] = out["buffers"] + runtime
+    # The build's peak (the model and engine being made), 0 for an engine whose build never exceeds the step's.
+    zero = np.zeros(len(x.engine))
+    build = by_engine(x.engine, lambda spec: {"build": spec.build_bytes(x) if spec.build_bytes else zero})["build"]
+    out["build"] = np.asarray(build, dtype=float) * np.ones(len(x.engine)) + runtime
     return out
 
 

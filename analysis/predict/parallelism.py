@@ -36,6 +36,7 @@ from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
 from orchestrator.engines.mesh3d.config import TP_PLANS, end_weight, pipeline_imbalance, stage_sizes
+from orchestrator.engines.mesh3d.memory import build_bytes as mesh3d_build_bytes
 from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_terms
 from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
 from orchestrator.models import flops_per_token, language_family, num_parameters
@@ -111,9 +112,13 @@ class LayoutEstimate:
     model_tflops_per_gpu: float
     mfu: float
 
+    build_memory_gib: float = 0.0
+    """Per GPU while the model is built (mesh3d: its shards and one layer whole; 0 where not modelled)."""
+
     @property
     def fits(self) -> bool:
-        return self.memory_gib <= self.usable_memory_gib
+        """Both the step and the build fit."""
+        return max(self.memory_gib, self.build_memory_gib) <= self.usable_memory_gib
 
 
 def stage_parameters(model: ModelConfig, pipeline: int) -> float:
@@ -202,7 +207,11 @@ def estimate_layout(
         psi_gpu = float(
             rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers)
         )
+        largest = language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model)
+        vocab = model.vocab_size * model.hidden_size
+        build = float(mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p))
     else:
+        build = 0.0
         psi_gpu = stage_parameters(model, p) / t
         params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
     activations = activation_bytes_per_gpu(model, layout, k)
@@ -257,6 +266,7 @@ def estimate_layout(
         activations_gib=activations / GIB,
         memory_gib=memory,
         usable_memory_gib=gpu.memory_gib * (1.0 - MEMORY_MARGIN),
+        build_memory_gib=build / GIB,
         bubble_fraction=(p - 1) / (v * k + p - 1),
         compute_s=m * compute_micro,
         tensor_comm_s=slots * tensor_micro,

@@ -103,7 +103,8 @@ def _predict(
     terms_bytes = memory_terms(x)
     overhead = allocator_overhead(x.accelerator)
     # Reserved bytes: what is allocated times the allocator's overhead, then any calibrated scale and offset.
-    mem = {k: v * overhead * mem_scale / GIB for k, v in terms_bytes.items() if k != "offloaded"}
+    mem = {k: v * overhead * mem_scale / GIB for k, v in terms_bytes.items() if k not in ("offloaded", "build")}
+    build = terms_bytes["build"] * overhead / GIB  # before any step: nothing of the step's calibration applies
     mem["buffers"] = mem["buffers"] + mem_offset  # a calibrated fixed cost per GPU counts as buffers
     base = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"]
     usable = np.where(x.limit_gib > 0, x.limit_gib, x.memory_gib * (1.0 - margin))
@@ -118,7 +119,8 @@ def _predict(
     chosen = np.where(forced >= 1, forced, np.where(x.micro_setting >= 1, x.micro_setting, auto))
     activations = chosen * mem["per_sequence"]
     peak = base + activations
-    fits = np.isnan(usable) | ~x.known | (peak <= usable)
+    builds = np.isnan(usable) | ~x.known | (build <= usable)
+    fits = builds & (np.isnan(usable) | ~x.known | (peak <= usable))
 
     steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
     if accum is not None:
@@ -141,6 +143,7 @@ def _predict(
         "activations_gib": activations,
         "buffers_gib": mem["buffers"],
         "offloaded_gib": terms_bytes["offloaded"] / GIB,
+        "build_peak_gib": build,
         "usable_memory_gib": usable,
         "micro_batch_size": chosen,
         "grad_accum_steps": steps,
@@ -157,6 +160,7 @@ def _predict(
     for key, value in out.items():
         out[key] = np.where(unknown, np.nan, value)
     out["fits"] = fits
+    out["builds"] = builds
     out["calibrated"] = c.records > 0
     out["records"] = c.records
     out["terms"] = terms
@@ -223,10 +227,11 @@ PLAN_COLUMNS = ("model", "gpu", "num_gpus", "num_nodes", "engine",
                 "predicted_gpu_hours_high", "predicted_cost_usd_cloud", "predicted_cost_usd_cloud_low",
                 "predicted_cost_usd_cloud_high", "predicted_cost_usd_amortised", "predicted_energy_kwh",
                 "goodput", "predicted_wall_clock_days", "predicted_wall_clock_gpu_hours",
-                "predicted_fits_at_micro_batch_1")  # fmt: skip
+                "predicted_fits_at_micro_batch_1", "predicted_build_peak_gib")  # fmt: skip
 """Columns of :func:`plan`: the cell, its engine and how it shards and offloads (each engine's
 ``EngineSpec.sharding``, the later engines' first), the method's own settings, then the predictions; the last
-says whether the cell would fit at micro-batch 1 (whether a smaller or ``auto`` micro-batch is worth offering)."""
+says whether the cell would fit at micro-batch 1 (whether a smaller or ``auto`` micro-batch is worth offering),
+and ``predicted_build_peak_gib`` what building its model takes per GPU (a cell fits only where that fits too)."""
 
 
 def plan(
@@ -250,6 +255,8 @@ def plan(
     out["predicted_fits_at_micro_batch_1"] = predict_frame(frame, calibration, margin, micro_batch_size=one)[
         "predicted_fits"
     ]
+    x = inputs_from_columns({c: frame[c] for c in frame.columns}, len(frame))
+    out["predicted_build_peak_gib"] = _predict(x, calibration, margin)["build_peak_gib"]
     steps = pd.to_numeric(out["model_train_steps"], errors="coerce")
     step_s = out["predicted_step_time_s"]
     gpus = pd.to_numeric(out["num_gpus"], errors="coerce").fillna(1.0)
@@ -294,6 +301,8 @@ class Prediction:
     buffers_gib: float | None
     offloaded_gib: float | None
     """Per GPU, held in host memory instead (not part of the peak)."""
+    build_peak_gib: float | None
+    """Per GPU, while the model and its engine are built (before the first step); it must fit too."""
     usable_memory_gib: float | None
     """GPU memory less the margin (or the probe's memory limit, where one is set)."""
     micro_batch_size: int | None
@@ -355,7 +364,10 @@ def predict_cell(
     else:
         usable_text = "unknown GPU memory"
     micro, peak = int(p["micro_batch_size"]), float(p["peak_memory_gib"])
-    if p["fits"]:
+    if not p["builds"]:
+        build = float(p["build_peak_gib"])
+        reason = f"cannot be built: building the model needs {build:.2f} GiB, {usable_text}"
+    elif p["fits"]:
         reason = f"fits at micro-batch {micro}: {peak:.2f} GiB of {usable_text}"
     else:
         reason = f"does not fit even at micro-batch {micro}: needs {peak:.2f} GiB, {usable_text}"

@@ -88,6 +88,16 @@ def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:
     return scalar_or_array(out)
 
 
+def largest_unit(num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any) -> Any:
+    """Parameters of the largest unit the FSDP and mesh3d builds initialise whole on each rank
+    (orchestrator/engines/materialising.py): a block (the parameters outside the input and
+    output embeddings over the layers) or the largest weight (an embedding)."""
+    psi = np.asarray(num_parameters, dtype=float)
+    e = np.minimum(np.nan_to_num(np.asarray(vocab_matrix, dtype=float)), psi / 2.0)
+    block = (psi - 2.0 * e) / np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    return scalar_or_array(np.maximum(block, np.asarray(largest_weight, dtype=float)))
+
+
 def micro_batch_that_fits(cfg: Config, memory_gib: float, fixed_bytes: float) -> int:
     """The most sequences per micro-batch that fit in ``memory_gib`` per GPU (at least 1), leaving
     :data:`DEFAULT_MARGIN` free, given the engine's ``fixed_bytes`` (what does not grow with the micro-batch).

@@ -144,6 +144,10 @@ class EngineSpec:
     """Refusals of a cell whose global batch does not split as this engine splits it: over the GPUs
     (:func:`per_gpu_batch`, a data-parallel engine's), or over what shares a micro-step (mesh3d: its replicas ×
     pipeline micro-batches)."""
+    build_bytes: Callable[[CellArrays], Any] | None = None
+    """``build_bytes(x)``: bytes per GPU allocated at the peak of building the model and its engine, before the
+    first step (the model's states only come later), for every cell of ``x``, element-wise. A cell fits only where
+    both this and the step's peak do. None: the build never peaks above the step."""
     layout_terms: Callable[[CellArrays], Terms] | None = None
     """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what

@@ -63,16 +63,15 @@ class MemoryPeak:
         return self.reserved if self.reserved is not None else self.allocated
 
 
-def over_limit(peak_bytes: float, limit_bytes: float | None, micro_batch_size: int, where: str) -> str | None:
-    """Why a peak (:attr:`MemoryPeak.limited`, the largest over ranks) at ``micro_batch_size`` does not fit under
-    ``probe.memory_limit_gib`` (``limit_bytes``), naming ``where`` (``trial step``, ``warm-up``, ``timed steps``),
-    the peak and the limit; None where it fits, or no limit is set."""
+def over_limit(peak_bytes: float, limit_bytes: float | None, micro_batch_size: int | None, where: str) -> str | None:
+    """Why a peak (:attr:`MemoryPeak.limited`, the largest over ranks) at ``micro_batch_size`` (None: work of no
+    micro-batch, the build) does not fit under ``probe.memory_limit_gib`` (``limit_bytes``), naming ``where``
+    (``trial step``, ``warm-up``, ``timed steps``, the build), the peak and the limit; None where it fits, or no
+    limit is set."""
     if limit_bytes is None or peak_bytes <= limit_bytes:
         return None
-    return (
-        f"micro-batch {micro_batch_size}, {where}: peak {peak_bytes / GIB:.3f} GiB over probe.memory_limit_gib="
-        f"{limit_bytes / GIB:g}"
-    )
+    at = where if micro_batch_size is None else f"micro-batch {micro_batch_size}, {where}"
+    return f"{at}: peak {peak_bytes / GIB:.3f} GiB over probe.memory_limit_gib={limit_bytes / GIB:g}"
 
 
 class MemoryMeter:

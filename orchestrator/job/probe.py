@@ -21,9 +21,10 @@ orchestrator/engines/registry.py and created by orchestrator/engines/base.py); t
 Every rank takes the same decisions: step times, trial outcomes and failures are exchanged after each step,
 trial and phase (orchestrator/job/ranks.py), so no rank is left waiting in a collective another rank has left.
 
-Memory (orchestrator/job/metering.py): ``probe.memory_limit_gib`` is compared with the peak of each trial, of the
-warm-up and of the timed steps (a size over it at any of them does not fit: ``auto`` searches below it).
-Failures (orchestrator/job/failures.py): an OOM that is not a trial of the search, a communication error, a
+Memory (orchestrator/job/metering.py): ``probe.memory_limit_gib`` is compared with the peak of the build, of each
+trial, of the warm-up and of the timed steps (a size over it at any of them does not fit: ``auto`` searches below
+it); a build over it, or out of memory, ends the probe with a reason of its own ("building the model: ..."), before
+any micro-batch. Failures (orchestrator/job/failures.py): an OOM that is not a trial of the search, a communication error, a
 compile error and any other exception each end the probe with what happened, a one-line reason and the traceback;
 nothing is retried or replaced silently. The probe returns one ``ProbeOutcome`` (orchestrator/job/failures.py), whose
 status is decided there; its metrics are the record's :class:`orchestrator.store.record.Metrics`, documented there.
@@ -72,6 +73,9 @@ from orchestrator.models.probe_data import synthetic_batches
 from orchestrator.store.record import Metrics, Trial
 from orchestrator.store.states import RecordStatus
 
+BUILDING = "building the model"
+"""How a reason names the build: an OOM there, or a build peak over the limit, is its own, no micro-batch's."""
+
 
 class _Probe(RankGroup):
     """State of one probe on one rank; ``run`` does the work, phases raise CellFailed once all ranks agree."""
@@ -90,6 +94,7 @@ class _Probe(RankGroup):
         self.micro_batch_size: int | None = None
         """The micro-batch timed; for does_not_fit and oom, the one that did not fit."""
         self.grad_accum_steps: int | None = None
+        self.build_peak: float | None = None
         self.timed: Metrics | None = None
         self.batch_split = self.num_gpus
         """Ways a micro-step splits the global batch (orchestrator.engines.base.batch_split)."""
@@ -112,6 +117,16 @@ class _Probe(RankGroup):
         self.built = True
         self.num_parameters = self.engine.num_parameters
         self.make_batches(plan)
+
+    def build_judged(self, plan: BatchPlan) -> Outcome:
+        """:meth:`build`, its peak held to the memory limit as a step's is; an OOM frees what was built."""
+        began = time.perf_counter()
+        outcome = self.attempt(lambda: self.build(plan), None, BUILDING)
+        self.phases.startup_s += time.perf_counter() - began
+        self.build_peak = gib(outcome.peak_bytes)
+        if outcome.oom_reason is not None:
+            self.release()
+        return outcome
 
     def use(self, plan: BatchPlan) -> None:
         """Train with ``plan`` from now on: on the engine already built when there is one, else a new one."""
@@ -293,6 +308,9 @@ class _Probe(RankGroup):
         self.per_gpu = per_gpu = self.guarded(per_gpu_batch_size, global_batch, self.batch_split)
 
         if micro_setting == "auto":
+            built = self.build_judged(BatchPlan(global_batch, self.batch_split, 1))  # the search resizes it
+            if built.oom_reason is not None:  # no micro-batch can fit
+                return Happened(Ending.NOTHING_FITS, built.oom_reason, built.traceback)
             plan = self.choose_plan(per_gpu)
             if plan is None:
                 tried = self.trials or []
@@ -305,9 +323,9 @@ class _Probe(RankGroup):
                 )
         else:
             plan = self.guarded(plan_batch, global_batch, self.batch_split, micro_setting)
-            began = time.perf_counter()
-            self.guarded(self.build, plan)
-            self.phases.startup_s += time.perf_counter() - began
+            built = self.build_judged(plan)
+            if built.oom_reason is not None:
+                return Happened(Ending.OUT_OF_MEMORY, built.oom_reason, built.traceback)
             warm = self.warm_up(plan)
             if warm.oom_reason is None:
                 warm = self.measured(plan)
@@ -362,6 +380,7 @@ class _Probe(RankGroup):
             num_parameters=self.num_parameters,
             per_gpu_batch_size=self.per_gpu,
             memory_limit_gib=gib(self.memory_limit_bytes) if self.per_gpu is not None else None,
+            build_peak_memory_gib=self.build_peak,
             micro_batch_estimate=self.estimate,
             search_tried=None if self.trials is None else list(self.trials),
             micro_batch_size=self.micro_batch_size,

@@ -112,10 +112,11 @@ class RankGroup:
 
         return self.device if self.use_cuda else torch.device("cpu")
 
-    def attempt(self, work: Callable[[], None], micro: int, where: str) -> Outcome:
+    def attempt(self, work: Callable[[], None], micro: int | None, where: str) -> Outcome:
         """Run ``work`` and decide on every rank whether it ran out of memory; any other exception fails the cell
         on every rank. A real OOM on any rank, or a peak over ``probe.memory_limit_gib`` on any rank, is an OOM
-        everywhere; the reason is built from numbers every rank holds, so every rank records the same."""
+        everywhere; the reason is built from numbers every rank holds, so every rank records the same. ``micro``:
+        the micro-batch the reason names, None for work of no micro-batch (the build)."""
         assert self.memory is not None
         oom: Failure | None = None
         failure: Failure | None = None
@@ -130,10 +131,11 @@ class RankGroup:
             else:
                 failure = self.failure_from(exc)
         oom_flag, peak_bytes = self.agree([1.0 if oom else 0.0, peak_bytes], failure)
+        at = where if micro is None else f"micro-batch {micro}, {where}"
         if oom_flag:
             first = self._first_of(oom)
             tb = first.traceback or ""
-            return Outcome(f"micro-batch {micro}, {where}: rank {first.rank}: {first.reason}", tb, None)
+            return Outcome(f"{at}: rank {first.rank}: {first.reason}", tb, None)
         return Outcome(over_limit(peak_bytes, self.memory_limit_bytes, micro, where), None, peak_bytes)
 
     def capacity_bytes(self) -> tuple[float, bool]:

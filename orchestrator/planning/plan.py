@@ -416,13 +416,14 @@ def refuse_unfit(p: Plan, margin: float) -> None:
                 else ""
             )
             shard = engine_spec(cell.typed.method.engine).not_fit_advice
-            cell.refusals.append(
-                Refusal(
-                    "prediction",
-                    f"predicted not to fit: about {peak:.3g} GiB per GPU at micro-batch {micro:.0f}, {usable}; "
-                    f"try {smaller}more GPUs, {shard} or activation checkpointing, or run it anyway (--run-unfit)",
-                )
-            )
+            build = cell.prediction.get("predicted_build_peak_gib")
+            if isinstance(build, float) and isinstance(peak, float) and build > peak:  # the build is what fails
+                need = f"about {build:.3g} GiB per GPU while building the model, {usable}"
+                advice = f"try more GPUs or {shard}, or run it anyway (--run-unfit)"
+            else:
+                need = f"about {peak:.3g} GiB per GPU at micro-batch {micro:.0f}, {usable}"
+                advice = f"try {smaller}more GPUs, {shard} or activation checkpointing, or run it anyway (--run-unfit)"
+            cell.refusals.append(Refusal("prediction", f"predicted not to fit: {need}; {advice}"))
             p.skipped.append(cell)
         else:
             kept.append(cell)

@@ -113,6 +113,9 @@ class Metrics:
     """Sequences one GPU processes per optimizer step (``model.global_batch_size`` over the GPUs)."""
     memory_limit_gib: float | None = _metric(written_with="per_gpu_batch_size")
     """``probe.memory_limit_gib``, which trials and the warm-up were held to; None where there was no limit."""
+    build_peak_memory_gib: float | None = _metric()
+    """Peak memory per GPU while the model and its engine were built, the largest over ranks (the figure the limit
+    judges: reserved on a GPU, the resident growth on the CPU); held to ``memory_limit_gib`` as every step is."""
     micro_batch_estimate: int | None = _metric()
     """The engine's estimate of the largest micro-batch that fits, where the search started (``auto`` only)."""
     search_tried: list[Trial] | None = _metric()

@@ -105,3 +105,14 @@ def test_hybrid_shards_inside_a_node_and_replicates_across_two(tmp_path: Path) -
     assert_same_on_every_rank(results)
     fsdp = results[0]["environment"]["fsdp"]
     assert fsdp["mesh_shape"] == [2, 2] and fsdp["reshard_after_forward"] is True
+
+
+def test_a_build_over_the_memory_limit_is_an_oom_of_its_own(tmp_path: Path) -> None:
+    # The limit judges the build as it judges every step: here the build alone is over it, before any micro-batch.
+    cell = fsdp_cell("method.micro_batch_size=16", "probe.memory_limit_gib=0.001")
+    (result,) = run_probe_ranks(cell, tmp_path)
+    assert result["status"] == "oom", (result["reason"], result["traceback"])
+    assert result["reason"].startswith("building the model: peak") and "memory_limit_gib=0.001" in result["reason"]
+    assert result["traceback"] is None, "an imposed limit raises nothing"
+    m = result["metrics"]
+    assert m["build_peak_memory_gib"] > 0.001 and "search_tried" not in m and "step_time_s" not in m

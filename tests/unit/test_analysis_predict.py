@@ -49,6 +49,28 @@ def test_a_model_that_cannot_fit_is_predicted_not_to(catalog: Catalog) -> None:
     assert predict_cell(offloaded).fits
 
 
+def test_a_sharded_build_holds_its_shards_and_one_layer_and_a_cell_that_cannot_build_is_refused(
+    catalog: Catalog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from orchestrator.engines.fsdp import memory as fsdp_memory
+
+    # Llama-2-70B over 64 H100s: 4 bytes a parameter over 64 ranks and one decoder layer whole, not 276 GB.
+    psi, layer = 68_976_648_192, (68_976_648_192 - 2 * 32_000 * 8_192) / 80
+    for engine in ({"engine": "fsdp"}, {"engine": "mesh3d", "tp": 8, "pp": 8, "pp_microbatches": 16}):
+        pred = predict_cell(synthetic.cell_config("llama-2-70b", "h100-80gb", 64, 8, catalog=catalog, **engine))
+        share = psi / 64 if engine["engine"] == "fsdp" else ((psi - 2 * 32_000 * 8_192) / 64 + 32_000 * 8_192)
+        assert pred.build_peak_gib == pytest.approx(ALLOCATOR_OVERHEAD * 4 * (share + layer) / GIB), engine
+        assert pred.build_peak_gib < 12
+    # A build that does not fit refuses the cell however small its step, and says so.
+    monkeypatch.setattr(fsdp_memory, "build_bytes_of", lambda x: np.full(len(x.params), 200.0 * GIB))
+    cell = synthetic.cell_config("pythia-160m", "a100-80gb", 8, catalog=catalog, engine="fsdp")
+    pred = predict_cell(cell)
+    assert not pred.fits and pred.peak_memory_gib < 72 and "cannot be built" in pred.reason
+    row = plan([cell]).iloc[0]
+    assert not row["predicted_fits"] and row["predicted_build_peak_gib"] == pytest.approx(ALLOCATOR_OVERHEAD * 200)
+    assert not row["predicted_fits_at_micro_batch_1"]
+
+
 def test_auto_micro_batch_is_the_largest_divisor_that_fits(catalog: Catalog) -> None:
     cell = synthetic.cell_config("pythia-410m", "a100-80gb", 2, catalog=catalog)
     pred = predict_cell(cell)

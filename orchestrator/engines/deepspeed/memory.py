@@ -15,6 +15,10 @@ Parameter offload (stage 3) keeps the parameter partitions on the host.
 Buffers: the gradient-reduction and all-gather buckets (``reduce_bucket_size`` and ``allgather_bucket_size``, 5e8
 elements by default) and ZeRO-3's gathered layers (about two of the largest weights plus the prefetch bucket).
 
+Building (:func:`build_bytes`): the model is built on the device in the training dtype, whole (pΨ) below stage 3;
+at stage 3 ``deepspeed.zero.Init`` partitions each module as it is made (pΨ/N, none with parameter offload, and
+the module being made, about one largest weight). ``deepspeed.initialize`` then makes the states the step holds.
+
 Every function of arrays works element-wise on numpy arrays as on scalars, so the predictor evaluates thousands
 of cells at once with this same arithmetic.
 """
@@ -34,7 +38,7 @@ if TYPE_CHECKING:
     from orchestrator.engines.spec import CellArrays, Terms
 
 __all__ = [
-    "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "buffer_bytes", "estimate_micro_batch_size",
+    "BUCKET_ELEMENTS", "STAGE3_PREFETCH_ELEMENTS", "buffer_bytes", "build_bytes", "build_bytes_of", "estimate_micro_batch_size",
     "fixed_bytes", "memory_terms_of", "model_state_bytes",
 ]  # fmt: skip
 
@@ -78,6 +82,25 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
     buckets = 2.0 * np.minimum(BUCKET_ELEMENTS, psi) * p_bytes
     stage0 = np.where(np.asarray(num_gpus, dtype=float) > 1, np.minimum(BUCKET_ELEMENTS, psi) * p_bytes, 0.0)
     return _out(np.where(stage >= 3, stage3, np.where(stage >= 1, buckets, stage0)))
+
+
+def build_bytes(
+    num_parameters: Any, largest_weight: Any, zero_stage: Any, num_gpus: Any, precision: Any, offload_params: Any
+) -> Any:
+    """Allocated bytes per GPU at the build's peak (the module docstring's building)."""
+    psi = np.asarray(num_parameters, dtype=float)
+    stage = np.asarray(zero_stage, dtype=float)
+    p_bytes = np.asarray(precision_bytes(precision), dtype=float)
+    n = np.maximum(np.asarray(num_gpus, dtype=float), 1.0)
+    partitioned = np.where(np.asarray(offload_params, dtype=bool), 0.0, psi * p_bytes / n)
+    stage3 = partitioned + np.asarray(largest_weight, dtype=float) * p_bytes
+    return _out(np.where(stage >= 3, stage3, psi * p_bytes))
+
+
+def build_bytes_of(x: CellArrays) -> Any:
+    """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
+    m = x.method
+    return build_bytes(x.params, x.largest_weight, m["zero_stage"], x.num_gpus, x.precision, m["offload_params"])
 
 
 def memory_terms_of(x: CellArrays) -> Terms:

@@ -64,6 +64,12 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
+def build_bytes(x: CellArrays) -> Any:
+    from orchestrator.engines.deepspeed.memory import build_bytes_of
+
+    return build_bytes_of(x)
+
+
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.deepspeed.step_time import step_time_terms as terms
 
@@ -87,6 +93,7 @@ SPEC = EngineSpec(
     label=label,
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
+    build_bytes=build_bytes,
     not_fit_advice="a higher ZeRO stage, offload",
     # In every cell's id since before there was a second engine; a field added later joins an id only where set.
     identity_always=("zero_stage", "offload_optimizer", "offload_params"),

@@ -1,7 +1,9 @@
 """PyTorch FSDP2 as the probe's engine: ``fully_shard`` on every block of the model (its family's ``blocks``: the transformer layers of a
 language model, the stages of a ConvNeXt) and then on the root module, with
 the method's sharding, mixed-precision policy, CPU offload and activation checkpointing, optionally each layer
-``torch.compile``-d; PyTorch's AdamW with DeepSpeed's hyper-parameters, gradients clipped at norm 1.
+``torch.compile``-d; PyTorch's AdamW with DeepSpeed's hyper-parameters, gradients clipped at norm 1. The model is
+built on the meta device and sharded there; each rank then allocates and initialises only its shards, as the
+unsplit model's (orchestrator/engines/materialising.py).
 
 Gradient accumulation as ``method.fsdp_accumulation`` says: ``sharded`` (FSDP2's default) reduce-scatters every
 micro-batch's gradients and accumulates each rank's shard; ``unsharded`` runs the micro-steps inside the cycle with
@@ -22,6 +24,7 @@ from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, W
 from orchestrator.engines.compiling import compile_regions
 from orchestrator.engines.fsdp.config import MESH_DIM_NAMES, FsdpOptions, fsdp_options
 from orchestrator.engines.fsdp.memory import estimate_micro_batch_size
+from orchestrator.engines.materialising import build_meta
 from orchestrator.models import enable_activation_checkpointing, family_module, implementation
 
 if TYPE_CHECKING:
@@ -75,11 +78,11 @@ class FsdpEngine:
 
         self.release()
         method, opts = self.config.method, self.options
-        torch.manual_seed(self.config.probe.seed)  # the same initial weights on every rank
-        # fp32 weights: the sharded parameters are the optimizer's master copy; mp_policy casts for compute.
-        module = family_module(self.config.model.family).build_model(
-            self.config.model, method.attention, torch.float32, self.device
-        )
+        # Built without storage and materialised after sharding: a rank allocates only its shards, initialised
+        # as the unsplit model's (orchestrator/engines/materialising.py). fp32 weights: the sharded parameters are
+        # the optimizer's master copy; mp_policy casts for compute.
+        torch.manual_seed(self.config.probe.seed)  # the same random state on every rank
+        module, meta = build_meta(self.config)
         self._num_parameters = sum(p.numel() for p in module.parameters())
         if method.activation_checkpointing:
             enable_activation_checkpointing(module)
@@ -103,6 +106,8 @@ class FsdpEngine:
             )
         # The root (embeddings, final norm, output layer) is needed again right at the start of the backward.
         fully_shard(module, mesh=mesh, reshard_after_forward=False, mp_policy=mp_policy, offload_policy=offload)
+        # Offloaded shards live on the host (CPUOffloadPolicy); the rest on the rank's device.
+        meta.materialise([module], torch.device("cpu") if opts.offload else self.device, self.config.probe.seed)
         self.module = module
         self.optimizer = torch.optim.AdamW(
             module.parameters(),

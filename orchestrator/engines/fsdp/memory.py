@@ -18,6 +18,10 @@ node; ``none``: 1), p bytes of the compute dtype (2 in bf16, 4 in fp32), r of th
   not resharded: the backward starts there). ``grad_op`` and ``none`` keep every layer gathered from its forward
   to its backward: pΨ. One layer's gradients wait in the reduce-scatter buffer: rΨ/L.
 
+Building (:func:`build_bytes`): the model is built on the meta device and sharded there; each rank then allocates
+its fp32 shards (4Ψ/S, on the host with offload) and initialises one unit at a time (a block, or a module outside
+the blocks) on a full-size fp32 copy: 4 bytes of the largest unit beside the shards.
+
 Every function works element-wise on numpy arrays as on scalars, as the DeepSpeed model does.
 """
 
@@ -28,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
+from orchestrator.engines.memory import largest_unit, micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.models import family_module, num_parameters
 
@@ -37,7 +41,7 @@ if TYPE_CHECKING:
     from orchestrator.engines.spec import CellArrays, Terms
 
 __all__ = [
-    "buffer_bytes", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
+    "buffer_bytes", "build_bytes", "build_bytes_of", "estimate_micro_batch_size", "fixed_bytes", "memory_terms", "memory_terms_of",
     "model_state_bytes", "reduce_bytes", "shard_group_size",
 ]  # fmt: skip
 
@@ -111,6 +115,28 @@ def memory_terms(
     buffers = buffer_bytes(num_parameters, largest_weight, num_layers, sharding, precision, reduce_precision)
     offloaded = _out(np.asarray(sum(on_device)) - params - grads - optimizer)
     return {"params": params, "grads": grads, "optimizer": optimizer, "buffers": buffers, "offloaded": offloaded}
+
+
+def build_bytes(
+    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, sharding: Any, num_gpus: Any,
+    num_nodes: Any = 1, offload: Any = False,
+) -> Any:  # fmt: skip
+    """Allocated bytes per GPU at the build's peak: the fp32 shards (none on the device with offload) and one
+    unit's full fp32 copy."""
+    psi = np.asarray(num_parameters, dtype=float)
+    shards = np.asarray(shard_group_size(sharding, num_gpus, num_nodes), dtype=float)
+    on_device = np.where(np.asarray(offload, dtype=bool), 0.0, 4.0 * psi / shards)
+    unit = np.asarray(largest_unit(psi, vocab_matrix, largest_weight, num_layers), dtype=float)
+    return _out(on_device + 4.0 * unit)
+
+
+def build_bytes_of(x: CellArrays) -> Any:
+    """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
+    m = x.method
+    return build_bytes(
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, m["fsdp_sharding"], x.num_gpus, x.num_nodes,
+        m["fsdp_offload"],
+    )  # fmt: skip
 
 
 def memory_terms_of(x: CellArrays) -> Terms:

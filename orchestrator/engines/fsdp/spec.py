@@ -80,6 +80,12 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
+def build_bytes(x: CellArrays) -> Any:
+    from orchestrator.engines.fsdp.memory import build_bytes_of
+
+    return build_bytes_of(x)
+
+
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.fsdp.step_time import step_time_terms as terms
 
@@ -95,6 +101,7 @@ SPEC = EngineSpec(
     label=label,
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
+    build_bytes=build_bytes,
     not_fit_advice="full sharding, fsdp_offload",
     sharding_fields=("fsdp_sharding", "fsdp_offload"),  # the reduce dtype is tuned per count, as precision is
     identity_own=("fsdp_accumulation",),  # its default changed what an FSDP cell runs: old ids are not the new

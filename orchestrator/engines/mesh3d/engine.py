@@ -13,9 +13,10 @@ torch itself. Applying the APIs to the same modules keeps one model per cell acr
 splits, and only torch to maintain; what torchtitan adds beyond (vocabulary-parallel loss, sequence and context
 parallelism, float8) is left out and said where it matters (config.py, memory.py).
 
-One rank, for the layout of ``config.layout_of``: the model is built whole (same seed on every rank), split into
+One rank, for the layout of ``config.layout_of``: the model is built on the meta device (no storage), split into
 the stages of its pipeline rank (``parallelize.split_stages``), each decoder layer split over the tensor ranks,
-then every layer and stage sharded by FSDP2 over the replicas, in the policy's precision. Without a pipeline a
+then every layer and stage sharded by FSDP2 over the replicas, in the policy's precision; only then does the rank
+allocate and initialise its shards, as the unsplit model's (orchestrator/engines/materialising.py). Without a pipeline a
 micro-step is one forward and backward of ``micro_batch_size`` sequences; with one it is a schedule of
 ``pp_microbatches`` micro-batches of that size (``Schedule1F1B`` or ``ScheduleInterleaved1F1B``), which reduces
 the gradients at its end. At the boundary the gradients are clipped to a global norm and AdamW steps.
@@ -37,6 +38,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
+from orchestrator.engines.materialising import build_meta
 from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, end_weight, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
@@ -113,8 +115,10 @@ class Mesh3dEngine:
             raise ValueError(f"method.precision={method.precision!r} with method.engine=mesh3d: use bf16 or fp32")
         if self.mesh is None:
             self.mesh = init_device_mesh(self.device.type, lay.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
-        torch.manual_seed(cfg.probe.seed)  # the same initial weights on every rank
-        module = family_module(cfg.model.family).build_model(cfg.model, method.attention, torch.float32, self.device)
+        # Built without storage; each rank materialises only its stages' shards, initialised as the unsplit
+        # model's (orchestrator/engines/materialising.py).
+        torch.manual_seed(cfg.probe.seed)  # the same random state on every rank
+        module, meta = build_meta(cfg)
         self._num_parameters = sum(p.numel() for p in module.parameters())
         if method.activation_checkpointing:
             enable_activation_checkpointing(module)
@@ -131,6 +135,9 @@ class Mesh3dEngine:
             if method.compile:
                 compile_blocks(stage.layers)
             apply_fsdp(stage, self.mesh["dp"], mp_policy, pipelined=lay.pp > 1)
+            if stage.head is not None and stage.head is not module.get_output_embeddings():
+                meta.adopt(stage.head, module.get_input_embeddings())  # the last stage's copy of a tied layer
+        meta.materialise([stage for _, stage in stages], self.device, cfg.probe.seed)
         self.stages = stages
         self.next_token_loss = compiled_loss(next_token_loss) if method.compile else next_token_loss
         params = [p for _, stage in stages for p in stage.parameters()]

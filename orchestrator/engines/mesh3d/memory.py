@@ -15,6 +15,10 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
 - activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
   the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
   layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021).
+
+Building (:func:`build_bytes`): on the meta device, split, then each rank allocates its fp32 shards, 4Ψ_gpu/d, and
+initialises one unit at a time (a decoder layer, or a module outside them) on a full-size fp32 copy, not split
+over the tensor ranks: 4 bytes of the largest unit beside the shards.
 """
 
 from __future__ import annotations
@@ -23,7 +27,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from orchestrator.engines.memory import activation_bytes_per_sequence, micro_batch_that_fits, precision_bytes
+from orchestrator.engines.memory import (
+    activation_bytes_per_sequence,
+    largest_unit,
+    micro_batch_that_fits,
+    precision_bytes,
+)
 from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of, stage_sizes
 from orchestrator.models import family_module, num_parameters
@@ -80,6 +89,23 @@ def memory_terms(
         "buffers": _out(gathered),
         "offloaded": _out(np.zeros_like(share)),
     }
+
+
+def build_bytes(
+    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any
+) -> Any:
+    """Allocated bytes per GPU at the build's peak: the rank's fp32 shards and one unit's full fp32 copy."""
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
+    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p), dtype=float)
+    unit = np.asarray(largest_unit(num_parameters, vocab_matrix, largest_weight, num_layers), dtype=float)
+    return _out(4.0 * share / d + 4.0 * unit)
+
+
+def build_bytes_of(x: CellArrays) -> Any:
+    """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
+    m = x.method
+    return build_bytes(x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"])
 
 
 def memory_terms_of(x: CellArrays) -> Terms:

@@ -80,7 +80,8 @@ def split_stages(
     for index in layout.stages_of(pp_rank):
         tail = head
         if index == last and layout.num_stages > 1 and head.weight is embed.weight:
-            tail = nn.Linear(head.in_features, head.out_features, bias=False)
+            # Made where the model is (the meta device before materialising: no storage here).
+            tail = nn.Linear(head.in_features, head.out_features, bias=False, device=head.weight.device)
             tail.weight = nn.Parameter(head.weight.detach().clone())
         stage = Stage(
             module.config,

@@ -47,6 +47,12 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
+def build_bytes(x: CellArrays) -> Any:
+    from orchestrator.engines.mesh3d.memory import build_bytes_of
+
+    return build_bytes_of(x)
+
+
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     from orchestrator.engines.mesh3d.step_time import step_time_terms as terms
 
@@ -75,6 +81,7 @@ SPEC = EngineSpec(
     label=label,
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
+    build_bytes=build_bytes,
     not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
     sharding_fields=("tp", "pp", "pp_schedule"),
     batch_check=batch_refusals,

@@ -9,7 +9,7 @@ import pytest
 
 from orchestrator.config.batch import divisors
 from orchestrator.config.schema import Config, MethodConfig, to_config
-from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size, fixed_bytes, model_state_bytes
+from orchestrator.engines.deepspeed.memory import build_bytes, estimate_micro_batch_size, fixed_bytes, model_state_bytes
 from orchestrator.engines.memory import (
     ALLOCATOR_OVERHEAD,
     GIB,
@@ -106,3 +106,11 @@ def test_estimate_is_the_most_sequences_whose_reserved_peak_fits() -> None:
     assert estimate_micro_batch_size(cfg, 0.5) == 1
     checkpointed = dataclasses.replace(cfg, method=method(activation_checkpointing=True))
     assert estimate_micro_batch_size(checkpointed, 80.0) > estimate
+
+
+def test_the_build_holds_the_model_in_its_dtype_partitioned_only_at_stage_3() -> None:
+    psi, largest = 1e9, 1e7
+    assert build_bytes(psi, largest, 2, 8, "bf16", False) == 2 * psi
+    assert build_bytes(psi, largest, 0, 8, "fp32", False) == 4 * psi
+    assert build_bytes(psi, largest, 3, 8, "bf16", False) == 2 * psi / 8 + 2 * largest
+    assert build_bytes(psi, largest, 3, 8, "bf16", True) == 2 * largest, "zero.Init puts the partitions on the host"
