@@ -35,20 +35,16 @@ Run one rank by hand on a resolved cell config: ``python -m orchestrator.job.pro
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
-import os
-import socket
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from orchestrator.config.batch import BatchPlan, divisors, per_gpu_batch_size, plan_batch
-from orchestrator.config.schema import Config, to_config
+from orchestrator.config.schema import Config
 from orchestrator.engines.base import batch_split
 from orchestrator.job.build_cache import pin_build_environment
 from orchestrator.job.env import say
@@ -71,7 +67,6 @@ from orchestrator.job.timing import (
 )
 from orchestrator.models.probe_data import synthetic_batches
 from orchestrator.store.record import Metrics, Trial
-from orchestrator.store.states import RecordStatus
 
 BUILDING = "building the model"
 """How a reason names the build: an OOM there, or a build peak over the limit, is its own, no micro-batch's."""
@@ -422,45 +417,7 @@ def run_probe(
     return outcome_of(happened, metrics, probe.environment, time_signal())
 
 
-# --------------------------------------------------------------------------------------------------------------
-# Command line: one rank by hand
+if __name__ == "__main__":  # one rank by hand: orchestrator/job/by_hand.py
+    from orchestrator.job.by_hand import main
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m orchestrator.job.probe CELL.yaml [--out record.json]``: measure a resolved cell config."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.job.probe", description=main.__doc__)
-    parser.add_argument("cell", type=Path, help="a resolved cell config (cells/<id>/cell.yaml of a sweep)")
-    parser.add_argument("--out", help="write the result here as JSON; '{rank}' in it is replaced by the rank")
-    args = parser.parse_args(argv)
-
-    from omegaconf import OmegaConf
-
-    cell = to_config(OmegaConf.load(args.cell))
-    if cell.gpu.accelerator == "cpu":
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    os.environ.setdefault("RANK", "0")
-    os.environ.setdefault("WORLD_SIZE", "1")
-    os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
-    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-    os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    ended = run_probe(cell, rank, world_size, int(os.environ["LOCAL_RANK"]))
-    result = ended.to_json()
-    text = json.dumps(result, indent=2, sort_keys=True, default=str)
-    if args.out:
-        from orchestrator.store.durable import write_json_atomic
-
-        write_json_atomic(Path(args.out.format(rank=rank)), result)
-    if rank == 0:
-        print(text)
-    return 0 if ended.status is RecordStatus.OK else 1
-
-
-if __name__ == "__main__":
     sys.exit(main())
