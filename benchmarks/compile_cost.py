@@ -1,6 +1,6 @@
 """Benchmark: what ``method.compile`` costs a cell, regional against whole-model compilation, cold and warm.
 
-For each model: the probe as a job runs it (``python -m orchestrator.job.probe``, one process per rank) uncompiled,
+For each model: the probe as a job runs it (``python -m orchestrator.job.by_hand``, one process per rank) uncompiled,
 then with ``compile_scope=regional`` and ``compile_scope=whole`` (DeepSpeed, whose ``engine.compile()`` is the
 whole-model compile), each first with an empty Inductor cache (cold: everything compiled) and then again with the
 cache the cold run filled (warm: a later cell of the same shapes in the same sweep). Printed per run: the job's wall time, the probe's phases

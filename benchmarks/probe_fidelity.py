@@ -1,6 +1,6 @@
 """Benchmark: does the probe's step time predict the steady state of a longer run with the same settings?
 
-For each model and setting: the probe as a job runs it (``python -m orchestrator.job.probe``, one process per rank,
+For each model and setting: the probe as a job runs it (``python -m orchestrator.job.by_hand``, one process per rank,
 ``probe=default``: warm-up, then optimizer steps, composed from their parts, until the 95% CI is under 2%), then the
 same cell with ten times as many timed whole steps and no early stop, then the probe again. The steady state is the median step time of
 the long run after its first tenth; the figure of merit is the probes' mean step time over the steady state,
@@ -110,7 +110,7 @@ def run_cell(cell: dict[str, Any], workdir: Path, timeout_s: float = 3600) -> tu
     for rank in range(world_size):
         env = rank_env(rank, world_size, port)
         log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the wait
-        cmd = [sys.executable, "-m", "orchestrator.job.probe", str(cell_yaml), "--out", str(workdir / "rank{rank}.json")]
+        cmd = [sys.executable, "-m", "orchestrator.job.by_hand", str(cell_yaml), "--out", str(workdir / "rank{rank}.json")]
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log), log))
     for proc, log in procs:
         proc.wait(timeout=timeout_s)

@@ -31,6 +31,7 @@ from orchestrator.models import family_module
 
 if TYPE_CHECKING:
     import torch
+    from torch import nn
 
     from orchestrator.config.schema import Config
 
@@ -177,14 +178,14 @@ def _qualified(name: str, key: str) -> str:
     return ".".join(part for part in (name, key) if part)
 
 
-def _direct_tensors(module: Any) -> dict[str, Any]:
+def _direct_tensors(module: nn.Module) -> dict[str, torch.Tensor]:
     """The parameters and buffers ``module`` holds itself (not its children's)."""
-    out = {k: v for k, v in module._parameters.items() if v is not None}
+    out: dict[str, torch.Tensor] = {k: v for k, v in module._parameters.items() if v is not None}
     out.update({k: v for k, v in module._buffers.items() if v is not None})
     return out
 
 
-def _copy_into(target: Any, full: Any) -> None:
+def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
     """Write a rank's part of ``full`` (the whole tensor) into ``target``: its shard for a DTensor, else all."""
     from torch.distributed.tensor import DTensor, distribute_tensor
 

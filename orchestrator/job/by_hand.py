@@ -1,6 +1,6 @@
 """One rank of the probe by hand, on a resolved cell config, outside any sweep:
 
-    python -m orchestrator.job.probe CELL.yaml [--out record.json]
+    python -m orchestrator.job.by_hand CELL.yaml [--out record.json]
 
 RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT come from the environment where set, else a world of one.
 """
@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import socket
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,8 +27,8 @@ def _free_port() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m orchestrator.job.probe CELL.yaml [--out record.json]``: measure a resolved cell config."""
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.job.probe", description=main.__doc__)
+    """``python -m orchestrator.job.by_hand CELL.yaml [--out record.json]``: measure a resolved cell config."""
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.job.by_hand", description=main.__doc__)
     parser.add_argument("cell", type=Path, help="a resolved cell config (cells/<id>/cell.yaml of a sweep)")
     parser.add_argument("--out", help="write the result here as JSON; '{rank}' in it is replaced by the rank")
     args = parser.parse_args(argv)
@@ -55,3 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ended.status is RecordStatus.OK else 1
 
 
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -295,7 +295,7 @@ class ProbeOutcome:
     """Library versions, the device and the engine's settings, as torch and the engine describe them."""
 
     def to_json(self) -> dict[str, object]:
-        """As ``python -m orchestrator.job.probe --out`` writes it: the record's fields of the same names."""
+        """As ``python -m orchestrator.job.by_hand --out`` writes it: the record's fields of the same names."""
         return {
             "status": self.status.value,
             "reason": self.reason,

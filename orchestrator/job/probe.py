@@ -29,14 +29,13 @@ compile error and any other exception each end the probe with what happened, a o
 nothing is retried or replaced silently. The probe returns one ``ProbeOutcome`` (orchestrator/job/failures.py), whose
 status is decided there; its metrics are the record's :class:`orchestrator.store.record.Metrics`, documented there.
 
-Run one rank by hand on a resolved cell config: ``python -m orchestrator.job.probe CELL.yaml [--out record.json]``
+Run one rank by hand on a resolved cell config: ``python -m orchestrator.job.by_hand CELL.yaml [--out record.json]``
 (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT from the environment when set, else a world of one).
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -415,9 +414,3 @@ def run_probe(
     probe.release()
     probe.close(happened.ending)
     return outcome_of(happened, metrics, probe.environment, time_signal())
-
-
-if __name__ == "__main__":  # one rank by hand: orchestrator/job/by_hand.py
-    from orchestrator.job.by_hand import main
-
-    sys.exit(main())

@@ -3,7 +3,7 @@ one and two ranks, the micro-batch search under an imposed memory limit, and eac
 failure.
 
 Each test composes the real config from conf/ (pythia-tiny, probe=quick) and runs the probe as the job would, one
-process per rank (``python -m orchestrator.job.probe``), so DeepSpeed's global state never leaks between cells.
+process per rank (``python -m orchestrator.job.by_hand``), so DeepSpeed's global state never leaks between cells.
 Settings are grouped so that each run covers several of them and the file stays short on a two-core machine.
 """
 
@@ -84,7 +84,7 @@ def run_probe_ranks(
         }
         out = tmp_path / f"rank{rank}.json"
         log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "orchestrator.job.probe", str(cell_yaml), "--out", str(out)]
+        cmd = [sys.executable, "-m", "orchestrator.job.by_hand", str(cell_yaml), "--out", str(out)]
         procs.append((rank, out, log, subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=log, stderr=log)))
     results = []
     for rank, out, log, proc in procs:

@@ -50,6 +50,10 @@ class StubProbe(_Probe):
     def build(self, plan: BatchPlan) -> None:
         self.built = True
 
+    def build_judged(self, plan: BatchPlan) -> Outcome:
+        self.build(plan)  # the build fits: these tests judge the steps
+        return Outcome(None, None, 0.0)
+
     def use(self, plan: BatchPlan) -> None:
         self.built = True
 

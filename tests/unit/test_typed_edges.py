@@ -30,6 +30,7 @@ EDGES = {
     "orchestrator/cluster/processes.py": "the local cluster's daemon list, JSON",
     "orchestrator/cluster/daemons.py": "the local cluster's daemon list, JSON",
     "analysis/sweeps/columns.py": "a pandas row's columns into a config dataclass",
+    "orchestrator/engines/materialising.py": "transformers' models by module name (their _init_weights is untyped)",
 }
 MOST = 10
 
@@ -44,7 +45,9 @@ ARITHMETIC = {
 """Modules whose ``Any`` is a float or a numpy array in arithmetic, with what they compute."""
 ANY_MOST = 168
 """``Any`` outside :data:`ARITHMETIC`: torch, transformers, pandas and matplotlib objects, JSON and YAML data."""
-ARITHMETIC_ANY_MOST = 128
+ARITHMETIC_ANY_MOST = 159
+"""Raised from 128 when every engine's memory model gained the build's peak and mesh3d's the uneven stage split:
+new scalar-or-array terms of the same kind (the count of the rest of the arithmetic went down meanwhile)."""
 MAPPING_ANY_MOST = 32
 DICT_OBJECT_MOST = 47
 
