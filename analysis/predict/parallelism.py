@@ -41,7 +41,9 @@ from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_ter
 from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
 from orchestrator.models import flops_per_token, language_family, num_parameters
 
-PREDICTOR = "layout model (analysis/predict/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+PREDICTOR = (
+    "layout model (analysis/predict/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+)
 """What ``budget`` and ``shortest`` predict with, named beside their figures: ``plan`` predicts a cell with another
 model (:data:`analysis.predict.predictor.PREDICTOR`), so the GPU-hours of the two differ for the same model and GPUs."""
 
@@ -75,6 +77,9 @@ class Layout:
     """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
     tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
     model states as ``orchestrator/engines/mesh3d/memory.py`` counts them)."""
+    loss_parallel: bool = False
+    """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks, as
+    Megatron-LM always splits them."""
 
     @property
     def num_gpus(self) -> int:
@@ -150,8 +155,10 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     else:
         per_layer = full_layer
         working = 0.0
-    # mesh3d keeps the output layer whole on every tensor rank (no vocabulary-parallel loss).
-    logits = family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" else 1)
+    # mesh3d keeps the output layer whole on every tensor rank unless it splits the vocabulary (loss_parallel).
+    logits = (
+        family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" or layout.loss_parallel else 1)
+    )
     if layout.pipeline == 1:
         return sizes[0] * per_layer + working + logits
     p = layout.pipeline
@@ -200,16 +207,27 @@ def estimate_layout(
         states = mesh3d_memory_terms(
             num_parameters(model), model.vocab_size * model.hidden_size,
             language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model), model.num_layers, layout.num_gpus, t, p,
-            "bf16",
+            "bf16", layout.loss_parallel,
         )  # fmt: skip
         params, grads = float(states["params"]), float(states["grads"])
         optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
         psi_gpu = float(
-            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers)
+            rank_parameters(
+                num_parameters(model),
+                model.vocab_size * model.hidden_size,
+                t,
+                p,
+                model.num_layers,
+                layout.loss_parallel,
+            )
         )
         largest = language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model)
         vocab = model.vocab_size * model.hidden_size
-        build = float(mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p))
+        build = float(
+            mesh3d_build_bytes(
+                num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p, layout.loss_parallel
+            )
+        )
     else:
         build = 0.0
         psi_gpu = stage_parameters(model, p) / t

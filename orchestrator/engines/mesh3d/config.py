@@ -233,6 +233,7 @@ def refusals(cell: Config) -> list[Refusal]:
         why = TP_UNSPLITTABLE.get(model.family, f"mesh3d has no tensor-parallel plan for family {model.family!r}")
         out.append(Refusal("method.tp", f"{why}; families it splits: {', '.join(TP_PLANS)}"))
     out.extend(_pipeline_refusals(cell))
+    out.extend(_loss_parallel_refusals(cell))
     if m.precision == "fp16":
         out.append(
             Refusal(
@@ -307,6 +308,32 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
                 "method.pp_microbatches",
                 f"interleaved 1F1B runs micro-batches in rounds of {pp}: {k} is not a multiple of its {rounds} "
                 f"rounds; use a multiple of {pp}",
+            )
+        )
+    return out
+
+
+def _loss_parallel_refusals(cell: Config) -> list[Refusal]:
+    m, model = cell.method, cell.model
+    if not m.tp_loss_parallel:
+        return []
+    if int(m.tp) == 1:
+        return [Refusal("method.tp_loss_parallel", "splits the vocabulary over the tensor ranks: needs method.tp > 1")]
+    out = []
+    if int(m.pp) > 1:
+        out.append(
+            Refusal(
+                "method.tp_loss_parallel",
+                "the pipeline's last stage cannot yet hand torch.distributed.pipelining logits sharded over the "
+                "vocabulary (its schedule stalls on them); use method.pp=1 or leave it false",
+            )
+        )
+    if model.tie_word_embeddings:
+        out.append(
+            Refusal(
+                "method.tp_loss_parallel",
+                f"{model.name} ties its output layer to the input embedding: one matrix, which the row-parallel "
+                "embedding and the column-parallel output layer would each split; leave it false",
             )
         )
     return out

@@ -9,6 +9,7 @@ so one class serves them all; a family without them is refused when the engine b
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -95,14 +96,38 @@ def split_stages(
     return out
 
 
-def apply_tensor_parallel(stage: Stage, plan: dict[str, str], tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(stage: Stage, plan: dict[str, str], tp_mesh: DeviceMesh, loss_parallel: bool = False) -> None:
     """Split every decoder layer of ``stage`` over ``tp_mesh`` by ``plan`` (``config.TP_PLANS``): column-parallel
-    layers hand their local shard on, row-parallel ones all-reduce, so the residual stream stays whole on each rank."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    layers hand their local shard on, row-parallel ones all-reduce, so the residual stream stays whole on each rank.
+
+    ``loss_parallel`` (``method.tp_loss_parallel``) splits the vocabulary too, as Megatron-LM and torchtitan do: the
+    input embedding row-parallel (each rank looks up the tokens of its share of the vocabulary, the partial results
+    all-reduced) and the output layer column-parallel, its logits left sharded over the vocabulary for the loss
+    (:func:`loss_context`), so no rank holds a whole vocabulary matrix or the whole logits."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, ParallelStyle, RowwiseParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in stage.layers:
         parallelize_module(layer, tp_mesh, {path: styles[kind]() for path, kind in plan.items()})
+    if not loss_parallel:
+        return
+    ends: dict[str, ParallelStyle] = {}
+    if stage.embed is not None:
+        ends["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    if stage.head is not None:
+        ends["head"] = ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)
+    if ends:
+        parallelize_module(stage, tp_mesh, ends)
+
+
+def loss_context(loss_parallel: bool) -> AbstractContextManager[None]:
+    """Where the loss and its backward run: ``torch.distributed.tensor.parallel.loss_parallel`` when the logits
+    are sharded over the vocabulary (each rank's log-softmax over its share, two small all-reduces for the
+    maximum and the sum), else nothing."""
+    from torch.distributed.tensor.parallel import loss_parallel as parallel
+
+    return parallel() if loss_parallel else nullcontext()
 
 
 def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: bool) -> None:
