@@ -80,6 +80,9 @@ class Layout:
     loss_parallel: bool = False
     """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks, as
     Megatron-LM always splits them."""
+    sequence_parallel: bool = False
+    """mesh3d's ``tp_sequence_parallel``: every activation of a layer split over the tensor ranks (Megatron's
+    always are), and the vocabulary matrices too."""
 
     @property
     def num_gpus(self) -> int:
@@ -147,7 +150,7 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
     family = language_family(model, "the tensor/pipeline-parallel layouts")
     sizes = stage_sizes(model.num_layers, layout.pipeline, end_weight(model))
-    split = tensor_share(t, sequence_parallel=layout.engine == "megatron")
+    split = tensor_share(t, sequence_parallel=layout.engine == "megatron" or layout.sequence_parallel)
     full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b * split
     if layout.activation_checkpointing:
         per_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
@@ -204,29 +207,21 @@ def estimate_layout(
         raise ValueError(f"{layout.describe()}: {m} micro-batches a step do not make schedules of {k}")
     schedules, v = m // k, layout.stages_per_rank
     if layout.engine == "mesh3d":
+        split = layout.loss_parallel or layout.sequence_parallel  # the vocabulary matrices over the tensor ranks
         states = mesh3d_memory_terms(
             num_parameters(model), model.vocab_size * model.hidden_size,
             language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model), model.num_layers, layout.num_gpus, t, p,
-            "bf16", layout.loss_parallel,
+            "bf16", split,
         )  # fmt: skip
         params, grads = float(states["params"]), float(states["grads"])
         optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
         psi_gpu = float(
-            rank_parameters(
-                num_parameters(model),
-                model.vocab_size * model.hidden_size,
-                t,
-                p,
-                model.num_layers,
-                layout.loss_parallel,
-            )
+            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers, split)
         )
         largest = language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model)
         vocab = model.vocab_size * model.hidden_size
         build = float(
-            mesh3d_build_bytes(
-                num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p, layout.loss_parallel
-            )
+            mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p, split)
         )
     else:
         build = 0.0

@@ -133,7 +133,7 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     from torch.distributed.tensor import DTensor
 
     from orchestrator.config.schema import to_config
-    from orchestrator.engines.mesh3d.config import TP_PLANS, layout_of
+    from orchestrator.engines.mesh3d.config import SP_PLANS, TP_PLANS, layout_of
     from orchestrator.engines.mesh3d.engine import next_token_loss
     from orchestrator.engines.mesh3d.parallelize import apply_tensor_parallel, loss_context, split_stages
     from orchestrator.models import family_module
@@ -151,7 +151,9 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     expected.backward()
     names = {id(m): n for n, m in split.named_modules()}
     ((_, stage),) = split_stages(split, layout_of(method, 2), 0, model.num_layers)
-    apply_tensor_parallel(stage, TP_PLANS[model.family], init_device_mesh("cpu", (2,)), method.tp_loss_parallel)
+    sequence = SP_PLANS[model.family] if method.tp_sequence_parallel else None
+    mesh = init_device_mesh("cpu", (2,))
+    apply_tensor_parallel(stage, TP_PLANS[model.family], mesh, method.tp_loss_parallel, sequence)
     with loss_context(method.tp_loss_parallel):
         got = next_token_loss(stage(tokens), tokens)
         got.backward()
@@ -167,21 +169,20 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("setting", ["plain", "tp_loss_parallel"])
+@pytest.mark.parametrize("setting", ["tp_loss_parallel", "tp_sequence_parallel"])
 def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, setting: str) -> None:
     # Two tensor ranks over gloo, no pipeline: the split stage's loss and every gradient (gathered) are the
-    # unsplit model's, with the vocabulary split (row-parallel embedding, column-parallel output layer, the loss on
-    # the sharded logits) as without.
+    # unsplit model's with the vocabulary split (row-parallel embedding, column-parallel output layer, the loss on
+    # the sharded logits) and with the sequence split between the blocks (sequence parallelism).
     import torch
     import torch.multiprocessing as mp
     from test_probe import _free_port
 
-    overrides = [f"method.{setting}=true"] if setting != "plain" else []
-    cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", *overrides)
+    cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", f"method.{setting}=true")
     mp.spawn(_tensor_parallel_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
-        assert got["vocabulary_split"] == (setting == "tp_loss_parallel")
+        assert got["vocabulary_split"], "the embedding and the output layer split over the vocabulary"
         torch.testing.assert_close(got["loss"], got["expected"])
         assert set(got["grads"]) == set(got["whole_grads"])
         for name, grad in got["grads"].items():

@@ -11,8 +11,9 @@ FSDP cells beside it, and the GPT-NeoX (Pythia) and OLMo families have no torcht
 on PyPI (installed from git, its config system rewritten in 2026), a heavier and less stable dependency than
 torch itself. Applying the APIs to the same modules keeps one model per cell across engines, every family that
 splits, and only torch to maintain. torchtitan's vocabulary-parallel embedding, output layer and loss are
-``method.tp_loss_parallel`` (``parallelize.apply_tensor_parallel``, without a pipeline for now); what it adds
-beyond (sequence and context parallelism, float8) is left out and said where it matters (config.py, memory.py).
+``method.tp_loss_parallel``, its sequence parallelism ``method.tp_sequence_parallel``
+(``parallelize.apply_tensor_parallel``, both without a pipeline for now); what it adds beyond (context
+parallelism, float8) is left out and said where it matters (config.py, memory.py).
 
 One rank, for the layout of ``config.layout_of``: the model is built on the meta device (no storage), split into
 the stages of its pipeline rank (``parallelize.split_stages``), each decoder layer split over the tensor ranks,
@@ -40,7 +41,7 @@ from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
 from orchestrator.engines.materialising import build_meta
-from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, end_weight, layout_of
+from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, SP_PLANS, TP_PLANS, Mesh3dLayout, end_weight, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.models.probe_data import DATA_BATCHES, seed_of
@@ -132,7 +133,9 @@ class Mesh3dEngine:
         )
         for _, stage in stages:
             if lay.tp > 1:
-                apply_tensor_parallel(stage, TP_PLANS[cfg.model.family], self.mesh["tp"], method.tp_loss_parallel)
+                sequence = SP_PLANS[cfg.model.family] if method.tp_sequence_parallel else None
+                tp_plan = TP_PLANS[cfg.model.family]
+                apply_tensor_parallel(stage, tp_plan, self.mesh["tp"], method.tp_loss_parallel, sequence)
             if method.compile:
                 compile_blocks(stage.layers)
             apply_fsdp(stage, self.mesh["dp"], mp_policy, pipelined=lay.pp > 1)

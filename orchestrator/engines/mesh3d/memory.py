@@ -16,7 +16,8 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
 - activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
   the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
   layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021). With
-  ``tp_loss_parallel`` the logits and the loss's share of them (:func:`logit_fraction`) are split over the t ranks.
+  ``tp_loss_parallel`` the logits and the loss's share of them (:func:`logit_fraction`) are split over the t ranks;
+  with ``tp_sequence_parallel`` all of a layer's activations are (and the vocabulary matrices, E/t).
 
 Building (:func:`build_bytes`): on the meta device, split, then each rank allocates its fp32 shards, 4Ψ_gpu/d, and
 initialises one unit at a time (a decoder layer, or a module outside them) on a full-size fp32 copy, not split
@@ -25,6 +26,7 @@ over the tensor ranks: 4 bytes of the largest unit beside the shards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -115,7 +117,7 @@ def build_bytes_of(x: CellArrays) -> Any:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
     return build_bytes(
-        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], m["tp_loss_parallel"]
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], vocab_split_of(m)
     )
 
 
@@ -125,7 +127,7 @@ def memory_terms_of(x: CellArrays) -> Terms:
     m = x.method
     return memory_terms(
         x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision,
-        m["tp_loss_parallel"],
+        vocab_split_of(m),
     )  # fmt: skip
 
 
@@ -136,20 +138,30 @@ def tensor_activation_share(tp: Any) -> Any:
     return _out((10.0 + 24.0 / np.asarray(tp, dtype=float)) / 34.0)
 
 
+def vocab_split_of(method: Mapping[str, Any]) -> Any:
+    """Where the vocabulary matrices are split over the tensor ranks: with ``tp_loss_parallel`` or
+    ``tp_sequence_parallel`` (whose embedding and output layer are row- and column-parallel)."""
+    return np.asarray(method["tp_loss_parallel"], dtype=bool) | np.asarray(method["tp_sequence_parallel"], dtype=bool)
+
+
 def activation_share(
-    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: Any = 0.0, vocab_split: Any = False
-) -> Any:
+    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: Any = 0.0, vocab_split: Any = False,
+    sequence_split: Any = False,
+) -> Any:  # fmt: skip
     """A rank's activations over one whole-model sequence's, element-wise: its share of the layers (a stage's,
     times its stages), times the micro-batches 1F1B keeps in flight on the first stage (min(p, m)), times the
-    tensor share; where ``vocab_split`` (``tp_loss_parallel``), the ``logits`` fraction of them
-    (:func:`logit_fraction`) takes 1/t instead of the tensor share."""
+    tensor share (1/t with ``sequence_split``, ``tp_sequence_parallel``: the norms' and the residual's split too);
+    where ``vocab_split`` (``tp_loss_parallel``), the ``logits`` fraction of them (:func:`logit_fraction`) takes
+    1/t instead of the tensor share."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     m = np.asarray(microbatches, dtype=float)
     in_flight = np.where(p > 1, np.minimum(p, m), 1.0)
     layers = np.where(p > 1, 1.0 / p, 1.0) * np.ones_like(np.asarray(stages_per_rank, dtype=float))
-    tensor = np.asarray(tensor_activation_share(t), dtype=float)
-    f = np.where(np.asarray(vocab_split, dtype=bool), np.asarray(logits, dtype=float), 0.0)
-    return _out(layers * in_flight * tensor * (1.0 - f + f / (t * tensor)))
+    plain = np.asarray(tensor_activation_share(t), dtype=float)
+    tensor = np.where(np.asarray(sequence_split, dtype=bool), 1.0 / t, plain)
+    f = np.asarray(logits, dtype=float)
+    logit_share = np.where(np.asarray(vocab_split, dtype=bool), 1.0 / t, plain)
+    return _out(layers * in_flight * (tensor * (1.0 - f) + f * logit_share))
 
 
 def logit_fraction(vocab: Any, seq: Any, per_sequence: Any) -> Any:
@@ -162,9 +174,11 @@ def logit_fraction(vocab: Any, seq: Any, per_sequence: Any) -> Any:
     return _out(np.clip(np.divide(logits, total, out=np.zeros_like(logits * total), where=total > 0), 0.0, 1.0))
 
 
-def activation_factor(layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False) -> float:
+def activation_factor(
+    layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False, sequence: bool = False
+) -> float:
     """:func:`activation_share` of one cell's layout."""
-    return float(activation_share(layout.tp, layout.pp, layout.microbatches, 1.0, logits, vocab_split))
+    return float(activation_share(layout.tp, layout.pp, layout.microbatches, 1.0, logits, vocab_split, sequence))
 
 
 def fixed_bytes(cfg: Config) -> float:
@@ -174,7 +188,7 @@ def fixed_bytes(cfg: Config) -> float:
     terms = memory_terms(
         num_parameters(model), model.vocab_size * model.hidden_size,
         family_module(model.family).largest_weight_elements(model), model.num_layers, cfg.num_gpus,
-        layout.tp, layout.pp, cfg.method.precision, cfg.method.tp_loss_parallel,
+        layout.tp, layout.pp, cfg.method.precision, cfg.method.tp_loss_parallel or cfg.method.tp_sequence_parallel,
     )  # fmt: skip
     return float(sum(v for k, v in terms.items() if k != "offloaded"))
 
@@ -184,6 +198,7 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     layout = layout_of(cfg.method, cfg.num_gpus)
     per_sequence = activation_bytes_per_sequence(cfg.model, cfg.method)
     logits = float(logit_fraction(cfg.model.vocab_size, cfg.model.seq_length, per_sequence))
-    scale = activation_factor(layout, cfg.model.num_layers, logits, cfg.method.tp_loss_parallel)
+    m = cfg.method
+    scale = activation_factor(layout, cfg.model.num_layers, logits, m.tp_loss_parallel, m.tp_sequence_parallel)
     # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
     return micro_batch_that_fits(cfg, memory_gib / scale, fixed_bytes(cfg) / scale) if per_sequence else 1

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
-FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel")
+FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel", "tp_sequence_parallel")
 
 
 def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
@@ -70,7 +70,7 @@ def layout_terms(x: CellArrays) -> Terms:
     k = np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
     replicas = np.maximum(np.floor(np.asarray(x.num_gpus, dtype=float) / (t * p)), 1.0)
     logits = logit_fraction(x.vocab, x.seq, x.per_sequence)
-    share = activation_share(t, p, k, 1.0, logits, m["tp_loss_parallel"])
+    share = activation_share(t, p, k, 1.0, logits, m["tp_loss_parallel"], m["tp_sequence_parallel"])
     return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float)}
 
 

@@ -78,6 +78,7 @@ MESH = "method.engine=mesh3d"
             "method.tp_loss_parallel",
             "method.pp=1",
         ),
+        ([MESH, "num_gpus=2", "method.tp_sequence_parallel=true"], "method.tp_sequence_parallel", "method.tp > 1"),
         # another engine's fields, and mesh3d's under another engine
         ([MESH, "num_gpus=2", "method.zero_stage=2"], "method.zero_stage", "method.tp"),
         (["num_gpus=2", "method.tp=2"], "method.tp", "method.engine=mesh3d"),
@@ -97,7 +98,7 @@ def test_layouts_mesh3d_cannot_run_are_refused_naming_the_key(make_cell, overrid
         [MESH, "num_gpus=4", "method.tp=1", "method.pp=2"],
         [MESH, "num_gpus=4"],
         [MESH, "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.pp=2"],
-        [MESH, "num_gpus=4", "method.tp=2", "method.tp_loss_parallel=true"],
+        [MESH, "num_gpus=4", "method.tp=2", "method.tp_loss_parallel=true", "method.tp_sequence_parallel=true"],
         [MESH, "model=pythia-160m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
         # stages need not divide the layers: pythia-70m's 6 in 4 stages
         [MESH, "model=pythia-70m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
@@ -204,6 +205,8 @@ def test_memory_terms_split_the_layers_over_tensor_and_pipeline_ranks_and_shard_
     plain = activation_share(2, 1, 1)
     assert activation_share(2, 1, 1, 1.0, 0.0, True) == pytest.approx(plain)
     assert activation_share(2, 1, 1, 1.0, 0.5, True) == pytest.approx(0.5 * plain + 0.5 / 2)
+    # tp_sequence_parallel splits the norms' and the residual's share as well: all of a layer's over t
+    assert activation_share(2, 1, 1, 1.0, 0.0, True, True) == pytest.approx(1 / 2) and plain > 1 / 2
 
 
 def test_the_bubble_shrinks_with_micro_batches_and_interleaving() -> None:
