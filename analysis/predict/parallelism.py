@@ -41,7 +41,9 @@ from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_ter
 from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
 from orchestrator.models import flops_per_token, language_family, num_parameters
 
-PREDICTOR = "layout model (analysis/predict/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+PREDICTOR = (
+    "layout model (analysis/predict/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+)
 """What ``budget`` and ``shortest`` predict with, named beside their figures: ``plan`` predicts a cell with another
 model (:data:`analysis.predict.predictor.PREDICTOR`), so the GPU-hours of the two differ for the same model and GPUs."""
 
@@ -75,6 +77,12 @@ class Layout:
     """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
     tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
     model states as ``orchestrator/engines/mesh3d/memory.py`` counts them)."""
+    loss_parallel: bool = False
+    """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks, as
+    Megatron-LM always splits them."""
+    sequence_parallel: bool = False
+    """mesh3d's ``tp_sequence_parallel``: every activation of a layer split over the tensor ranks (Megatron's
+    always are), and the vocabulary matrices too."""
 
     @property
     def num_gpus(self) -> int:
@@ -142,7 +150,7 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
     family = language_family(model, "the tensor/pipeline-parallel layouts")
     sizes = stage_sizes(model.num_layers, layout.pipeline, end_weight(model))
-    split = tensor_share(t, sequence_parallel=layout.engine == "megatron")
+    split = tensor_share(t, sequence_parallel=layout.engine == "megatron" or layout.sequence_parallel)
     full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b * split
     if layout.activation_checkpointing:
         per_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
@@ -150,8 +158,10 @@ def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batch
     else:
         per_layer = full_layer
         working = 0.0
-    # mesh3d keeps the output layer whole on every tensor rank (no vocabulary-parallel loss).
-    logits = family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" else 1)
+    # mesh3d keeps the output layer whole on every tensor rank unless it splits the vocabulary (loss_parallel).
+    logits = (
+        family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" or layout.loss_parallel else 1)
+    )
     if layout.pipeline == 1:
         return sizes[0] * per_layer + working + logits
     p = layout.pipeline
@@ -197,19 +207,22 @@ def estimate_layout(
         raise ValueError(f"{layout.describe()}: {m} micro-batches a step do not make schedules of {k}")
     schedules, v = m // k, layout.stages_per_rank
     if layout.engine == "mesh3d":
+        split = layout.loss_parallel or layout.sequence_parallel  # the vocabulary matrices over the tensor ranks
         states = mesh3d_memory_terms(
             num_parameters(model), model.vocab_size * model.hidden_size,
             language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model), model.num_layers, layout.num_gpus, t, p,
-            "bf16",
+            "bf16", split,
         )  # fmt: skip
         params, grads = float(states["params"]), float(states["grads"])
         optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
         psi_gpu = float(
-            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers)
+            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers, split)
         )
         largest = language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model)
         vocab = model.vocab_size * model.hidden_size
-        build = float(mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p))
+        build = float(
+            mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p, split)
+        )
     else:
         build = 0.0
         psi_gpu = stage_parameters(model, p) / t

@@ -204,6 +204,16 @@ class MethodConfig:
     pp_microbatches: int = field(default=8, metadata=domain(ge=1, integer=True))
     """mesh3d only: micro-batches one pipeline schedule runs (each of ``micro_batch_size`` sequences), when
     ``pp > 1``; at least ``pp``."""
+    tp_loss_parallel: bool = False
+    """mesh3d only, with ``tp > 1``: split the vocabulary over the tensor ranks, the input embedding row-parallel
+    and the output layer column-parallel, the loss computed on the sharded logits
+    (``torch.distributed.tensor.parallel.loss_parallel``): no rank holds the whole logits. Not with an output layer
+    tied to the embedding (one matrix split two ways), nor yet with a pipeline (``pp > 1``)."""
+    tp_sequence_parallel: bool = False
+    """mesh3d only, with ``tp > 1``: sequence parallelism (Korthikanti et al. 2022): the norms, dropouts and the
+    residual stream between the tensor-parallel blocks hold one share of the sequence on each tensor rank, so every
+    activation of a layer is split over them; the embedding is then row-parallel. Not with an output layer tied to
+    the embedding, nor yet with a pipeline."""
     activation_checkpointing: bool = False
     precision: str = field(default="bf16", metadata=domain(choices=PRECISIONS))
     """bf16, fp16 (dynamic loss scaling) or fp32."""

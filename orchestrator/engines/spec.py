@@ -52,6 +52,8 @@ class CellArrays(Protocol):
     flops_per_sample: np.ndarray
     """Hardware FLOPs per sample (a sequence, an image) of a training step (recomputation included where the cell
     checkpoints)."""
+    per_sequence: np.ndarray
+    """Activation bytes of one sequence through the whole model, its logits and loss included."""
     reference_tflops: np.ndarray
     """The dense peak for the cell's precision; NaN where the device has none."""
     num_gpus: np.ndarray

@@ -119,3 +119,71 @@ def test_an_uneven_pipeline_split_computes_what_the_whole_model_does() -> None:
     torch.testing.assert_close(got, expected)
     for name, p in whole.named_parameters():
         torch.testing.assert_close(p.grad, grads[name], msg=name)
+
+
+def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None:
+    """One of two tensor ranks: the unsplit model's loss and gradients, then the split stage's, written side by
+    side (the gradients gathered) for the test to compare."""
+    import copy
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor
+
+    from orchestrator.config.schema import to_config
+    from orchestrator.engines.mesh3d.config import SP_PLANS, TP_PLANS, layout_of
+    from orchestrator.engines.mesh3d.engine import next_token_loss
+    from orchestrator.engines.mesh3d.parallelize import apply_tensor_parallel, loss_context, split_stages
+    from orchestrator.models import family_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    cfg = to_config(cell)
+    model, method = cfg.model, cfg.method
+    torch.manual_seed(0)
+    whole = family_module(model.family).build_model(model, "eager", torch.float32, torch.device("cpu"))
+    split = copy.deepcopy(whole)
+    tokens = torch.randint(0, model.vocab_size, (2, 16))
+    expected = next_token_loss(whole(tokens).logits, tokens)
+    expected.backward()
+    names = {id(m): n for n, m in split.named_modules()}
+    ((_, stage),) = split_stages(split, layout_of(method, 2), 0, model.num_layers)
+    sequence = SP_PLANS[model.family] if method.tp_sequence_parallel else None
+    mesh = init_device_mesh("cpu", (2,))
+    apply_tensor_parallel(stage, TP_PLANS[model.family], mesh, method.tp_loss_parallel, sequence)
+    with loss_context(method.tp_loss_parallel):
+        got = next_token_loss(stage(tokens), tokens)
+        got.backward()
+    grads = {}
+    for module in stage.modules():
+        for name, p in module.named_parameters(recurse=False):
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            grads[f"{names[id(module)]}.{name}"] = grad
+    sharded = isinstance(stage.head.weight, DTensor) and isinstance(stage.embed.weight, DTensor)
+    whole_grads = {n: p.grad for n, p in whole.named_parameters()}
+    torch.save({"loss": (got.full_tensor() if isinstance(got, DTensor) else got).detach(), "expected": expected.detach(),
+                "grads": grads, "whole_grads": whole_grads, "vocabulary_split": sharded}, Path(out, f"rank{rank}.pt"))  # fmt: skip
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("setting", ["tp_loss_parallel", "tp_sequence_parallel"])
+def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, setting: str) -> None:
+    # Two tensor ranks over gloo, no pipeline: the split stage's loss and every gradient (gathered) are the
+    # unsplit model's with the vocabulary split (row-parallel embedding, column-parallel output layer, the loss on
+    # the sharded logits) and with the sequence split between the blocks (sequence parallelism).
+    import torch
+    import torch.multiprocessing as mp
+    from test_probe import _free_port
+
+    cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", f"method.{setting}=true")
+    mp.spawn(_tensor_parallel_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
+    for rank in range(2):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["vocabulary_split"], "the embedding and the output layer split over the vocabulary"
+        torch.testing.assert_close(got["loss"], got["expected"])
+        assert set(got["grads"]) == set(got["whole_grads"])
+        for name, grad in got["grads"].items():
+            torch.testing.assert_close(grad, got["whole_grads"][name], msg=name)

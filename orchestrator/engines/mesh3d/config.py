@@ -47,6 +47,16 @@ TP_PLANS: dict[str, dict[str, str]] = {
 """Per family, each decoder layer's linear layers (paths inside the layer) and how tensor parallelism splits them:
 ``colwise`` (output features split, the result left local) before ``rowwise`` (input features split, the partial
 results all-reduced), Megatron's pairing (Shoeybi et al. 2019, §3)."""
+_NORMS = {"input_layernorm": "norm", "post_attention_layernorm": "norm"}
+SP_PLANS: dict[str, dict[str, str]] = {
+    "gpt_neox": {**_NORMS, "attention": "args", "mlp": "args"},
+    "llama": {**_NORMS, "self_attn": "kwargs", "mlp": "args"},
+    "qwen3": {**_NORMS, "self_attn": "kwargs", "mlp": "args"},
+}
+"""Per family, with ``method.tp_sequence_parallel``, each decoder layer's norms (run on the rank's share of the
+sequence) and its blocks (their input gathered from the shares: ``args`` the first positional argument, ``kwargs``
+``hidden_states`` by name, as the family's layer calls them)."""
+assert set(SP_PLANS) == set(TP_PLANS)
 TP_UNSPLITTABLE = {
     "olmo2": "OLMo 2 normalises the queries and keys over all heads at once (q_norm, k_norm of width "
     "heads × head_dim), which a tensor-parallel rank holding some of the heads cannot compute; use tp=1",
@@ -233,6 +243,7 @@ def refusals(cell: Config) -> list[Refusal]:
         why = TP_UNSPLITTABLE.get(model.family, f"mesh3d has no tensor-parallel plan for family {model.family!r}")
         out.append(Refusal("method.tp", f"{why}; families it splits: {', '.join(TP_PLANS)}"))
     out.extend(_pipeline_refusals(cell))
+    out.extend(_loss_parallel_refusals(cell))
     if m.precision == "fp16":
         out.append(
             Refusal(
@@ -309,4 +320,33 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
                 f"rounds; use a multiple of {pp}",
             )
         )
+    return out
+
+
+def _loss_parallel_refusals(cell: Config) -> list[Refusal]:
+    m, model = cell.method, cell.model
+    out = []
+    for key, what in (("tp_loss_parallel", "the vocabulary"), ("tp_sequence_parallel", "the sequence")):
+        if not getattr(m, key):
+            continue
+        if int(m.tp) == 1:
+            out.append(Refusal(f"method.{key}", f"splits {what} over the tensor ranks: needs method.tp > 1"))
+            continue
+        if int(m.pp) > 1:
+            out.append(
+                Refusal(
+                    f"method.{key}",
+                    "torch.distributed.pipelining's stages cannot yet hand on a tensor split over the tensor ranks "
+                    "(its schedule stalls on the sharded logits); use method.pp=1 or leave it false",
+                )
+            )
+        if model.tie_word_embeddings:
+            out.append(
+                Refusal(
+                    f"method.{key}",
+                    f"{model.name} ties its output layer to the input embedding: one matrix, which the row-parallel "
+                    "embedding (split over the vocabulary, as both settings need) and the output layer would each "
+                    "split; leave it false",
+                )
+            )
     return out

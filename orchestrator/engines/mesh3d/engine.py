@@ -10,7 +10,9 @@ every other engine of gpudays measures, so a mesh3d cell would measure a differe
 FSDP cells beside it, and the GPT-NeoX (Pythia) and OLMo families have no torchtitan model at all; it is also not
 on PyPI (installed from git, its config system rewritten in 2026), a heavier and less stable dependency than
 torch itself. Applying the APIs to the same modules keeps one model per cell across engines, every family that
-splits, and only torch to maintain; what torchtitan adds beyond (vocabulary-parallel loss, sequence and context
+splits, and only torch to maintain. torchtitan's vocabulary-parallel embedding, output layer and loss are
+``method.tp_loss_parallel``, its sequence parallelism ``method.tp_sequence_parallel``
+(``parallelize.apply_tensor_parallel``, both without a pipeline for now); what it adds beyond (context
 parallelism, float8) is left out and said where it matters (config.py, memory.py).
 
 One rank, for the layout of ``config.layout_of``: the model is built on the meta device (no storage), split into
@@ -39,7 +41,7 @@ from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
 from orchestrator.engines.materialising import build_meta
-from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, TP_PLANS, Mesh3dLayout, end_weight, layout_of
+from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, SP_PLANS, TP_PLANS, Mesh3dLayout, end_weight, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.models.probe_data import DATA_BATCHES, seed_of
@@ -131,7 +133,9 @@ class Mesh3dEngine:
         )
         for _, stage in stages:
             if lay.tp > 1:
-                apply_tensor_parallel(stage, TP_PLANS[cfg.model.family], self.mesh["tp"])
+                sequence = SP_PLANS[cfg.model.family] if method.tp_sequence_parallel else None
+                tp_plan = TP_PLANS[cfg.model.family]
+                apply_tensor_parallel(stage, tp_plan, self.mesh["tp"], method.tp_loss_parallel, sequence)
             if method.compile:
                 compile_blocks(stage.layers)
             apply_fsdp(stage, self.mesh["dp"], mp_policy, pipelined=lay.pp > 1)
@@ -139,7 +143,9 @@ class Mesh3dEngine:
                 meta.adopt(stage.head, module.get_input_embeddings())  # the last stage's copy of a tied layer
         meta.materialise([stage for _, stage in stages], self.device, cfg.probe.seed)
         self.stages = stages
-        self.next_token_loss = compiled_loss(next_token_loss) if method.compile else next_token_loss
+        # The sharded logits' loss is loss_parallel's own operators: left to eager.
+        compiled = method.compile and not method.tp_loss_parallel
+        self.next_token_loss = compiled_loss(next_token_loss) if compiled else next_token_loss
         params = [p for _, stage in stages for p in stage.parameters()]
         self.optimizer = torch.optim.AdamW(
             params, lr=float(cfg.model.lr), betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY
@@ -201,13 +207,16 @@ class Mesh3dEngine:
     def micro_step(self, batch: torch.Tensor, boundary: bool) -> torch.Tensor:
         import torch
 
+        from orchestrator.engines.mesh3d.parallelize import loss_context
+
         tokens = self.tokens[self.steps % len(self.tokens)]
         self.steps += 1
         if self.layout.pp == 1:
             ((_, stage),) = self.stages
             stage.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
-            loss = self._loss(stage(tokens), tokens)
-            loss.backward()  # type: ignore[no-untyped-call]
+            with loss_context(self.config.method.tp_loss_parallel):
+                loss = self._loss(stage(tokens), tokens)
+                loss.backward()  # type: ignore[no-untyped-call]
             loss = loss.detach() * self.grad_accum_steps
         else:
             loss = self._pipeline_step(tokens)
@@ -220,12 +229,15 @@ class Mesh3dEngine:
     def _pipeline_step(self, tokens: torch.Tensor) -> torch.Tensor:
         import torch
 
+        from orchestrator.engines.mesh3d.parallelize import loss_context
+
         pp_rank, _, _ = self.coordinates()
         first, last = pp_rank == 0, pp_rank == self.layout.pp - 1
         losses: list[torch.Tensor] = []
         began = time.perf_counter()
         args = (tokens,) if first else ()
-        self.schedule.step(*args, target=tokens if last else None, losses=losses if last else None)
+        with loss_context(self.config.method.tp_loss_parallel):
+            self.schedule.step(*args, target=tokens if last else None, losses=losses if last else None)
         self.schedule_s += time.perf_counter() - began
         if losses:
             return torch.stack([x.detach() for x in losses]).mean() * self.grad_accum_steps

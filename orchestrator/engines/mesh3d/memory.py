@@ -6,15 +6,18 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
 
 - a rank's share: the decoder layers' (Ψ − 2E)/(p·t), plus the vocabulary matrices of its end of the pipeline
   (the input embedding on the first stage, the output layer on the last, both when p = 1), which stay whole on
-  every tensor rank (the engine does not split the vocabulary): Ψ_gpu = (Ψ − 2E)/(p·t) + E·(2 if p = 1 else 1)
-  where the stages split the layers evenly; otherwise the largest stage's (``config.stage_sizes``);
+  every tensor rank unless ``tp_loss_parallel`` splits the vocabulary (then E/t): Ψ_gpu = (Ψ − 2E)/(p·t) +
+  E·(2 if p = 1 else 1) where the stages split the layers evenly; otherwise the largest stage's
+  (``config.stage_sizes``);
 - FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
   the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu;
 - gathered parameters: with a pipeline the stage stays gathered for all its micro-batches (resharding between
   them would gather it again for each), p_bΨ_gpu; without, as FSDP's ``full``: two layers and the largest weight;
 - activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
   the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
-  layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021).
+  layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021). With
+  ``tp_loss_parallel`` the logits and the loss's share of them (:func:`logit_fraction`) are split over the t ranks;
+  with ``tp_sequence_parallel`` all of a layer's activations are (and the vocabulary matrices, E/t).
 
 Building (:func:`build_bytes`): on the meta device, split, then each rank allocates its fp32 shards, 4Ψ_gpu/d, and
 initialises one unit at a time (a decoder layer, or a module outside them) on a full-size fp32 copy, not split
@@ -23,6 +26,7 @@ over the tensor ranks: 4 bytes of the largest unit beside the shards.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -45,24 +49,29 @@ REDUCE_BYTES = 4.0
 """Gradients are reduced and accumulated in fp32."""
 
 
-def rank_parameters(num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None) -> Any:
+def rank_parameters(
+    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: Any = False
+) -> Any:
     """Parameters one rank holds before FSDP shards them: the largest stage's share, of the layers as
-    ``config.stage_sizes`` splits ``num_layers`` (unevenly where the stages do not divide them; None: L/p each)."""
+    ``config.stage_sizes`` splits ``num_layers`` (unevenly where the stages do not divide them; None: L/p each);
+    ``vocab_split`` (``tp_loss_parallel``): the vocabulary matrices split over the tensor ranks too."""
     psi = np.asarray(num_parameters, dtype=float)
     e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    held = e / np.where(np.asarray(vocab_split, dtype=bool), t, 1.0)
     if num_layers is not None:
-        return _out(np.vectorize(_largest_stage, otypes=[float])(psi, e, t, p, np.asarray(num_layers, dtype=float)))
-    return _out((psi - 2.0 * e) / (p * t) + e * np.where(p > 1, 1.0, 2.0))
+        largest = np.vectorize(_largest_stage, otypes=[float])
+        return _out(largest(psi, e, t, p, np.asarray(num_layers, dtype=float), held))
+    return _out((psi - 2.0 * e) / (p * t) + held * np.where(p > 1, 1.0, 2.0))
 
 
-def _largest_stage(psi: float, e: float, t: float, p: float, layers: float) -> float:
+def _largest_stage(psi: float, e: float, t: float, p: float, layers: float, held: float) -> float:
     per_layer = (psi - 2.0 * e) / max(layers, 1.0)
     if p <= 1 or p > layers or per_layer <= 0:
-        return (psi - 2.0 * e) / (p * t) + e * (1.0 if p > 1 else 2.0)
-    sizes = stage_sizes(int(layers), int(p), e / per_layer)
+        return (psi - 2.0 * e) / (p * t) + held * (1.0 if p > 1 else 2.0)
+    sizes = stage_sizes(int(layers), int(p), e / per_layer)  # the engine's split, whatever the vocabulary's
     last = len(sizes) - 1
-    return max(n * per_layer / t + (e if i in (0, last) else 0.0) for i, n in enumerate(sizes))
+    return max(n * per_layer / t + (held if i in (0, last) else 0.0) for i, n in enumerate(sizes))
 
 
 def memory_terms(
@@ -74,11 +83,12 @@ def memory_terms(
     tp: Any,
     pp: Any,
     precision: Any,
+    vocab_split: Any = False,
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
-    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, num_layers), dtype=float)
+    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, num_layers, vocab_split), dtype=float)
     pb = np.asarray(precision_bytes(precision), dtype=float)
     per_layer = share / np.maximum(np.asarray(num_layers, dtype=float) / p, 1.0)
     gathered = np.where(p > 1, pb * share, pb * (2.0 * per_layer + np.asarray(largest_weight, dtype=float) / t))
@@ -92,12 +102,13 @@ def memory_terms(
 
 
 def build_bytes(
-    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any
-) -> Any:
+    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any,
+    vocab_split: Any = False,
+) -> Any:  # fmt: skip
     """Allocated bytes per GPU at the build's peak: the rank's fp32 shards and one unit's full fp32 copy."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
-    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p), dtype=float)
+    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, vocab_split=vocab_split), dtype=float)
     unit = np.asarray(largest_unit(num_parameters, vocab_matrix, largest_weight, num_layers), dtype=float)
     return _out(4.0 * share / d + 4.0 * unit)
 
@@ -105,15 +116,19 @@ def build_bytes(
 def build_bytes_of(x: CellArrays) -> Any:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
-    return build_bytes(x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"])
+    return build_bytes(
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], vocab_split_of(m)
+    )
 
 
 def memory_terms_of(x: CellArrays) -> Terms:
-    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp`` and ``pp`` fields."""
+    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp``, ``pp`` and
+    ``tp_loss_parallel`` fields."""
     m = x.method
     return memory_terms(
-        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision
-    )
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision,
+        vocab_split_of(m),
+    )  # fmt: skip
 
 
 def tensor_activation_share(tp: Any) -> Any:
@@ -123,20 +138,47 @@ def tensor_activation_share(tp: Any) -> Any:
     return _out((10.0 + 24.0 / np.asarray(tp, dtype=float)) / 34.0)
 
 
-def activation_share(tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0) -> Any:
+def vocab_split_of(method: Mapping[str, Any]) -> Any:
+    """Where the vocabulary matrices are split over the tensor ranks: with ``tp_loss_parallel`` or
+    ``tp_sequence_parallel`` (whose embedding and output layer are row- and column-parallel)."""
+    return np.asarray(method["tp_loss_parallel"], dtype=bool) | np.asarray(method["tp_sequence_parallel"], dtype=bool)
+
+
+def activation_share(
+    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: Any = 0.0, vocab_split: Any = False,
+    sequence_split: Any = False,
+) -> Any:  # fmt: skip
     """A rank's activations over one whole-model sequence's, element-wise: its share of the layers (a stage's,
     times its stages), times the micro-batches 1F1B keeps in flight on the first stage (min(p, m)), times the
-    tensor share."""
+    tensor share (1/t with ``sequence_split``, ``tp_sequence_parallel``: the norms' and the residual's split too);
+    where ``vocab_split`` (``tp_loss_parallel``), the ``logits`` fraction of them (:func:`logit_fraction`) takes
+    1/t instead of the tensor share."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     m = np.asarray(microbatches, dtype=float)
     in_flight = np.where(p > 1, np.minimum(p, m), 1.0)
     layers = np.where(p > 1, 1.0 / p, 1.0) * np.ones_like(np.asarray(stages_per_rank, dtype=float))
-    return _out(layers * in_flight * np.asarray(tensor_activation_share(t), dtype=float))
+    plain = np.asarray(tensor_activation_share(t), dtype=float)
+    tensor = np.where(np.asarray(sequence_split, dtype=bool), 1.0 / t, plain)
+    f = np.asarray(logits, dtype=float)
+    logit_share = np.where(np.asarray(vocab_split, dtype=bool), 1.0 / t, plain)
+    return _out(layers * in_flight * (tensor * (1.0 - f) + f * logit_share))
 
 
-def activation_factor(layout: Mesh3dLayout, num_layers: int) -> float:
+def logit_fraction(vocab: Any, seq: Any, per_sequence: Any) -> Any:
+    """The share of a sequence's activation bytes ``per_sequence`` that are its logits and the eager loss's
+    buffers (``gpt_neox.LOGIT_BYTES_PER_ENTRY`` a token and vocabulary entry), at most all of them."""
+    from orchestrator.models.gpt_neox import LOGIT_BYTES_PER_ENTRY
+
+    logits = LOGIT_BYTES_PER_ENTRY * np.asarray(vocab, dtype=float) * np.asarray(seq, dtype=float)
+    total = np.asarray(per_sequence, dtype=float)
+    return _out(np.clip(np.divide(logits, total, out=np.zeros_like(logits * total), where=total > 0), 0.0, 1.0))
+
+
+def activation_factor(
+    layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False, sequence: bool = False
+) -> float:
     """:func:`activation_share` of one cell's layout."""
-    return float(activation_share(layout.tp, layout.pp, layout.microbatches))
+    return float(activation_share(layout.tp, layout.pp, layout.microbatches, 1.0, logits, vocab_split, sequence))
 
 
 def fixed_bytes(cfg: Config) -> float:
@@ -146,7 +188,7 @@ def fixed_bytes(cfg: Config) -> float:
     terms = memory_terms(
         num_parameters(model), model.vocab_size * model.hidden_size,
         family_module(model.family).largest_weight_elements(model), model.num_layers, cfg.num_gpus,
-        layout.tp, layout.pp, cfg.method.precision,
+        layout.tp, layout.pp, cfg.method.precision, cfg.method.tp_loss_parallel or cfg.method.tp_sequence_parallel,
     )  # fmt: skip
     return float(sum(v for k, v in terms.items() if k != "offloaded"))
 
@@ -155,6 +197,8 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     """The pipeline micro-batch the memory model says fits in ``memory_gib`` per GPU: where the search starts."""
     layout = layout_of(cfg.method, cfg.num_gpus)
     per_sequence = activation_bytes_per_sequence(cfg.model, cfg.method)
-    scale = activation_factor(layout, cfg.model.num_layers)
+    logits = float(logit_fraction(cfg.model.vocab_size, cfg.model.seq_length, per_sequence))
+    m = cfg.method
+    scale = activation_factor(layout, cfg.model.num_layers, logits, m.tp_loss_parallel, m.tp_sequence_parallel)
     # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
     return micro_batch_that_fits(cfg, memory_gib / scale, fixed_bytes(cfg) / scale) if per_sequence else 1

@@ -9,6 +9,7 @@ so one class serves them all; a family without them is refused when the engine b
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -16,6 +17,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor.parallel import ParallelStyle
 
     from orchestrator.engines.mesh3d.config import Mesh3dLayout
 
@@ -39,9 +41,16 @@ class Stage(nn.Module):
         from transformers.masking_utils import create_causal_mask
 
         h = self.embed(x) if self.embed is not None else x
-        position_ids = torch.arange(h.shape[1], device=h.device).unsqueeze(0)
+        # With sequence parallelism h is this rank's share of the sequence: the positions are the whole one's.
+        seq = x.shape[1] if self.embed is not None else h.shape[1]
+        position_ids = torch.arange(seq, device=h.device).unsqueeze(0)
+        shape = h.new_empty((h.shape[0], seq, 1)) if seq != h.shape[1] else h
         mask = create_causal_mask(
-            config=self.config, inputs_embeds=h, attention_mask=None, past_key_values=None, position_ids=position_ids
+            config=self.config,
+            inputs_embeds=shape,
+            attention_mask=None,
+            past_key_values=None,
+            position_ids=position_ids,
         )
         position_embeddings = self.rotary(h, position_ids=position_ids)
         for layer in self.layers:
@@ -95,14 +104,72 @@ def split_stages(
     return out
 
 
-def apply_tensor_parallel(stage: Stage, plan: dict[str, str], tp_mesh: DeviceMesh) -> None:
+def apply_tensor_parallel(
+    stage: Stage, plan: dict[str, str], tp_mesh: DeviceMesh, loss_parallel: bool = False,
+    sequence: dict[str, str] | None = None,
+) -> None:  # fmt: skip
     """Split every decoder layer of ``stage`` over ``tp_mesh`` by ``plan`` (``config.TP_PLANS``): column-parallel
-    layers hand their local shard on, row-parallel ones all-reduce, so the residual stream stays whole on each rank."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    layers hand their local shard on, row-parallel ones all-reduce, so the residual stream stays whole on each rank.
+
+    ``loss_parallel`` (``method.tp_loss_parallel``) splits the vocabulary too, as Megatron-LM and torchtitan do: the
+    input embedding row-parallel (each rank looks up the tokens of its share of the vocabulary, the partial results
+    all-reduced) and the output layer column-parallel, its logits left sharded over the vocabulary for the loss
+    (:func:`loss_context`), so no rank holds a whole vocabulary matrix or the whole logits.
+
+    ``sequence`` (``config.SP_PLANS``, where ``method.tp_sequence_parallel``): sequence parallelism, as
+    torchtitan and Megatron-LM run it (Korthikanti et al. 2022): between the tensor-parallel blocks the residual
+    stream, the norms and the dropouts hold one share of the sequence on each rank; a block's input is all-gathered
+    before it and its row-parallel output reduce-scattered after it, which moves the same bytes as the all-reduce
+    it replaces. The embedding is then always row-parallel, handing on its share of the sequence."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
 
     styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
     for layer in stage.layers:
-        parallelize_module(layer, tp_mesh, {path: styles[kind]() for path, kind in plan.items()})
+        layer_plan: dict[str, ParallelStyle] = {}
+        for path, kind in plan.items():
+            split = sequence is not None and kind == "rowwise"
+            layer_plan[path] = RowwiseParallel(output_layouts=Shard(1)) if split else styles[kind]()
+        if sequence is not None:
+            layer_plan.update({path: _sequence_style(how) for path, how in sequence.items()})
+        parallelize_module(layer, tp_mesh, layer_plan)
+    if not loss_parallel and sequence is None:
+        return
+    whole = Replicate() if sequence is None else Shard(1)
+    ends: dict[str, ParallelStyle] = {}
+    if stage.embed is not None:
+        ends["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=whole)
+    if stage.norm is not None and sequence is not None:
+        ends["norm"] = SequenceParallel()
+    if stage.head is not None:
+        logits = Shard(-1) if loss_parallel else Replicate()
+        ends["head"] = ColwiseParallel(input_layouts=whole, output_layouts=logits, use_local_output=not loss_parallel)
+    if ends:
+        parallelize_module(stage, tp_mesh, ends)
+
+
+def _sequence_style(how: str) -> ParallelStyle:
+    """``norm``: a norm over the rank's share of the sequence; ``args``/``kwargs``: a block whose input
+    (positional, or ``hidden_states`` by name) is gathered from the shares before it runs."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    if how == "norm":
+        return SequenceParallel()
+    if how == "kwargs":
+        return PrepareModuleInput(
+            input_kwarg_layouts={"hidden_states": Shard(1)}, desired_input_kwarg_layouts={"hidden_states": Replicate()}
+        )
+    return PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+
+
+def loss_context(loss_parallel: bool) -> AbstractContextManager[None]:
+    """Where the loss and its backward run: ``torch.distributed.tensor.parallel.loss_parallel`` when the logits
+    are sharded over the vocabulary (each rank's log-softmax over its share, two small all-reduces for the
+    maximum and the sum), else nothing."""
+    from torch.distributed.tensor.parallel import loss_parallel as parallel
+
+    return parallel() if loss_parallel else nullcontext()
 
 
 def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: bool) -> None:

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
-FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches")
+FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel", "tp_sequence_parallel")
 
 
 def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
@@ -63,13 +63,15 @@ def layout_terms(x: CellArrays) -> Terms:
     """Each cell's batch split (replicas × pipeline micro-batches) and a rank's share of the activations."""
     import numpy as np
 
-    from orchestrator.engines.mesh3d.memory import activation_share
+    from orchestrator.engines.mesh3d.memory import activation_share, logit_fraction
 
     m = x.method
     t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
     k = np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
     replicas = np.maximum(np.floor(np.asarray(x.num_gpus, dtype=float) / (t * p)), 1.0)
-    return {"batch_split": replicas * k, "activation_share": np.asarray(activation_share(t, p, k), dtype=float)}
+    logits = logit_fraction(x.vocab, x.seq, x.per_sequence)
+    share = activation_share(t, p, k, 1.0, logits, m["tp_loss_parallel"], m["tp_sequence_parallel"])
+    return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float)}
 
 
 SPEC = EngineSpec(

@@ -4,7 +4,11 @@ communication for one optimizer step, element-wise over the predictor's arrays, 
 Per optimizer step each replica runs B/d sequences (B the global batch), whatever the micro-batch:
 
 - tensor parallelism all-reduces a layer's ``s·h`` activations per sequence twice forward and twice backward
-  (Shoeybi et al. 2019), 2(t − 1)/t of the bytes per rank, inside a node, for the L/p layers of the rank;
+  (Shoeybi et al. 2019), 2(t − 1)/t of the bytes per rank, inside a node, for the L/p layers of the rank; with
+  ``tp_loss_parallel``, one more forward (the row-parallel embedding's) and one more backward (the
+  column-parallel output layer's input gradient), the loss's all-reduces of one number a token left out; with
+  ``tp_sequence_parallel`` each all-reduce is an all-gather and a reduce-scatter, the same bytes, and the
+  embedding and output layer split as with ``tp_loss_parallel``;
 - the pipeline sends each sequence's activations forward and its gradients back across each stage boundary,
   across nodes where the stages are on different nodes;
 - FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
@@ -25,7 +29,7 @@ import numpy as np
 
 from orchestrator.engines.memory import precision_bytes
 from orchestrator.engines.mesh3d.config import STAGES_PER_RANK, pipeline_imbalance
-from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters
+from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters, vocab_split_of
 
 if TYPE_CHECKING:
     from orchestrator.engines.spec import CellArrays, Links, Terms
@@ -65,10 +69,12 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     tokens = np.asarray(x.batch, dtype=float) / d * np.asarray(x.seq, dtype=float)
     activation = tokens * np.asarray(x.hidden, dtype=float) * pb
     rank_layers = np.asarray(x.layers, dtype=float) / p
-    tensor_s = rank_layers * 4.0 * 2.0 * (t - 1.0) / t * activation / links.intra_node
+    vocab_split = vocab_split_of(m)
+    reduces = rank_layers * 4.0 + np.where(vocab_split, 2.0, 0.0)
+    tensor_s = reduces * 2.0 * (t - 1.0) / t * activation / links.intra_node
     pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
-    share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers), dtype=float)
+    share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers, vocab_split), dtype=float)
     data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)

@@ -12,7 +12,7 @@ import pytest
 from orchestrator.cells import cell as cells
 from orchestrator.config.schema import MethodConfig, to_config
 from orchestrator.engines.mesh3d.config import layout_of, stage_sizes
-from orchestrator.engines.mesh3d.memory import memory_terms, rank_parameters
+from orchestrator.engines.mesh3d.memory import activation_share, memory_terms, rank_parameters
 from orchestrator.engines.mesh3d.step_time import bubble
 from orchestrator.engines.registry import method_label
 
@@ -66,6 +66,19 @@ MESH = "method.engine=mesh3d"
         # the batch must split into replicas x micro-batches
         ([MESH, "num_gpus=4", "method.pp=2", "method.pp_microbatches=16"], "model.global_batch_size", "do not split"),
         ([MESH, "gpu=a100-80gb", "method.precision=fp16"], "method.precision", "bf16 or fp32"),
+        # the vocabulary split needs tensor ranks, an untied output layer and (for now) no pipeline
+        ([MESH, "num_gpus=2", "method.tp_loss_parallel=true"], "method.tp_loss_parallel", "method.tp > 1"),
+        (
+            [MESH, "model=smollm2-tiny", "num_gpus=2", "method.tp=2", "method.tp_loss_parallel=true"],
+            "method.tp_loss_parallel",
+            "ties its output layer",
+        ),
+        (
+            [MESH, "num_gpus=4", "method.tp=2", "method.pp=2", "method.tp_loss_parallel=true"],
+            "method.tp_loss_parallel",
+            "method.pp=1",
+        ),
+        ([MESH, "num_gpus=2", "method.tp_sequence_parallel=true"], "method.tp_sequence_parallel", "method.tp > 1"),
         # another engine's fields, and mesh3d's under another engine
         ([MESH, "num_gpus=2", "method.zero_stage=2"], "method.zero_stage", "method.tp"),
         (["num_gpus=2", "method.tp=2"], "method.tp", "method.engine=mesh3d"),
@@ -85,6 +98,7 @@ def test_layouts_mesh3d_cannot_run_are_refused_naming_the_key(make_cell, overrid
         [MESH, "num_gpus=4", "method.tp=1", "method.pp=2"],
         [MESH, "num_gpus=4"],
         [MESH, "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.pp=2"],
+        [MESH, "num_gpus=4", "method.tp=2", "method.tp_loss_parallel=true", "method.tp_sequence_parallel=true"],
         [MESH, "model=pythia-160m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
         # stages need not divide the layers: pythia-70m's 6 in 4 stages
         [MESH, "model=pythia-70m", "num_gpus=2", "method.pp=2", "method.pp_schedule=interleaved_1f1b"],
@@ -185,6 +199,14 @@ def test_memory_terms_split_the_layers_over_tensor_and_pipeline_ranks_and_shard_
     assert four_dp["optimizer"] == pytest.approx(one["optimizer"] / 4) and one["optimizer"] == pytest.approx(8 * psi)
     piped = memory_terms(np.array([psi]), e, e, 16, 4, 1, 2, "bf16")
     assert piped["buffers"][0] == pytest.approx(2.0 * rank_parameters(psi, e, 1, 2))  # the stage stays gathered
+    # tp_loss_parallel splits the vocabulary matrices too, and the logits' share of the activations
+    assert rank_parameters(psi, e, 2, 1, vocab_split=True) == pytest.approx(psi / 2)
+    assert rank_parameters(psi, e, 2, 2, 4, True) == pytest.approx((psi - 2 * e) / 4 + e / 2)
+    plain = activation_share(2, 1, 1)
+    assert activation_share(2, 1, 1, 1.0, 0.0, True) == pytest.approx(plain)
+    assert activation_share(2, 1, 1, 1.0, 0.5, True) == pytest.approx(0.5 * plain + 0.5 / 2)
+    # tp_sequence_parallel splits the norms' and the residual's share as well: all of a layer's over t
+    assert activation_share(2, 1, 1, 1.0, 0.0, True, True) == pytest.approx(1 / 2) and plain > 1 / 2
 
 
 def test_the_bubble_shrinks_with_micro_batches_and_interleaving() -> None:
