@@ -132,9 +132,10 @@ def train_steps_for(tokens: Any, tokens_per_step: Any) -> Any:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def time_to_train_days(train_steps: Any, step_time_s: Any) -> Any:
+def time_to_train_days(train_steps: ArrayLike, step_time_s: ArrayLike) -> np.ndarray:
     """Days of wall-clock time for ``train_steps`` optimizer steps of ``step_time_s`` each."""
-    return np.asarray(train_steps, dtype=float) * np.asarray(step_time_s, dtype=float) / SECONDS_PER_DAY
+    days: np.ndarray = np.asarray(train_steps, dtype=float) * np.asarray(step_time_s, dtype=float) / SECONDS_PER_DAY
+    return days
 
 
 DEFAULT_GOODPUT = 0.90

@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.engines.memory import (
     activation_bytes_per_sequence,
@@ -50,7 +51,7 @@ REDUCE_BYTES = 4.0
 
 
 def rank_parameters(
-    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: Any = False
+    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: ArrayLike = False
 ) -> Any:
     """Parameters one rank holds before FSDP shards them: the largest stage's share, of the layers as
     ``config.stage_sizes`` splits ``num_layers`` (unevenly where the stages do not divide them; None: L/p each);
@@ -83,7 +84,7 @@ def memory_terms(
     tp: Any,
     pp: Any,
     precision: Any,
-    vocab_split: Any = False,
+    vocab_split: ArrayLike = False,
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
@@ -103,7 +104,7 @@ def memory_terms(
 
 def build_bytes(
     num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any,
-    vocab_split: Any = False,
+    vocab_split: ArrayLike = False,
 ) -> Any:  # fmt: skip
     """Allocated bytes per GPU at the build's peak: the rank's fp32 shards and one unit's full fp32 copy."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
@@ -138,15 +139,18 @@ def tensor_activation_share(tp: Any) -> Any:
     return _out((10.0 + 24.0 / np.asarray(tp, dtype=float)) / 34.0)
 
 
-def vocab_split_of(method: Mapping[str, Any]) -> Any:
+def vocab_split_of(method: Mapping[str, Any]) -> np.ndarray:
     """Where the vocabulary matrices are split over the tensor ranks: with ``tp_loss_parallel`` or
     ``tp_sequence_parallel`` (whose embedding and output layer are row- and column-parallel)."""
-    return np.asarray(method["tp_loss_parallel"], dtype=bool) | np.asarray(method["tp_sequence_parallel"], dtype=bool)
+    split: np.ndarray = np.asarray(method["tp_loss_parallel"], dtype=bool) | np.asarray(
+        method["tp_sequence_parallel"], dtype=bool
+    )
+    return split
 
 
 def activation_share(
-    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: Any = 0.0, vocab_split: Any = False,
-    sequence_split: Any = False,
+    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: ArrayLike = 0.0, vocab_split: ArrayLike = False,
+    sequence_split: ArrayLike = False,
 ) -> Any:  # fmt: skip
     """A rank's activations over one whole-model sequence's, element-wise: its share of the layers (a stage's,
     times its stages), times the micro-batches 1F1B keeps in flight on the first stage (min(p, m)), times the
@@ -164,14 +168,15 @@ def activation_share(
     return _out(layers * in_flight * (tensor * (1.0 - f) + f * logit_share))
 
 
-def logit_fraction(vocab: Any, seq: Any, per_sequence: Any) -> Any:
+def logit_fraction(vocab: ArrayLike, seq: ArrayLike, per_sequence: ArrayLike) -> float | np.ndarray:
     """The share of a sequence's activation bytes ``per_sequence`` that are its logits and the eager loss's
     buffers (``gpt_neox.LOGIT_BYTES_PER_ENTRY`` a token and vocabulary entry), at most all of them."""
     from orchestrator.models.gpt_neox import LOGIT_BYTES_PER_ENTRY
 
     logits = LOGIT_BYTES_PER_ENTRY * np.asarray(vocab, dtype=float) * np.asarray(seq, dtype=float)
     total = np.asarray(per_sequence, dtype=float)
-    return _out(np.clip(np.divide(logits, total, out=np.zeros_like(logits * total), where=total > 0), 0.0, 1.0))
+    share: np.ndarray = np.clip(np.divide(logits, total, out=np.zeros_like(logits * total), where=total > 0), 0.0, 1.0)
+    return float(share) if share.ndim == 0 else share
 
 
 def activation_factor(
