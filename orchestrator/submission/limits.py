@@ -146,26 +146,10 @@ class Site:
             return out
         sacct = "`sacctmgr show assoc`"
         for a in self._mine(acct, partition):
-            if a.max_submit is not None:
-                out.append(
-                    Limit(
-                        a.max_submit,
-                        f"your association in account {acct!r} allows {a.max_submit} queued "
-                        f"jobs (MaxSubmitJobs, {sacct})",
-                        user=self.user,
-                        accounts=frozenset({acct}),
-                    )
-                )
-            if a.group_submit is not None:
-                out.append(
-                    Limit(
-                        a.group_submit,
-                        f"your association in account {acct!r} allows {a.group_submit} "
-                        f"queued jobs (GrpSubmitJobs, {sacct})",
-                        user=self.user,
-                        accounts=frozenset({acct}),
-                    )
-                )
+            for most, name in ((a.max_submit, "MaxSubmitJobs"), (a.group_submit, "GrpSubmitJobs")):
+                if most is not None:
+                    said = f"your association in account {acct!r} allows {most} queued jobs ({name}, {sacct})"
+                    out.append(Limit(most, said, user=self.user, accounts=frozenset({acct})))
         if not any(a.max_submit is not None for a in self._mine(acct, partition)):
             inherited = next((a for a in self._above(acct) if a.max_submit is not None), None)
             if inherited is not None and inherited.max_submit is not None:
