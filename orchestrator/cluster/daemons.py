@@ -79,13 +79,18 @@ class DaemonSet:
             time.sleep(0.1)
 
     # Starting everything ---------------------------------------------------------------------------------------
-    def start_all(self, spec: ClusterSpec, deadline: float) -> None:
-        """Start every daemon in order; return once every node is idle and sacct answers."""
+    def start_all(self, spec: ClusterSpec, deadline: float) -> list[str]:
+        """Start every daemon in order; return once every node is idle and sacct answers.
+
+        Returns the ids of the jobs that a cluster stopped without ``down`` (killed, or its machine restarted) had
+        left queued or running, which slurmctld recovered and this start cancelled.
+        """
         self.save([])
         self.start_munged(deadline)
         self.start_mariadb(spec, deadline)
         self.start_slurmdbd(spec, deadline)
         self.start_slurmctld(deadline)
+        left_behind = self.cancel_jobs_left_behind(spec)
         nodes = [self.spawn_slurmd(node) for node in spec.node_names]
         self.await_ready(
             nodes,
@@ -102,6 +107,22 @@ class DaemonSet:
             self.layout.daemon_log("slurmdbd"),
             deadline,
         )
+        return left_behind
+
+    def cancel_jobs_left_behind(self, spec: ClusterSpec) -> list[str]:
+        """Cancel every job slurmctld recovered from its saved state, before any slurmd has registered.
+
+        Such jobs belong to a cluster that was not stopped with ``down``: their processes died with it, or are
+        killed here (job steps outlive their slurmd). Left alone, a recovered job holds its node until SLURM gives
+        up on it, and a recovered pending job would start on the new cluster. Cancelled, each ends CANCELLED in
+        sacct, and job ids go on from where they were.
+        """
+        for node in spec.node_names:
+            processes.kill(self.job_step_pids(node))
+        job_ids = self.client.run(["squeue", "-h", "-o", "%A"], timeout_s=10).split()
+        if job_ids:
+            self.client.run(["scancel", *job_ids], timeout_s=10, check=False)
+        return job_ids
 
     def start_munged(self, deadline: float) -> None:
         paths = self.layout

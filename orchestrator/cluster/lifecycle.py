@@ -153,10 +153,16 @@ class LocalCluster:
         started = time.monotonic()
         spec = self._prepare(max_array_size)
         try:
-            self._daemons.start_all(spec, deadline=started + timeout_s)
+            left_behind = self._daemons.start_all(spec, deadline=started + timeout_s)
         except BaseException:
             self._down_locked(log=_quiet)
             raise
+        if left_behind:
+            log(
+                f"The cluster was last stopped without `gpudays cluster down`: cancelled the {len(left_behind)} "
+                f"jobs it had left queued or running ({', '.join(left_behind[:10])}"
+                f"{', ...' if len(left_behind) > 10 else ''})."
+            )
         log(
             f"The local SLURM cluster is up in {time.monotonic() - started:.1f} s: nodes "
             f"{', '.join(spec.node_names)}, state in {self.state_dir}, sockets in {self.layout.runtime_dir}.\n"

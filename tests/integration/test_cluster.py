@@ -260,6 +260,59 @@ def test_private_cluster_starts_and_stops_without_leaving_a_process(slurm_cluste
         shutil.rmtree(state_dir, ignore_errors=True)
 
 
+def test_a_cluster_killed_under_its_jobs_starts_again_with_idle_nodes_and_those_jobs_cancelled(
+    slurm_cluster: LocalCluster,
+) -> None:
+    """Every daemon SIGKILLed with two jobs running and one queued (a killed session, a machine restart): the
+    next ``up`` finds slurmctld's saved jobs, cancels them before the nodes register, and the nodes are idle.
+
+    Without that, the recovered jobs held both nodes and ``up`` timed out waiting for idle nodes.
+    """
+    state_dir = Path(tempfile.mkdtemp(prefix="gpudays-cluster-test-", dir="/tmp"))
+    cluster = LocalCluster(state_dir)
+    said: list[str] = []
+    try:
+        assert cluster.up(log=said.append) is True
+        job_ids = [sbatch(cluster, "sleep 300", "-c", "8", "--output=/dev/null", wait=False) for _ in range(3)]
+        submitted = time.time()
+        deadline = time.monotonic() + 30
+        job_state = cluster.layout.slurmctld_state_dir / "job_state"
+        # slurmctld saves its jobs every few seconds; wait for a save that holds all three.
+        while (
+            len(cluster.run_client(["squeue", "-h", "-t", "R", "-o", "%A"]).split()) < 2
+            or not job_state.is_file()
+            or job_state.stat().st_mtime <= submitted
+        ):
+            assert time.monotonic() < deadline, cluster.run_client(["squeue", "-o", "%A %T %N"])
+            time.sleep(0.2)
+        for record in cluster.daemons():
+            os.kill(record.pid, 9)
+        for record in cluster.daemons():
+            assert processes_gone(record.pid), record
+
+        said.clear()
+        assert cluster.up(log=said.append) is True
+        assert cluster.node_states() == {"node1": "idle", "node2": "idle"}
+        assert cluster.run_client(["squeue", "-h", "-o", "%A"]).strip() == ""
+        assert any("cancelled the 3 jobs" in line for line in said), said
+        for job_id in job_ids:
+            rows = sacct(cluster, job_id, "JobID,State")
+            assert [r["State"].split()[0] for r in rows if r["JobID"] == job_id] == ["CANCELLED"], rows
+        assert int(sbatch(cluster, "true", "--output=/dev/null")) > max(int(j) for j in job_ids)
+    finally:
+        cluster.down(purge=True, log=lambda _message: None)
+        shutil.rmtree(state_dir, ignore_errors=True)
+
+
+def processes_gone(pid: int, timeout_s: float = 10) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def test_cluster_in_a_long_folder_runs_jobs_whose_ids_have_two_digits(slurm_cluster: LocalCluster) -> None:
     """A state folder of 80+ characters: job steps' sockets (NODE_JOBID.STEPID in slurmd's spool) stay short.
 
