@@ -111,11 +111,11 @@ class Inputs:
         return out
 
 
-
 def family_efficiency(model: ModelConfig | None) -> float:
     """:attr:`Inputs.family_efficiency` of one model (NaN where unknown or where the family says nothing)."""
     own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None) if model is not None else None
     return float(own) if own else float("nan")
+
 
 def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""

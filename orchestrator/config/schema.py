@@ -93,8 +93,9 @@ class ModelConfig:
     """Side of a ViT's square patches in pixels (16 for ViT-B/16)."""
     stage_depths: Optional[str] = field(
         default=None,
-        metadata=domain(pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas",
-                        optional=True),
+        metadata=domain(
+            pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas", optional=True
+        ),
     )
     """A ConvNeXt's blocks per stage, comma-separated (``3,3,9,3`` for ConvNeXt-T); ``num_layers`` is their sum and
     ``hidden_size`` the first stage's width, doubled at each later stage."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.config.batch import divisors
 from orchestrator.models import family_module, language_family
@@ -50,7 +51,7 @@ def activation_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> f
     return float(family_module(model.family).activation_bytes_per_sample(model, method))
 
 
-def recomputes_layers(checkpointing: Any, checkpoint_policy: Any) -> Any:
+def recomputes_layers(checkpointing: ArrayLike, checkpoint_policy: ArrayLike) -> np.ndarray | bool:
     """Where activation checkpointing reruns the layers' matrix products in the backward (hardware FLOPs with
     ``recompute``), element-wise: full checkpointing does; selective keeps their outputs and reruns only the
     cheap operators between them."""

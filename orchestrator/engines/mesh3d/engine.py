@@ -123,7 +123,8 @@ class Mesh3dEngine:
         if method.precision not in DTYPES:
             raise ValueError(f"method.precision={method.precision!r} with method.engine=mesh3d: use bf16 or fp32")
         if self.mesh is None:
-            self.mesh = init_device_mesh(self.device.type, *self._mesh_shape_and_names())
+            shape, names = self._mesh_shape_and_names()
+            self.mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         # Built without storage; each rank materialises only its stages' shards, initialised as the unsplit
         # model's (orchestrator/engines/materialising.py).
         torch.manual_seed(cfg.probe.seed)  # the same random state on every rank

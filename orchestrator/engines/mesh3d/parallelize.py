@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from orchestrator.engines.mesh3d.config import Mesh3dLayout
+    from orchestrator.models import CheckpointContexts
 
 
 class Stage(nn.Module):
@@ -172,13 +173,18 @@ def loss_context(loss_parallel: bool) -> AbstractContextManager[None]:
     return parallel() if loss_parallel else nullcontext()
 
 
-def selective_checkpointing() -> Any:
+def selective_checkpointing() -> CheckpointContexts:
     """The ``context_fn`` of ``torch.utils.checkpoint`` that keeps the outputs of ``config.SELECTIVE_SAVED_OPS``
     (the matrix products, attention, the tensor-parallel reductions) and recomputes every other operator of a
     checkpointed layer in the backward: ``method.checkpoint_policy=selective``."""
     from functools import partial
 
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    from torch._ops import OpOverload
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        SelectiveCheckpointContext,
+        create_selective_checkpoint_contexts,
+    )
 
     from orchestrator.engines.mesh3d.config import SELECTIVE_SAVED_OPS
 
@@ -189,7 +195,7 @@ def selective_checkpointing() -> Any:
         if packet is not None:  # an attention kernel this build lacks
             saved.add(packet.default)
 
-    def policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:
+    def policy(ctx: SelectiveCheckpointContext, op: OpOverload, *args: object, **kwargs: object) -> CheckpointPolicy:
         return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
 
     return partial(create_selective_checkpoint_contexts, policy)

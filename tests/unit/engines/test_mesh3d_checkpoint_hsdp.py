@@ -69,7 +69,14 @@ def test_what_mesh3d_runs_is_accepted(make_cell, overrides) -> None:
 
 
 def test_the_new_settings_leave_every_existing_id_alone_and_set_ones_move(make_cell) -> None:
-    base = [MESH, "model=pythia-160m", "gpu=h100-80gb", "num_gpus=8", "method.tp=2", "method.activation_checkpointing=true"]
+    base = [
+        MESH,
+        "model=pythia-160m",
+        "gpu=h100-80gb",
+        "num_gpus=8",
+        "method.tp=2",
+        "method.activation_checkpointing=true",
+    ]
     full = to_config(make_cell(*base))
     ident = cells.identity(full)
     assert "method.checkpoint_policy" not in ident and "method.dp_replicate" not in ident  # at their defaults
@@ -82,9 +89,9 @@ def test_the_new_settings_leave_every_existing_id_alone_and_set_ones_move(make_c
     assert cells.identity(hsdp)["method.dp_replicate"] == 2
     deepspeed = to_config(make_cell("model=pythia-160m", "gpu=h100-80gb", "num_gpus=8"))
     assert cells.cell_id(deepspeed) == "3702d9be51bd"  # as in test_cells_identity: never moves
-    assert method_label({"engine": "mesh3d", "tp": 2, "pp": 1, "dp_replicate": 2, "checkpoint_policy": "selective"}) == (
-        "tp2 pp1 hsdp2 selective"
-    )
+    assert method_label(
+        {"engine": "mesh3d", "tp": 2, "pp": 1, "dp_replicate": 2, "checkpoint_policy": "selective"}
+    ) == ("tp2 pp1 hsdp2 selective")
 
 
 @pytest.mark.parametrize("model", ["pythia-160m", "llama-3.2-1b", "qwen3-0.6b"])
