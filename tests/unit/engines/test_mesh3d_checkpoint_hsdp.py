@@ -127,3 +127,28 @@ def test_hsdp_shards_the_states_over_one_replica_group_only() -> None:
     assert hsdp["buffers"] == pytest.approx(flat["buffers"])  # the gathered layers are the same
     lay = layout_of(dataclasses.replace(MethodConfig(engine="mesh3d"), tp=2, dp_replicate=2), 16)
     assert data_mesh(lay, 2) == (2, 4) and data_mesh(lay, 1) == (8,)
+
+
+def test_the_predictor_orders_the_checkpointing_policies_and_charges_hsdp_its_states() -> None:
+    import synthetic
+
+    from analysis.predict.predictor import predict_cell
+    from analysis.sweeps.records import Catalog
+
+    catalog = Catalog.load()
+
+    def _mesh(gpus: int = 8, nodes: int = 1, **method: object) -> dict:
+        return synthetic.cell_config("llama-3.2-1b", "h100-80gb", gpus, nodes, catalog, engine="mesh3d", **method)
+
+    ckpt = {"none": {}, "full": {"activation_checkpointing": True},
+            "selective": {"activation_checkpointing": True, "checkpoint_policy": "selective"}}  # fmt: skip
+    cells = {name: predict_cell(_mesh(tp=2, **m), micro_batch_size=4) for name, m in ckpt.items()}
+    peak = {name: c.peak_memory_gib for name, c in cells.items()}
+    assert peak["full"] < peak["selective"] < peak["none"], peak
+    # selective reruns no matrix product: the step costs what the unchecked one does, full checkpointing more
+    step = {name: c.step_time_s for name, c in cells.items()}
+    assert step["selective"] == pytest.approx(step["none"]) and step["full"] > step["none"], step
+    flat = predict_cell(_mesh(16, 2, tp=2), micro_batch_size=4)
+    hsdp = predict_cell(_mesh(16, 2, tp=2, dp_replicate=2), micro_batch_size=4)
+    assert hsdp.peak_memory_gib > flat.peak_memory_gib  # the states over 4 replicas of a node, not all 8
+    assert hsdp.step_time_s < flat.step_time_s  # the shards' traffic inside the node; only an all-reduce across
