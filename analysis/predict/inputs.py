@@ -27,7 +27,7 @@ from orchestrator.cells.row import method_column, method_defaults, method_kinds
 from orchestrator.config.domains import problems as domain_problems
 from orchestrator.config.schema import Config, MethodConfig, ModelConfig
 from orchestrator.config.values import Container, Row
-from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence
+from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence, recomputes_layers
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
 
@@ -111,11 +111,11 @@ class Inputs:
         return out
 
 
-
 def family_efficiency(model: ModelConfig | None) -> float:
     """:attr:`Inputs.family_efficiency` of one model (NaN where unknown or where the family says nothing)."""
     own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None) if model is not None else None
     return float(own) if own else float("nan")
+
 
 def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""
@@ -193,11 +193,12 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
     def per_model_method(model: ModelConfig, key: tuple[Any, ...]) -> tuple[float, ...]:
         method = MethodConfig(
-            attention=key[0], activation_checkpointing=bool(key[1]), compile=bool(key[2]), precision=key[3]
-        )
+            attention=key[0], activation_checkpointing=bool(key[1]), compile=bool(key[2]), precision=key[3],
+            checkpoint_policy=key[4],
+        )  # fmt: skip
         return (activation_bytes_per_sequence(model, method),)
 
-    methods = [attention, checkpointing, compiled, precision]
+    methods = [attention, checkpointing, compiled, precision, method["checkpoint_policy"]]
     params, flops, flops_recompute, largest, tokens_per_sample = _by_distinct(models, [], known, per_model, 5)
     (per_sequence,) = _by_distinct(models, methods, known, per_model_method, 1)
     micro_setting = num("micro_batch_size_setting")
@@ -209,7 +210,9 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         seq=seq,
         batch=batch,
         params=params,
-        flops_per_sample=np.where(checkpointing, flops_recompute, flops),
+        flops_per_sample=np.where(
+            recomputes_layers(checkpointing, method["checkpoint_policy"]), flops_recompute, flops
+        ),
         per_sequence=per_sequence,
         largest_weight=largest,
         tokens_per_sample=tokens_per_sample,

@@ -29,6 +29,8 @@ FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
 FSDP_ACCUMULATIONS = ("sharded", "unsharded")
 PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
 """``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
+CHECKPOINT_POLICIES = ("full", "selective")
+"""``method.checkpoint_policy``'s domain: what ``activation_checkpointing`` recomputes (mesh3d)."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 COMPILE_SCOPES = ("regional", "whole")
@@ -91,8 +93,9 @@ class ModelConfig:
     """Side of a ViT's square patches in pixels (16 for ViT-B/16)."""
     stage_depths: Optional[str] = field(
         default=None,
-        metadata=domain(pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas",
-                        optional=True),
+        metadata=domain(
+            pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas", optional=True
+        ),
     )
     """A ConvNeXt's blocks per stage, comma-separated (``3,3,9,3`` for ConvNeXt-T); ``num_layers`` is their sum and
     ``hidden_size`` the first stage's width, doubled at each later stage."""
@@ -214,6 +217,15 @@ class MethodConfig:
     residual stream between the tensor-parallel blocks hold one share of the sequence on each tensor rank, so every
     activation of a layer is split over them; the embedding is then row-parallel. Not with an output layer tied to
     the embedding, nor yet with a pipeline."""
+    checkpoint_policy: str = field(default="full", metadata=domain(choices=CHECKPOINT_POLICIES))
+    """mesh3d only, with ``activation_checkpointing``: ``full`` recomputes each whole layer in the backward;
+    ``selective`` keeps the outputs of the matrix products and of attention and recomputes the rest (norms,
+    activations, rotary embedding), per operator as torchtitan does
+    (``torch.utils.checkpoint.create_selective_checkpoint_contexts``)."""
+    dp_replicate: int = field(default=1, metadata=domain(ge=1, integer=True))
+    """mesh3d only: HSDP over the data-parallel replicas: FSDP2 shards inside groups of ``dp / dp_replicate``
+    replicas and replicates across the ``dp_replicate`` groups (a 2-D data mesh, as ``fsdp_sharding=hybrid``
+    does for the FSDP engine); must divide the replicas. 1: every replica shards."""
     activation_checkpointing: bool = False
     precision: str = field(default="bf16", metadata=domain(choices=PRECISIONS))
     """bf16, fp16 (dynamic loss scaling) or fp32."""

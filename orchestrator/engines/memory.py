@@ -11,9 +11,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.config.batch import divisors
-from orchestrator.models import family_module
+from orchestrator.models import family_module, language_family
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import Config, MethodConfig, ModelConfig
@@ -43,8 +44,49 @@ def precision_bytes(precision: Any) -> Any:
 def activation_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> float:
     """Bytes of the activations one sample (a sequence, an image) adds to the peak of a training step, its output
     and loss included: the family's own count (``activation_bytes_per_sample``; for a language model
-    ``orchestrator.models.sequences.activation_bytes_per_sample``). The engine does not change them."""
+    ``orchestrator.models.sequences.activation_bytes_per_sample``), or with selective checkpointing
+    (``method.checkpoint_policy``, mesh3d's) :func:`selective_bytes_per_sequence`."""
+    if method.activation_checkpointing and method.checkpoint_policy == "selective":
+        return selective_bytes_per_sequence(model, method)
     return float(family_module(model.family).activation_bytes_per_sample(model, method))
+
+
+def recomputes_layers(checkpointing: ArrayLike, checkpoint_policy: ArrayLike) -> np.ndarray | bool:
+    """Where activation checkpointing reruns the layers' matrix products in the backward (hardware FLOPs with
+    ``recompute``), element-wise: full checkpointing does; selective keeps their outputs and reruns only the
+    cheap operators between them."""
+    rerun = np.asarray(checkpointing, dtype=bool) & (np.asarray(checkpoint_policy, dtype=object) != "selective")
+    return rerun if rerun.ndim else bool(rerun)
+
+
+GATED_FAMILIES = ("llama", "qwen3", "olmo2")
+"""The decoder families whose MLP is gated (SwiGLU: a gate and an up projection), the others' one projection up."""
+
+
+def selective_layer_bytes(model: ModelConfig) -> float:
+    """Bytes per token a decoder layer keeps under selective checkpointing, 16-bit: what the matrix products and
+    attention output (``mesh3d.config.SELECTIVE_SAVED_OPS``) beside the layer's input, 2 bytes each:
+    ``2·(h + (a·d + 2k·d) + a·d + h + g·f + h) + 4a``: the input, the q/k/v projections, attention's output (and
+    its fp32 log-sum-exp per head), the output projection, the MLP's ``g`` up projections (two where gated) and
+    its down projection; the norms, the activation function and the rotary embedding are recomputed."""
+    h, a = model.hidden_size, model.num_heads
+    d = model.head_dim or h // a
+    k = model.num_kv_heads or a
+    f = model.intermediate_size or 4 * h
+    g = 2 if model.family in GATED_FAMILIES else 1
+    return float(2 * (h + (a * d + 2 * k * d) + a * d + h + g * f + h) + 4 * a)
+
+
+def selective_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> float:
+    """:func:`activation_bytes_per_sequence` under selective checkpointing: every layer keeps
+    :func:`selective_layer_bytes` (at most all it would keep unchecked); the peak is the larger of the loss and
+    one layer's recomputed rest in its backward (as full checkpointing's, ``sequences.activation_bytes_per_sample``)."""
+    fam = language_family(model, "selective checkpointing")
+    seq, scale = model.seq_length, 2.0 if method.precision == "fp32" else 1.0
+    whole = float(fam.activation_bytes_per_token_per_layer(model, method.attention, False))
+    kept = min(selective_layer_bytes(model), whole)
+    logits = float(fam.logit_bytes_per_token(model, bool(method.compile))) * seq
+    return float(model.num_layers * kept * seq * scale + max(logits, (whole - kept) * seq * scale))
 
 
 def allocator_overhead(accelerator: Any) -> Any:

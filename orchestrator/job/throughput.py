@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from orchestrator.engines.memory import recomputes_layers
 from orchestrator.models import flops_per_sample, peak_tflops, throughput_unit, tokens_per_sample
 from orchestrator.store.record import Metrics
 
@@ -24,7 +25,8 @@ def throughput_metrics(cfg: Config, global_batch_size: int, step_time_s: float, 
     tokens = tokens_per_sample(cfg.model)
     tokens_per_step = global_batch_size * tokens if tokens is not None else None
     model_flops = global_batch_size * flops_per_sample(cfg.model)
-    hardware_flops = global_batch_size * flops_per_sample(cfg.model, recompute=cfg.method.activation_checkpointing)
+    recompute = bool(recomputes_layers(cfg.method.activation_checkpointing, cfg.method.checkpoint_policy))
+    hardware_flops = global_batch_size * flops_per_sample(cfg.model, recompute=recompute)
     model_tflops = model_flops / step_time_s / cfg.num_gpus / 1e12
     hardware_tflops = hardware_flops / step_time_s / cfg.num_gpus / 1e12
     peak = peak_tflops(cfg.gpu, cfg.method)

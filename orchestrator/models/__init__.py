@@ -30,9 +30,15 @@ from orchestrator.models import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractContextManager
+
     import torch
 
     from orchestrator.config.schema import GpuConfig, MethodConfig, ModelConfig
+
+    CheckpointContexts = Callable[[], tuple[AbstractContextManager[None], AbstractContextManager[None]]]
+    """``torch.utils.checkpoint``'s ``context_fn``: the contexts the forward and its recomputation run in."""
 
 
 class Family(Protocol):
@@ -250,12 +256,15 @@ def implementation(model: ModelConfig, module: torch.nn.Module) -> dict[str, str
     return family_module(model.family).implementation(module)
 
 
-def enable_activation_checkpointing(module: Any) -> None:
+def enable_activation_checkpointing(module: Any, context_fn: CheckpointContexts | None = None) -> None:
     """Recompute each layer (block) in the backward pass (transformers' own checkpointing, non-reentrant).
 
-    ``module`` is a transformers PreTrainedModel of any family here.
+    ``module`` is a transformers PreTrainedModel of any family here. ``context_fn``: ``torch.utils.checkpoint``'s,
+    where only some of a layer's operators are recomputed (selective checkpointing); None recomputes all of them.
     """
-    kwargs = {"use_reentrant": False}
+    kwargs: dict[str, object] = {"use_reentrant": False}
+    if context_fn is not None:
+        kwargs["context_fn"] = context_fn
     if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5
         module.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
     else:

@@ -71,15 +71,17 @@ def test_interleaved_schedule_with_a_tied_output_layer(tmp_path: Path) -> None:
 
 
 def test_tensor_parallel_beside_data_parallel_accumulating_with_checkpointing(tmp_path: Path) -> None:
-    # smollm2-tiny: grouped-query attention, 2 key/value heads split over 2 tensor ranks.
+    # smollm2-tiny: grouped-query attention, 2 key/value heads split over 2 tensor ranks. The two replicas are
+    # two HSDP groups (method.dp_replicate=2): FSDP2 on a 2 x 1 data mesh, replicated across, sharded inside.
     cell = mesh_cell(
         "model=smollm2-tiny", "num_gpus=4", "method.tp=2", "method.activation_checkpointing=true",
-        "method.micro_batch_size=2",
+        "method.micro_batch_size=2", "method.dp_replicate=2",
     )  # fmt: skip
     results = run_probe_ranks(cell, tmp_path, world_size=4)
     mesh = assert_measured_on_the_mesh(results, cell, split=2)  # two replicas, no pipeline
     assert (results[0]["metrics"]["micro_batch_size"], results[0]["metrics"]["grad_accum_steps"]) == (2, 4)
     assert mesh["mesh_shape"] == [1, 2, 2] and mesh["bubble_measured"] is None and mesh["bubble_predicted"] == 0
+    assert mesh["data_mesh"] == [2, 1] and mesh["checkpoint_policy"] == "full"
     m = results[0]["metrics"]
     assert m["hardware_tflops_per_gpu"] > m["model_tflops_per_gpu"], "checkpointing reruns the layers"
 
@@ -135,8 +137,13 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     from orchestrator.config.schema import to_config
     from orchestrator.engines.mesh3d.config import SP_PLANS, TP_PLANS, layout_of
     from orchestrator.engines.mesh3d.engine import next_token_loss
-    from orchestrator.engines.mesh3d.parallelize import apply_tensor_parallel, loss_context, split_stages
-    from orchestrator.models import family_module
+    from orchestrator.engines.mesh3d.parallelize import (
+        apply_tensor_parallel,
+        loss_context,
+        selective_checkpointing,
+        split_stages,
+    )
+    from orchestrator.models import enable_activation_checkpointing, family_module
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
@@ -150,6 +157,12 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     expected = next_token_loss(whole(tokens).logits, tokens)
     expected.backward()
     names = {id(m): n for n, m in split.named_modules()}
+    runs = [0]
+    if method.activation_checkpointing:  # as the engine does: before the split, selective where asked
+        assert method.checkpoint_policy == "selective"
+        enable_activation_checkpointing(split, selective_checkpointing())
+        split.train()
+        split.get_decoder().layers[0].input_layernorm.register_forward_hook(lambda *_: runs.__setitem__(0, runs[0] + 1))
     ((_, stage),) = split_stages(split, layout_of(method, 2), 0, model.num_layers)
     sequence = SP_PLANS[model.family] if method.tp_sequence_parallel else None
     mesh = init_device_mesh("cpu", (2,))
@@ -165,24 +178,104 @@ def _tensor_parallel_rank(rank: int, port: int, cell: dict[str, Any], out: str) 
     sharded = isinstance(stage.head.weight, DTensor) and isinstance(stage.embed.weight, DTensor)
     whole_grads = {n: p.grad for n, p in whole.named_parameters()}
     torch.save({"loss": (got.full_tensor() if isinstance(got, DTensor) else got).detach(), "expected": expected.detach(),
-                "grads": grads, "whole_grads": whole_grads, "vocabulary_split": sharded}, Path(out, f"rank{rank}.pt"))  # fmt: skip
+                "grads": grads, "whole_grads": whole_grads, "vocabulary_split": sharded, "norm_runs": runs[0]},
+               Path(out, f"rank{rank}.pt"))  # fmt: skip
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("setting", ["tp_loss_parallel", "tp_sequence_parallel"])
-def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, setting: str) -> None:
+SELECTIVE = ("method.activation_checkpointing=true", "method.checkpoint_policy=selective")
+
+
+@pytest.mark.parametrize(
+    "settings", [("method.tp_loss_parallel=true",), ("method.tp_sequence_parallel=true", *SELECTIVE)]
+)
+def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, settings: tuple[str, ...]) -> None:
     # Two tensor ranks over gloo, no pipeline: the split stage's loss and every gradient (gathered) are the
     # unsplit model's with the vocabulary split (row-parallel embedding, column-parallel output layer, the loss on
-    # the sharded logits) and with the sequence split between the blocks (sequence parallelism).
+    # the sharded logits) and with the sequence split between the blocks (sequence parallelism), there with
+    # selective checkpointing recomputing each layer's operators but its matrix products and attention.
     import torch
     import torch.multiprocessing as mp
     from test_probe import _free_port
 
-    cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", f"method.{setting}=true")
+    cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", *settings)
     mp.spawn(_tensor_parallel_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["vocabulary_split"], "the embedding and the output layer split over the vocabulary"
+        if SELECTIVE[1] in settings:
+            assert got["norm_runs"] == 2, "the first layer's norm ran in the forward and again in the backward"
+        torch.testing.assert_close(got["loss"], got["expected"])
+        assert set(got["grads"]) == set(got["whole_grads"])
+        for name, grad in got["grads"].items():
+            torch.testing.assert_close(grad, got["whole_grads"][name], msg=name)
+
+
+def _hsdp_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None:
+    """One of four data-parallel ranks in two HSDP groups of two (``method.dp_replicate=2``): the unsplit model's
+    loss and gradients over the four ranks' sequences, then this rank's loss and its sharded gradients
+    (gathered), written side by side."""
+    import copy
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    from orchestrator.config.schema import to_config
+    from orchestrator.engines.mesh3d.config import data_mesh, layout_of
+    from orchestrator.engines.mesh3d.engine import DATA_DIMS, next_token_loss
+    from orchestrator.engines.mesh3d.parallelize import apply_fsdp, split_stages
+    from orchestrator.models import family_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    world = 4
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    cfg = to_config(cell)
+    model, method = cfg.model, cfg.method
+    torch.manual_seed(0)
+    whole = family_module(model.family).build_model(model, "eager", torch.float32, torch.device("cpu"))
+    split = copy.deepcopy(whole)
+    tokens = torch.randint(0, model.vocab_size, (2 * world, 16))
+    expected = next_token_loss(whole(tokens).logits, tokens)
+    expected.backward()
+    layout = layout_of(method, world)
+    shape = data_mesh(layout, method.dp_replicate)
+    mesh = init_device_mesh("cpu", shape, mesh_dim_names=DATA_DIMS[len(shape) - 1])
+    ((_, stage),) = split_stages(split, layout, 0, model.num_layers)
+    apply_fsdp(stage, mesh, MixedPrecisionPolicy(), pipelined=False)
+    got = next_token_loss(stage(tokens[2 * rank : 2 * rank + 2]), tokens[2 * rank : 2 * rank + 2])
+    got.backward()
+    names = {id(p): n for n, p in whole.named_parameters()}
+    plain = dict(zip(whole.parameters(), split.parameters(), strict=True))
+    grads = {}
+    for w, p in plain.items():
+        grads[names[id(w)]] = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+    losses = [torch.zeros(()) for _ in range(world)]
+    dist.all_gather(losses, got.detach())
+    placements = {str(p.placements) for p in stage.parameters() if isinstance(p, DTensor)}
+    torch.save({"loss": torch.stack(losses).mean(), "expected": expected.detach(), "grads": grads, "shape": shape,
+                "placements": placements, "whole_grads": {n: p.grad for n, p in whole.named_parameters()}},
+               Path(out, f"rank{rank}.pt"))  # fmt: skip
+    dist.destroy_process_group()
+
+
+def test_hsdp_computes_what_the_whole_model_does(tmp_path: Path) -> None:
+    # Four ranks over gloo, two replica groups of two shards: the mean of the ranks' losses and every gradient
+    # (reduce-scattered in a group, all-reduced across the groups, gathered) are the unsplit model's on all the
+    # sequences.
+    import torch
+    import torch.multiprocessing as mp
+    from test_probe import _free_port
+
+    cell = mesh_cell("num_gpus=4", "method.dp_replicate=2", "method.precision=fp32")
+    mp.spawn(_hsdp_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=4, join=True)
+    for rank in range(4):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["shape"] == (2, 2) and got["placements"] == {"(Replicate(), Shard(dim=0))"}
         torch.testing.assert_close(got["loss"], got["expected"])
         assert set(got["grads"]) == set(got["whole_grads"])
         for name, grad in got["grads"].items():

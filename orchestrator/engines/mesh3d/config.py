@@ -244,6 +244,7 @@ def refusals(cell: Config) -> list[Refusal]:
         out.append(Refusal("method.tp", f"{why}; families it splits: {', '.join(TP_PLANS)}"))
     out.extend(_pipeline_refusals(cell))
     out.extend(_loss_parallel_refusals(cell))
+    out.extend(checkpoint_and_data_refusals(cell))
     if m.precision == "fp16":
         out.append(
             Refusal(
@@ -349,4 +350,47 @@ def _loss_parallel_refusals(cell: Config) -> list[Refusal]:
                     "split; leave it false",
                 )
             )
+    return out
+
+
+SELECTIVE_SAVED_OPS = (
+    "aten.mm", "aten.addmm", "aten._scaled_dot_product_efficient_attention",
+    "aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_cudnn_attention",
+    "aten._scaled_dot_product_flash_attention_for_cpu", "_c10d_functional.reduce_scatter_tensor",
+    "_c10d_functional.all_reduce",
+)  # fmt: skip
+"""The operators whose outputs ``checkpoint_policy=selective`` keeps (torchtitan's choice, every matrix product
+kept): the matrix products, attention, and the tensor-parallel reductions (not rerun in the backward); everything
+else of a layer is recomputed."""
+
+
+def data_mesh(layout: Mesh3dLayout, dp_replicate: int) -> tuple[int, ...]:
+    """The data-parallel mesh FSDP2 shards over: ``(dp,)``, or ``(dp_replicate, dp / dp_replicate)`` with HSDP
+    (replicated across the first dimension, sharded over the second)."""
+    r = max(int(dp_replicate), 1)
+    return (layout.dp,) if r == 1 else (r, layout.dp // r)
+
+
+def checkpoint_and_data_refusals(cell: Config) -> list[Refusal]:
+    """``checkpoint_policy`` without checkpointing, and a ``dp_replicate`` that does not divide the replicas."""
+    m = cell.method
+    out = []
+    if m.checkpoint_policy != "full" and not m.activation_checkpointing:
+        out.append(
+            Refusal(
+                "method.checkpoint_policy",
+                f"{m.checkpoint_policy} says what activation checkpointing recomputes, and this cell checkpoints "
+                "nothing; add method.activation_checkpointing=true or leave it at full",
+            )
+        )
+    r, tp, pp = int(m.dp_replicate), int(m.tp), int(m.pp)
+    if r > 1 and tp * pp > 0 and cell.num_gpus % (tp * pp) == 0 and (cell.num_gpus // (tp * pp)) % r:
+        dp = cell.num_gpus // (tp * pp)
+        out.append(
+            Refusal(
+                "method.dp_replicate",
+                f"{r} replica groups do not divide the {dp} data-parallel replicas (num_gpus={cell.num_gpus} / "
+                f"tp={tp} / pp={pp}); use a divisor of {dp}, such as the number of nodes",
+            )
+        )
     return out

@@ -41,7 +41,7 @@ from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
 from orchestrator.engines.compiling import compile_blocks, compiled_loss
 from orchestrator.engines.materialising import build_meta
-from orchestrator.engines.mesh3d.config import MESH_DIM_NAMES, SP_PLANS, TP_PLANS, Mesh3dLayout, end_weight, layout_of
+from orchestrator.engines.mesh3d.config import SP_PLANS, TP_PLANS, Mesh3dLayout, data_mesh, end_weight, layout_of
 from orchestrator.engines.mesh3d.memory import estimate_micro_batch_size
 from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.models.probe_data import DATA_BATCHES, seed_of
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from orchestrator.config.schema import Config
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
+DATA_DIMS: tuple[tuple[str, ...], ...] = (("dp",), ("dp_replicate", "dp_shard"))
+"""The data-parallel dimensions of the mesh: one, or two with HSDP (``config.data_mesh``)."""
 
 
 class Mesh3dEngine:
@@ -108,7 +110,12 @@ class Mesh3dEngine:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy
 
-        from orchestrator.engines.mesh3d.parallelize import apply_fsdp, apply_tensor_parallel, split_stages
+        from orchestrator.engines.mesh3d.parallelize import (
+            apply_fsdp,
+            apply_tensor_parallel,
+            selective_checkpointing,
+            split_stages,
+        )
 
         self.release()
         cfg, lay = self.config, self.layout
@@ -116,14 +123,16 @@ class Mesh3dEngine:
         if method.precision not in DTYPES:
             raise ValueError(f"method.precision={method.precision!r} with method.engine=mesh3d: use bf16 or fp32")
         if self.mesh is None:
-            self.mesh = init_device_mesh(self.device.type, lay.mesh_shape, mesh_dim_names=MESH_DIM_NAMES)
+            shape, names = self._mesh_shape_and_names()
+            self.mesh = init_device_mesh(self.device.type, shape, mesh_dim_names=names)
         # Built without storage; each rank materialises only its stages' shards, initialised as the unsplit
         # model's (orchestrator/engines/materialising.py).
         torch.manual_seed(cfg.probe.seed)  # the same random state on every rank
         module, meta = build_meta(cfg)
         self._num_parameters = sum(p.numel() for p in module.parameters())
         if method.activation_checkpointing:
-            enable_activation_checkpointing(module)
+            selective = method.checkpoint_policy == "selective"
+            enable_activation_checkpointing(module, selective_checkpointing() if selective else None)
         module.train()
         pp_rank, _, _ = self.coordinates()
         stages = split_stages(module, lay, pp_rank, cfg.model.num_layers, end_weight(cfg.model))
@@ -138,7 +147,7 @@ class Mesh3dEngine:
                 apply_tensor_parallel(stage, tp_plan, self.mesh["tp"], method.tp_loss_parallel, sequence)
             if method.compile:
                 compile_blocks(stage.layers)
-            apply_fsdp(stage, self.mesh["dp"], mp_policy, pipelined=lay.pp > 1)
+            apply_fsdp(stage, self.mesh[DATA_DIMS[self.mesh.ndim - 3]], mp_policy, pipelined=lay.pp > 1)
             if stage.head is not None and stage.head is not module.get_output_embeddings():
                 meta.adopt(stage.head, module.get_input_embeddings())  # the last stage's copy of a tied layer
         meta.materialise([stage for _, stage in stages], self.device, cfg.probe.seed)
@@ -151,6 +160,13 @@ class Mesh3dEngine:
             params, lr=float(cfg.model.lr), betas=ADAM_BETAS, eps=ADAM_EPS, weight_decay=WEIGHT_DECAY
         )
         self.resize(plan)
+
+    def _mesh_shape_and_names(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The device mesh: ``(pp, dp, tp)``, or with HSDP ``(pp, dp_replicate, dp_shard, tp)``."""
+        lay = self.layout
+        data = data_mesh(lay, self.config.method.dp_replicate)
+        names = DATA_DIMS[len(data) - 1]
+        return (lay.pp, *data, lay.tp), ("pp", *names, "tp")
 
     def estimate_micro_batch_size(self, memory_gib: float) -> int:
         return estimate_micro_batch_size(self.config, memory_gib)
@@ -288,6 +304,10 @@ class Mesh3dEngine:
                 "fsdp": "fully_shard over dp, no resharding between pipeline micro-batches"
                 if self.layout.pp > 1
                 else "fully_shard over dp",
+                "data_mesh": list(data_mesh(self.layout, self.config.method.dp_replicate)),
+                "checkpoint_policy": self.config.method.checkpoint_policy
+                if self.config.method.activation_checkpointing
+                else None,
                 "torch": torch.__version__,
             },
             "compiled": bool(self.config.method.compile),

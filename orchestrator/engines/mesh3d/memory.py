@@ -10,14 +10,17 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
   E·(2 if p = 1 else 1) where the stages split the layers evenly; otherwise the largest stage's
   (``config.stage_sizes``);
 - FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
-  the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu;
+  the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu; with HSDP (``dp_replicate``) d is
+  the shard degree, the replicas of one group (:func:`shard_degree`), each group holding all the states;
 - gathered parameters: with a pipeline the stage stays gathered for all its micro-batches (resharding between
   them would gather it again for each), p_bΨ_gpu; without, as FSDP's ``full``: two layers and the largest weight;
 - activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
   the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
   layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021). With
   ``tp_loss_parallel`` the logits and the loss's share of them (:func:`logit_fraction`) are split over the t ranks;
-  with ``tp_sequence_parallel`` all of a layer's activations are (and the vocabulary matrices, E/t).
+  with ``tp_sequence_parallel`` all of a layer's activations are (and the vocabulary matrices, E/t). Selective
+  checkpointing (``checkpoint_policy``) keeps the outputs of each layer's matrix products and attention, between
+  full checkpointing's input and no checkpointing's everything (``engines.memory.selective_layer_bytes``).
 
 Building (:func:`build_bytes`): on the meta device, split, then each rank allocates its fp32 shards, 4Ψ_gpu/d, and
 initialises one unit at a time (a decoder layer, or a module outside them) on a full-size fp32 copy, not split
@@ -85,10 +88,12 @@ def memory_terms(
     pp: Any,
     precision: Any,
     vocab_split: ArrayLike = False,
+    dp_replicate: ArrayLike = 1.0,
 ) -> Terms:
-    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none)."""
+    """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none); the
+    states sharded over :func:`shard_degree` ranks."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
-    d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
+    d = np.asarray(shard_degree(num_gpus, t, p, dp_replicate), dtype=float)
     share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, num_layers, vocab_split), dtype=float)
     pb = np.asarray(precision_bytes(precision), dtype=float)
     per_layer = share / np.maximum(np.asarray(num_layers, dtype=float) / p, 1.0)
@@ -102,13 +107,21 @@ def memory_terms(
     }
 
 
+def shard_degree(num_gpus: ArrayLike, tp: ArrayLike, pp: ArrayLike, dp_replicate: ArrayLike = 1.0) -> Any:
+    """Ranks FSDP2 shards a parameter over: the ``d = n/(t·p)`` replicas, or with HSDP the ``d / dp_replicate`` of
+    one replica group (the groups each hold all the states)."""
+    t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
+    d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
+    return _out(np.maximum(d / np.maximum(np.asarray(dp_replicate, dtype=float), 1.0), 1.0))
+
+
 def build_bytes(
     num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any,
-    vocab_split: ArrayLike = False,
+    vocab_split: ArrayLike = False, dp_replicate: ArrayLike = 1.0,
 ) -> Any:  # fmt: skip
     """Allocated bytes per GPU at the build's peak: the rank's fp32 shards and one unit's full fp32 copy."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
-    d = np.maximum(np.asarray(num_gpus, dtype=float) / (t * p), 1.0)
+    d = np.asarray(shard_degree(num_gpus, t, p, dp_replicate), dtype=float)
     share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, vocab_split=vocab_split), dtype=float)
     unit = np.asarray(largest_unit(num_parameters, vocab_matrix, largest_weight, num_layers), dtype=float)
     return _out(4.0 * share / d + 4.0 * unit)
@@ -118,17 +131,18 @@ def build_bytes_of(x: CellArrays) -> Any:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
     return build_bytes(
-        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], vocab_split_of(m)
-    )
+        x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], vocab_split_of(m),
+        m["dp_replicate"],
+    )  # fmt: skip
 
 
 def memory_terms_of(x: CellArrays) -> Terms:
-    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp``, ``pp`` and
-    ``tp_loss_parallel`` fields."""
+    """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp``, ``pp``,
+    ``tp_loss_parallel`` and ``dp_replicate`` fields."""
     m = x.method
     return memory_terms(
         x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision,
-        vocab_split_of(m),
+        vocab_split_of(m), m["dp_replicate"],
     )  # fmt: skip
 
 
@@ -194,6 +208,7 @@ def fixed_bytes(cfg: Config) -> float:
         num_parameters(model), model.vocab_size * model.hidden_size,
         family_module(model.family).largest_weight_elements(model), model.num_layers, cfg.num_gpus,
         layout.tp, layout.pp, cfg.method.precision, cfg.method.tp_loss_parallel or cfg.method.tp_sequence_parallel,
+        cfg.method.dp_replicate,
     )  # fmt: skip
     return float(sum(v for k, v in terms.items() if k != "offloaded"))
 

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from torch.distributed.tensor.parallel import ParallelStyle
 
     from orchestrator.engines.mesh3d.config import Mesh3dLayout
+    from orchestrator.models import CheckpointContexts
 
 
 class Stage(nn.Module):
@@ -172,9 +173,38 @@ def loss_context(loss_parallel: bool) -> AbstractContextManager[None]:
     return parallel() if loss_parallel else nullcontext()
 
 
+def selective_checkpointing() -> CheckpointContexts:
+    """The ``context_fn`` of ``torch.utils.checkpoint`` that keeps the outputs of ``config.SELECTIVE_SAVED_OPS``
+    (the matrix products, attention, the tensor-parallel reductions) and recomputes every other operator of a
+    checkpointed layer in the backward: ``method.checkpoint_policy=selective``."""
+    from functools import partial
+
+    from torch._ops import OpOverload
+    from torch.utils.checkpoint import (
+        CheckpointPolicy,
+        SelectiveCheckpointContext,
+        create_selective_checkpoint_contexts,
+    )
+
+    from orchestrator.engines.mesh3d.config import SELECTIVE_SAVED_OPS
+
+    saved = set()
+    for name in SELECTIVE_SAVED_OPS:
+        namespace, op = name.split(".")
+        packet = getattr(getattr(torch.ops, namespace), op, None)
+        if packet is not None:  # an attention kernel this build lacks
+            saved.add(packet.default)
+
+    def policy(ctx: SelectiveCheckpointContext, op: OpOverload, *args: object, **kwargs: object) -> CheckpointPolicy:
+        return CheckpointPolicy.MUST_SAVE if op in saved else CheckpointPolicy.PREFER_RECOMPUTE
+
+    return partial(create_selective_checkpoint_contexts, policy)
+
+
 def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: bool) -> None:
     """FSDP2 over the data-parallel replicas: each layer, then the stage. With a pipeline nothing is resharded
-    between micro-batches (each would gather the stage again), as torchtitan does."""
+    between micro-batches (each would gather the stage again), as torchtitan does. A 2-D ``dp_mesh`` (replicas ×
+    shards, ``method.dp_replicate``) is HSDP: sharded over its second dimension, replicated over its first."""
     from torch.distributed.fsdp import fully_shard
 
     for layer in stage.layers:

@@ -1,5 +1,5 @@
-"""mesh3d as the registry sees it: the ``tp`` and ``pp*`` fields it owns, their refusals, its label, and where its
-memory and step-time terms are (:mod:`orchestrator.engines.spec` says what each part is)."""
+"""mesh3d as the registry sees it: the ``tp``, ``pp*``, ``checkpoint_policy`` and ``dp_replicate`` fields it owns,
+their refusals, its label, and where its memory and step-time terms are (:mod:`orchestrator.engines.spec` says what each part is)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,10 @@ if TYPE_CHECKING:
 
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
-FIELDS = ("tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel", "tp_sequence_parallel")
+FIELDS = (
+    "tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel", "tp_sequence_parallel", "checkpoint_policy",
+    "dp_replicate",
+)  # fmt: skip
 
 
 def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
@@ -33,11 +36,16 @@ def _int(value: Any, default: int) -> int:
 
 
 def label(settings: Mapping[str, Scalar]) -> str:
-    """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``."""
+    """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``;
+    ``hsdp<r>`` with ``dp_replicate`` groups, ``selective`` with selective checkpointing."""
     tp, pp = _int(settings.get("tp"), 1), _int(settings.get("pp"), 1)
     parts = [f"tp{tp}", f"pp{pp}"]
     if pp > 1:
         parts.append(f"{settings.get('pp_schedule') or '1f1b'}-m{_int(settings.get('pp_microbatches'), 8)}")
+    if _int(settings.get("dp_replicate"), 1) > 1:
+        parts.append(f"hsdp{_int(settings.get('dp_replicate'), 1)}")
+    if settings.get("checkpoint_policy") == "selective":
+        parts.append("selective")
     return " ".join(parts)
 
 

@@ -12,7 +12,11 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
 - the pipeline sends each sequence's activations forward and its gradients back across each stage boundary,
   across nodes where the stages are on different nodes;
 - FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
-  pipeline reduces at the end of every schedule), over the d replicas;
+  pipeline reduces at the end of every schedule), over the d replicas; with HSDP (``dp_replicate``) over the
+  d/r of a replica group, inside a node where they fit, and all-reduces each shard's gradients across the r
+  groups (``fsdp_sharding=hybrid``'s terms);
+- selective checkpointing reruns no matrix product, so its hardware FLOPs are the unchecked step's (the
+  predictor's ``flops_per_sample``), where full checkpointing reruns each layer's forward;
 - the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), so
   the compute of the step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the
   communication, the other time the step spends not computing;
@@ -75,8 +79,16 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
     share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers, vocab_split), dtype=float)
-    data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
-    data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw
+    r = np.maximum(np.asarray(m["dp_replicate"], dtype=float), 1.0)
+    shards = np.maximum(d / r, 1.0)
+    # A shard group of HSDP spans shards·t ranks: inside a node where they fit; one replica group's shards are
+    # all-reduced across the groups, across nodes on several.
+    across = np.where(r > 1, shards * t > n / np.maximum(nodes, 1.0), nodes > 1)
+    shard_bw = np.where(across, links.inter_node, links.intra_node)
+    replica_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
+    scatter_s = (shards - 1.0) / shards * share * (pb + REDUCE_BYTES) / shard_bw
+    replicate_s = 2.0 * (r - 1.0) / r * share / shards * REDUCE_BYTES / replica_bw
+    data_s = np.asarray(accum, dtype=float) * (scatter_s + replicate_s)
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
     compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
     idle = bubble(p, m["pp_microbatches"], m["pp_schedule"])
