@@ -27,8 +27,9 @@ ZERO_STAGES = (0, 1, 2, 3)
 FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
 FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
 FSDP_ACCUMULATIONS = ("sharded", "unsharded")
-PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
-"""``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
+PP_SCHEDULES = ("1f1b", "interleaved_1f1b", "interleaved_zb")
+"""``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B``, ``ScheduleInterleaved1F1B`` and
+``ScheduleInterleavedZeroBubble``."""
 PRECISIONS = ("bf16", "fp16", "fp32")
 ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
 COMPILE_SCOPES = ("regional", "whole")
@@ -91,8 +92,9 @@ class ModelConfig:
     """Side of a ViT's square patches in pixels (16 for ViT-B/16)."""
     stage_depths: Optional[str] = field(
         default=None,
-        metadata=domain(pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas",
-                        optional=True),
+        metadata=domain(
+            pattern=r"[1-9][0-9]*(,[1-9][0-9]*)*", pattern_text="whole numbers >= 1 joined by commas", optional=True
+        ),
     )
     """A ConvNeXt's blocks per stage, comma-separated (``3,3,9,3`` for ConvNeXt-T); ``num_layers`` is their sum and
     ``hidden_size`` the first stage's width, doubled at each later stage."""
@@ -199,11 +201,25 @@ class MethodConfig:
     """mesh3d only: pipeline stages (``torch.distributed.pipelining``); at most the layers, and ``tp × pp`` must
     divide ``num_gpus``: the rest is data parallel, sharded with FSDP2."""
     pp_schedule: str = field(default="1f1b", metadata=domain(choices=PP_SCHEDULES))
-    """mesh3d only: ``1f1b`` (one stage per rank) or ``interleaved_1f1b`` (two stages per rank, Narayanan et al.
-    2021), when ``pp > 1``."""
+    """mesh3d only: ``1f1b`` (one stage per rank), ``interleaved_1f1b`` (``pp_chunks`` stages per rank, Narayanan et
+    al. 2021) or ``interleaved_zb`` (the same stages, the backward's weight gradients filling the bubble: Qi et al.
+    2023's zero-bubble ZB-H1), when ``pp > 1``."""
     pp_microbatches: int = field(default=8, metadata=domain(ge=1, integer=True))
     """mesh3d only: micro-batches one pipeline schedule runs (each of ``micro_batch_size`` sequences), when
     ``pp > 1``; at least ``pp``."""
+    pp_chunks: int = field(default=2, metadata=domain(ge=2, integer=True))
+    """mesh3d only: the stages (virtual stages, model chunks) each pipeline rank holds under an interleaved
+    ``pp_schedule``; ``pp × pp_chunks`` stages must not outnumber the layers."""
+    pp_layers: Optional[str] = field(
+        default=None,
+        metadata=domain(
+            pattern=r"[1-9][0-9]*(\+[1-9][0-9]*)*", pattern_text="layers per stage joined by +, as 5+6+6+5",
+            optional=True,
+        ),
+    )  # fmt: skip
+    """mesh3d only: the decoder layers of each pipeline stage in order (``pp × pp_chunks`` counts under an
+    interleaved schedule), summing to the model's layers; null: split by cost, the ends' vocabulary matrices
+    weighed."""
     tp_loss_parallel: bool = False
     """mesh3d only, with ``tp > 1``: split the vocabulary over the tensor ranks, the input embedding row-parallel
     and the output layer column-parallel, the loss computed on the sharded logits

@@ -44,6 +44,10 @@ def with_method(config: Config, method_type: type[MethodConfig] = MethodConfig, 
     return dataclasses.replace(config, method=method_type(**{**fields, **settings}))
 
 
+PATTERN_EXAMPLES = {"pp_layers": "3+3"}
+"""A value inside the domain of each method field that a pattern, not a list, declares."""
+
+
 def off_default(key: str) -> Any:
     """A value of method field ``key`` other than its default, inside its domain."""
     default = MethodConfig.__dataclass_fields__[key].default
@@ -52,6 +56,8 @@ def off_default(key: str) -> Any:
     domain = domain_of(MethodConfig, key)
     if domain is not None and not domain.choices and domain.integer:
         return int(default) + 1  # an integer field (mesh3d's sizes): the next one is in its domain
+    if domain is not None and domain.pattern and key in PATTERN_EXAMPLES:
+        return PATTERN_EXAMPLES[key]
     assert domain is not None and domain.choices, f"method.{key}: no domain to pick a value from"
     return next(v for v in domain.choices if v != default)
 
