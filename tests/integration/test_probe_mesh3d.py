@@ -190,8 +190,9 @@ def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, sett
 
 
 def _pipeline_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None:
-    """One of two pipeline ranks running the cell's schedule over its stages (FSDP2 over one replica, as the
-    engine builds them), then the unsplit model on the whole batch: losses and gradients side by side."""
+    """One of two pipeline ranks running the cell's schedule over its stages (FSDP2 over one replica and the
+    schedule as the engine builds them), and the unsplit model on the whole batch: losses and gradients side by
+    side."""
     import copy
     import os
 
@@ -199,14 +200,13 @@ def _pipeline_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy
-    from torch.distributed.pipelining import PipelineStage, schedules
     from torch.distributed.tensor import DTensor
 
     from orchestrator.config.schema import to_config
     from orchestrator.engines.mesh3d.config import end_weight, layout_of
     from orchestrator.engines.mesh3d.engine import next_token_loss
     from orchestrator.engines.mesh3d.parallelize import apply_fsdp, split_stages
-    from orchestrator.engines.mesh3d.pipeline import TORCH_SCHEDULES
+    from orchestrator.engines.mesh3d.pipeline import build_schedule
     from orchestrator.models import family_module
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -225,8 +225,7 @@ def _pipeline_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None
     stages = split_stages(split, layout, rank, model.num_layers, end_weight(model))
     for _, stage in stages:
         apply_fsdp(stage, mesh["dp"], MixedPrecisionPolicy(param_dtype=torch.float32), pipelined=True)
-    piped = [PipelineStage(s, i, layout.num_stages, torch.device("cpu"), group=mesh.get_group("pp")) for i, s in stages]
-    schedule = getattr(schedules, TORCH_SCHEDULES[layout.schedule])(piped, layout.microbatches, loss_fn=next_token_loss)
+    _, schedule = build_schedule(stages, layout, mesh.get_group("pp"), torch.device("cpu"), next_token_loss)
     losses: list[torch.Tensor] = []
     schedule.step(tokens, target=tokens, losses=losses) if rank == 0 else schedule.step(target=tokens, losses=losses)
     grads = {}

@@ -180,17 +180,12 @@ class Mesh3dEngine:
         return loss / self.grad_accum_steps
 
     def _schedule(self) -> Any:
-        from torch.distributed.pipelining import PipelineStage, schedules
+        from orchestrator.engines.mesh3d.pipeline import build_schedule
 
-        from orchestrator.engines.mesh3d.pipeline import INTERLEAVED, TORCH_SCHEDULES
-
-        lay = self.layout
-        group = self.mesh.get_group("pp")
-        stages: list[Any] = [PipelineStage(s, i, lay.num_stages, self.device, group=group) for i, s in self.stages]
+        stages, schedule = build_schedule(self.stages, self.layout, self.mesh.get_group("pp"), self.device, self._loss)
         for stage in stages:
             self._time_chunks(stage)
-        kind = getattr(schedules, TORCH_SCHEDULES[lay.schedule])
-        return kind(stages if lay.schedule in INTERLEAVED else stages[0], lay.microbatches, loss_fn=self._loss)
+        return schedule
 
     def _time_chunks(self, stage: Any) -> None:
         """Count the time ``stage`` computes (its forward and backward chunks, and the weight gradients a

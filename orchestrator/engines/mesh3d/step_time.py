@@ -25,7 +25,7 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
