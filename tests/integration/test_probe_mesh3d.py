@@ -205,8 +205,7 @@ def _pipeline_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None
     from orchestrator.config.schema import to_config
     from orchestrator.engines.mesh3d.config import end_weight, layout_of
     from orchestrator.engines.mesh3d.engine import next_token_loss
-    from orchestrator.engines.mesh3d.parallelize import apply_fsdp, split_stages
-    from orchestrator.engines.mesh3d.pipeline import build_schedule
+    from orchestrator.engines.mesh3d.parallelize import apply_fsdp, build_schedule, split_stages
     from orchestrator.models import family_module
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

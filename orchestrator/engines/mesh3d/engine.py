@@ -180,7 +180,7 @@ class Mesh3dEngine:
         return loss / self.grad_accum_steps
 
     def _schedule(self) -> Any:
-        from orchestrator.engines.mesh3d.pipeline import build_schedule
+        from orchestrator.engines.mesh3d.parallelize import build_schedule
 
         stages, schedule = build_schedule(self.stages, self.layout, self.mesh.get_group("pp"), self.device, self._loss)
         for stage in stages:

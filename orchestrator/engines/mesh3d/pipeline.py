@@ -23,17 +23,12 @@ offer them.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.refusal import Refusal
 
 if TYPE_CHECKING:
-    import torch
-    from torch import nn
-
     from orchestrator.config.schema import Config
-    from orchestrator.engines.mesh3d.config import Mesh3dLayout
 
 TORCH_SCHEDULES = {
     "1f1b": "Schedule1F1B",
@@ -119,19 +114,6 @@ def rank_totals(values: list[float], pp: int) -> list[float]:
     for s, value in enumerate(values):
         out[s % pp] += value
     return out
-
-
-def build_schedule(
-    stages: list[tuple[int, nn.Module]], layout: Mesh3dLayout, group: Any, device: torch.device,
-    loss_fn: Callable[..., torch.Tensor],
-) -> tuple[list[Any], Any]:  # fmt: skip
-    """This rank's ``PipelineStage`` of each of ``stages`` (index, module) over the pipeline ``group``, and the schedule
-    of the layout's ``pp_schedule`` that runs them, ``loss_fn`` on the last stage's output."""
-    from torch.distributed.pipelining import PipelineStage, schedules
-
-    piped = [PipelineStage(s, i, layout.num_stages, device, group=group) for i, s in stages]
-    kind = getattr(schedules, TORCH_SCHEDULES[layout.schedule])
-    return piped, kind(piped if layout.schedule in INTERLEAVED else piped[0], layout.microbatches, loss_fn=loss_fn)
 
 
 def schedule_refusals(cell: Config) -> list[Refusal]:

@@ -9,7 +9,8 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
   column-parallel output layer's input gradient), the loss's all-reduces of one number a token left out; with
   ``tp_sequence_parallel`` each all-reduce is an all-gather and a reduce-scatter, the same bytes, and the
   embedding and output layer split as with ``tp_loss_parallel``;
-- the pipeline sends each sequence's activations forward and its gradients back across each stage boundary,
+- the pipeline sends each sequence's activations forward and its gradients back across each stage boundary, v
+  times a rank where it holds v stages (interleaved, Narayanan et al. 2021 §2.2),
   across nodes where the stages are on different nodes;
 - FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
   pipeline reduces at the end of every schedule), over the d replicas;
@@ -83,7 +84,8 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     reduces = rank_layers * 4.0 + np.where(vocab_split, 2.0, 0.0)
     tensor_s = reduces * 2.0 * (t - 1.0) / t * activation / links.intra_node
     pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
-    pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
+    v = np.vectorize(stages_per_rank, otypes=[float])(np.asarray(m["pp_schedule"], dtype=object), m["pp_chunks"])
+    pipeline_s = np.where(p > 1, 2.0 * v * activation / t / pipeline_bw, 0.0)
     share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers, vocab_split), dtype=float)
     data_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
     data_s = np.asarray(accum, dtype=float) * (d - 1.0) / d * share * (pb + REDUCE_BYTES) / data_bw

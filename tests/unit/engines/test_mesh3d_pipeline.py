@@ -173,3 +173,27 @@ def test_the_largest_rank_and_the_pace_are_those_of_its_looped_stages() -> None:
     assert pipeline_imbalance(layers, 2, 1.0, 4, even) == pytest.approx(1.0)
     # a split that does not fit the stages is the cost-balanced one's
     assert rank_parameters(psi, e, 1, 2, layers, split="4+4+4") == rank_parameters(psi, e, 1, 2, layers)
+
+
+def test_the_predictor_reads_the_schedule_settings_of_each_cell(make_cell) -> None:
+    # The predictor's arrays carry pp_chunks, pp_schedule and pp_layers to the engine's terms, cell by cell.
+    from analysis.predict.inputs import flat_cell, inputs_from_columns, layout_terms
+    from orchestrator.engines.mesh3d.spec import memory_terms, step_time_terms
+    from orchestrator.engines.spec import Links
+
+    configs = [
+        to_config(make_cell(*LLAMA8)),
+        to_config(make_cell(*LLAMA8, "method.pp_layers=5+3")),
+        to_config(make_cell(*LLAMA8, "method.pp_schedule=interleaved_1f1b")),
+        to_config(make_cell(*LLAMA8, "method.pp_schedule=interleaved_1f1b", "method.pp_chunks=4")),
+    ]
+    rows = [flat_cell(c) for c in configs]
+    x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
+    share = layout_terms(x)["activation_share"]
+    assert list(share) == pytest.approx([in_flight_share(2, 8, v, s) for v, s in
+                                         ((2, "1f1b"), (2, "1f1b"), (2, "interleaved_1f1b"), (4, "interleaved_1f1b"))])  # fmt: skip
+    params = memory_terms(x)["params"]
+    assert params[1] > params[0], "the user's 5 + 3 holds more on the first rank than the balanced split"
+    links = Links(intra_node=1e11, inter_node=1e10, host=1e10, cpu_adam_params_per_s_per_node=1e9)
+    communication = step_time_terms(x, np.ones(len(rows)), links)["communication_s"]
+    assert communication[1] > communication[0], "the uneven split waits for its slowest rank"
