@@ -72,7 +72,10 @@ class Layout:
     """Micro-batches one pipeline schedule runs (mesh3d's ``pp_microbatches``); 0: all of a replica's step in
     one schedule, as Megatron-LM runs it. A step of more runs several schedules, each with its bubble."""
     stages_per_rank: int = 1
-    """Virtual stages a rank holds: 2 under interleaved 1F1B, whose bubble is 1/v of 1F1B's."""
+    """Virtual stages a rank holds: ``v`` under an interleaved schedule, whose bubble is 1/v of 1F1B's."""
+    bubble_share: float = 1.0
+    """The schedule's bubble over 1F1B's at the same stages: less than 1 for a zero-bubble one
+    (``orchestrator.engines.mesh3d.pipeline.ZERO_BUBBLE_SHARE``)."""
     engine: str = "megatron"
     """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
     tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
@@ -264,8 +267,10 @@ def estimate_layout(
         # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
         # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
         exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
-    # Each schedule: k micro-batch slots and the bubble's (p − 1)/v (Narayanan et al. 2021, interleaved: §2.2.2).
-    slots = schedules * (k + (p - 1) / v)
+    # Each schedule: k micro-batch slots and the bubble's (p − 1)/v (Narayanan et al. 2021, interleaved: §2.2.2),
+    # less with a zero-bubble schedule (Qi et al. 2023).
+    idle = (p - 1) / v * layout.bubble_share
+    slots = schedules * (k + idle)
     step = slots * (stage_micro + tensor_micro + pipeline_micro) + exposed_data_s
     tokens = global_batch_size * s
     model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
@@ -280,7 +285,7 @@ def estimate_layout(
         memory_gib=memory,
         usable_memory_gib=gpu.memory_gib * (1.0 - MEMORY_MARGIN),
         build_memory_gib=build / GIB,
-        bubble_fraction=(p - 1) / (v * k + p - 1),
+        bubble_fraction=idle / (k + idle),
         compute_s=m * compute_micro,
         tensor_comm_s=slots * tensor_micro,
         pipeline_comm_s=slots * pipeline_micro,

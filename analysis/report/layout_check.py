@@ -24,7 +24,7 @@ from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
 from analysis.predict.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Row
-from orchestrator.engines.mesh3d.config import STAGES_PER_RANK
+from orchestrator.engines.mesh3d.pipeline import ZERO_BUBBLE_SHARE, stages_per_rank
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_record
 from orchestrator.store.states import RecordStatus
@@ -59,7 +59,8 @@ def cell_layout(cfg: Config, micro_batch_size: int) -> Layout:
         micro_batch_size=micro_batch_size,
         activation_checkpointing=bool(m.activation_checkpointing),
         schedule_micro_batches=int(m.pp_microbatches) if pp > 1 else 0,
-        stages_per_rank=STAGES_PER_RANK[m.pp_schedule] if pp > 1 else 1,
+        stages_per_rank=stages_per_rank(m.pp_schedule, m.pp_chunks) if pp > 1 else 1,
+        bubble_share=ZERO_BUBBLE_SHARE.get(m.pp_schedule, 1.0),
         engine="mesh3d",
     )
 

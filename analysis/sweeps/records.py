@@ -35,7 +35,8 @@ import pandas as pd
 from analysis.sweeps.catalog import Catalog
 from analysis.sweeps.columns import as_int, as_name, as_number
 from orchestrator.cells.row import figure_columns, setting_columns
-from orchestrator.config.schema import MEASURING_PROBE_KINDS, ProbeConfig
+from orchestrator.config.choices import MEASURING_PROBE_KINDS
+from orchestrator.config.schema import ProbeConfig
 from orchestrator.config.values import Row
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid

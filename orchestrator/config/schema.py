@@ -12,35 +12,13 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Optional
 
+from orchestrator.config import choices
 from orchestrator.config.domains import domain
 from orchestrator.config.values import Container, Scalar
 
 MISSING: Any = "???"
 """omegaconf's MISSING (its value, so that this module loads without omegaconf): a field a config file must set."""
 
-# The named values of the fields below; each field's domain (``orchestrator.config.domains``) is declared beside it.
-ACCELERATORS = ("cuda", "cpu")
-ARCHITECTURES = ("volta", "ampere", "ada", "hopper", "blackwell", "cpu")
-ENGINES = ("deepspeed", "fsdp", "mesh3d")
-"""The training engines, each a folder ``orchestrator/engines/<name>/``."""
-ZERO_STAGES = (0, 1, 2, 3)
-FSDP_SHARDINGS = ("full", "grad_op", "none", "hybrid")
-FSDP_REDUCE_PRECISIONS = ("fp32", "bf16")
-FSDP_ACCUMULATIONS = ("sharded", "unsharded")
-PP_SCHEDULES = ("1f1b", "interleaved_1f1b")
-"""``method.pp_schedule``'s domain: torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleInterleaved1F1B``."""
-CHECKPOINT_POLICIES = ("full", "selective")
-"""``method.checkpoint_policy``'s domain: what ``activation_checkpointing`` recomputes (mesh3d)."""
-PRECISIONS = ("bf16", "fp16", "fp32")
-ATTENTIONS = ("sdpa", "eager", "flash_attention_2")
-COMPILE_SCOPES = ("regional", "whole")
-BACKENDS = ("local", "slurm")
-PROBE_KINDS = ("deepspeed", "sleep", "fail")
-"""``deepspeed`` (the historical name) is the training probe, whichever ``method.engine`` trains; ``sleep`` and
-``fail`` measure nothing (plumbing checks: a job that ends ok, one that fails)."""
-MEASURING_PROBE_KINDS = ("deepspeed",)
-"""The probe kinds whose record is a measurement of the cell (the others' never stands in for one)."""
-STEP_TIMINGS = ("composed", "whole")
 NAME = domain(pattern=r"[A-Za-z0-9_][A-Za-z0-9_.-]*", pattern_text="a name of letters, digits and _ . -")
 """Names that become folder names, job names and table keys."""
 
@@ -120,9 +98,9 @@ class GpuConfig:
     """One accelerator type: what it holds, how fast it can go, and what it costs."""
 
     name: str = field(default=MISSING, metadata=NAME)
-    accelerator: str = field(default="cuda", metadata=domain(choices=ACCELERATORS))
+    accelerator: str = field(default="cuda", metadata=domain(choices=choices.ACCELERATORS))
     """``cuda`` for NVIDIA GPUs, ``cpu`` to run the probe on host cores (one process per requested "GPU")."""
-    architecture: str = field(default=MISSING, metadata=domain(choices=ARCHITECTURES))
+    architecture: str = field(default=MISSING, metadata=domain(choices=choices.ARCHITECTURES))
     """volta, ampere, ada, hopper or cpu; decides bf16 and TF32 support."""
     memory_gib: float = field(default=MISSING, metadata=domain(gt=0))
     peak_tflops_bf16: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
@@ -166,17 +144,17 @@ class MethodConfig:
     engine is refused (orchestrator.cells.cell).
     """
 
-    engine: str = field(default="deepspeed", metadata=domain(choices=ENGINES))
+    engine: str = field(default="deepspeed", metadata=domain(choices=choices.ENGINES))
     """Training engine: ``deepspeed`` (ZeRO), ``fsdp`` (PyTorch FSDP2, ``torch.distributed.fsdp.fully_shard``)
     or ``mesh3d`` (tensor × pipeline × FSDP2 data parallelism on a PyTorch device mesh); the module
     ``orchestrator/engines/<engine>/``."""
-    zero_stage: int = field(default=0, metadata=domain(choices=ZERO_STAGES))
+    zero_stage: int = field(default=0, metadata=domain(choices=choices.ZERO_STAGES))
     """DeepSpeed ZeRO stage, 0 (plain data parallel) to 3."""
     offload_optimizer: bool = False
     """Keep optimizer states (and the step) on the CPU; needs ZeRO stage 1, 2 or 3."""
     offload_params: bool = False
     """Keep parameters on the CPU between uses; needs ZeRO stage 3."""
-    fsdp_sharding: str = field(default="full", metadata=domain(choices=FSDP_SHARDINGS))
+    fsdp_sharding: str = field(default="full", metadata=domain(choices=choices.FSDP_SHARDINGS))
     """FSDP2 only: ``full`` (parameters, gradients and optimizer states sharded; parameters resharded after the
     forward, as ZeRO-3), ``grad_op`` (no resharding after the forward: gradients and optimizer states sharded,
     whole parameters held from the forward to the backward, as ZeRO-2), ``none`` (plain data parallel: every
@@ -185,10 +163,10 @@ class MethodConfig:
     fsdp_offload: bool = False
     """FSDP2 only: ``CPUOffloadPolicy``: sharded parameters, gradients and optimizer states on the host, the
     optimizer step on the CPU; needs a CUDA GPU (on the CPU there is nothing to offload to)."""
-    fsdp_reduce_precision: str = field(default="fp32", metadata=domain(choices=FSDP_REDUCE_PRECISIONS))
+    fsdp_reduce_precision: str = field(default="fp32", metadata=domain(choices=choices.FSDP_REDUCE_PRECISIONS))
     """FSDP2 only: the dtype gradients are reduced (and accumulated) in, ``fp32`` or ``bf16``; the parameters'
     compute dtype is ``precision``."""
-    fsdp_accumulation: str = field(default="sharded", metadata=domain(choices=FSDP_ACCUMULATIONS))
+    fsdp_accumulation: str = field(default="sharded", metadata=domain(choices=choices.FSDP_ACCUMULATIONS))
     """FSDP2 only: how gradients accumulate over a step's micro-batches. ``sharded`` (FSDP2's own default, as
     torchtitan runs it): every micro-batch's backward reduce-scatters, and each rank accumulates its shard.
     ``unsharded``: micro-batches inside the cycle skip the reduction (``set_requires_gradient_sync(False)``) and
@@ -201,12 +179,26 @@ class MethodConfig:
     pp: int = field(default=1, metadata=domain(ge=1, integer=True))
     """mesh3d only: pipeline stages (``torch.distributed.pipelining``); at most the layers, and ``tp × pp`` must
     divide ``num_gpus``: the rest is data parallel, sharded with FSDP2."""
-    pp_schedule: str = field(default="1f1b", metadata=domain(choices=PP_SCHEDULES))
-    """mesh3d only: ``1f1b`` (one stage per rank) or ``interleaved_1f1b`` (two stages per rank, Narayanan et al.
-    2021), when ``pp > 1``."""
+    pp_schedule: str = field(default="1f1b", metadata=domain(choices=choices.PP_SCHEDULES))
+    """mesh3d only: ``1f1b`` (one stage per rank), ``interleaved_1f1b`` (``pp_chunks`` stages per rank, Narayanan et
+    al. 2021) or ``interleaved_zb`` (the same stages, the backward's weight gradients filling the bubble: Qi et al.
+    2023's zero-bubble ZB-H1), when ``pp > 1``."""
     pp_microbatches: int = field(default=8, metadata=domain(ge=1, integer=True))
     """mesh3d only: micro-batches one pipeline schedule runs (each of ``micro_batch_size`` sequences), when
     ``pp > 1``; at least ``pp``."""
+    pp_chunks: int = field(default=2, metadata=domain(ge=2, integer=True))
+    """mesh3d only: the stages (virtual stages, model chunks) each pipeline rank holds under an interleaved
+    ``pp_schedule``; ``pp × pp_chunks`` stages must not outnumber the layers."""
+    pp_layers: Optional[str] = field(
+        default=None,
+        metadata=domain(
+            pattern=r"[1-9][0-9]*(\+[1-9][0-9]*)*", pattern_text="layers per stage joined by +, as 5+6+6+5",
+            optional=True,
+        ),
+    )  # fmt: skip
+    """mesh3d only: the decoder layers of each pipeline stage in order (``pp × pp_chunks`` counts under an
+    interleaved schedule), summing to the model's layers; null: split by cost, the ends' vocabulary matrices
+    weighed."""
     tp_loss_parallel: bool = False
     """mesh3d only, with ``tp > 1``: split the vocabulary over the tensor ranks, the input embedding row-parallel
     and the output layer column-parallel, the loss computed on the sharded logits
@@ -217,7 +209,7 @@ class MethodConfig:
     residual stream between the tensor-parallel blocks hold one share of the sequence on each tensor rank, so every
     activation of a layer is split over them; the embedding is then row-parallel. Not with an output layer tied to
     the embedding, nor yet with a pipeline."""
-    checkpoint_policy: str = field(default="full", metadata=domain(choices=CHECKPOINT_POLICIES))
+    checkpoint_policy: str = field(default="full", metadata=domain(choices=choices.CHECKPOINT_POLICIES))
     """mesh3d only, with ``activation_checkpointing``: ``full`` recomputes each whole layer in the backward;
     ``selective`` keeps the outputs of the matrix products and of attention and recomputes the rest (norms,
     activations, rotary embedding), per operator as torchtitan does
@@ -227,19 +219,19 @@ class MethodConfig:
     replicas and replicates across the ``dp_replicate`` groups (a 2-D data mesh, as ``fsdp_sharding=hybrid``
     does for the FSDP engine); must divide the replicas. 1: every replica shards."""
     activation_checkpointing: bool = False
-    precision: str = field(default="bf16", metadata=domain(choices=PRECISIONS))
+    precision: str = field(default="bf16", metadata=domain(choices=choices.PRECISIONS))
     """bf16, fp16 (dynamic loss scaling) or fp32."""
     micro_batch_size: Any = field(default="auto", metadata=domain(choices=("auto",), ge=1, integer=True))
     """Sequences per GPU per forward pass: a positive integer, or ``auto`` for the largest that fits."""
     compile: bool = False
     """Compile the model with ``torch.compile`` (how much of it: ``compile_scope``)."""
-    compile_scope: str = field(default="regional", metadata=domain(choices=COMPILE_SCOPES))
+    compile_scope: str = field(default="regional", metadata=domain(choices=choices.COMPILE_SCOPES))
     """With ``compile``: ``regional`` compiles one transformer block, whose code every other block reuses, and the
     loss as a region of its own (Inductor's cache keeps both for later cells); ``whole`` compiles the whole model as
     one graph (DeepSpeed only: its compile grows with the depth, its step times agree with ``regional``'s)."""
     tf32: bool = True
     """Allow TF32 matmuls (Ampere and newer)."""
-    attention: str = field(default="sdpa", metadata=domain(choices=ATTENTIONS))
+    attention: str = field(default="sdpa", metadata=domain(choices=choices.ATTENTIONS))
     """Attention implementation: sdpa, eager, or flash_attention_2 when flash-attn is installed."""
 
 
@@ -253,7 +245,7 @@ def compile_scope_of(method: Mapping[str, Any]) -> Scalar:
 class ClusterConfig:
     """Where cells run: this machine (``local``) or a SLURM cluster."""
 
-    backend: str = field(default="local", metadata=domain(choices=BACKENDS))
+    backend: str = field(default="local", metadata=domain(choices=choices.BACKENDS))
     """``local`` runs cells one after another on this machine through submitit; ``slurm`` submits with sbatch."""
     partition: Optional[str] = None
     account: Optional[str] = None
@@ -330,7 +322,7 @@ class ClusterConfig:
 class ProbeConfig:
     """How long and how carefully the probe measures a cell."""
 
-    kind: str = field(default="deepspeed", metadata=domain(choices=PROBE_KINDS))
+    kind: str = field(default="deepspeed", metadata=domain(choices=choices.PROBE_KINDS))
     """``deepspeed`` measures: the training probe (the name predates a second engine; ``method.engine`` picks
     DeepSpeed or FSDP); ``sleep`` only sleeps ``sleep_s`` and writes a record without metrics, to check a
     cluster's plumbing (submission, arrays, records, resume) at no GPU cost; ``fail`` sleeps ``sleep_s`` and then
@@ -340,7 +332,7 @@ class ProbeConfig:
     """With ``kind: fail``, only this rank fails; the others wait as a peer in a collective would (up to
     ``GPUDAYS_DIST_TIMEOUT_S``, 600 s), to check that one crashed rank ends its cell at once."""
 
-    step_timing: str = field(default="composed", metadata=domain(choices=STEP_TIMINGS))
+    step_timing: str = field(default="composed", metadata=domain(choices=choices.STEP_TIMINGS))
     """``composed``: time micro-steps and the boundary step (reduction, optimizer) apart and compose a step as
     accumulation × micro-step + boundary; ``whole``: time whole accumulation cycles (see orchestrator/job/timing.py)."""
     warmup_steps: int = field(default=2, metadata=domain(ge=0, integer=True))

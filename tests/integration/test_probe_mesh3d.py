@@ -280,3 +280,78 @@ def test_hsdp_computes_what_the_whole_model_does(tmp_path: Path) -> None:
         assert set(got["grads"]) == set(got["whole_grads"])
         for name, grad in got["grads"].items():
             torch.testing.assert_close(grad, got["whole_grads"][name], msg=name)
+
+
+def _pipeline_rank(rank: int, port: int, cell: dict[str, Any], out: str) -> None:
+    """One of two pipeline ranks running the cell's schedule over its stages (FSDP2 over one replica and the
+    schedule as the engine builds them), and the unsplit model on the whole batch: losses and gradients side by
+    side."""
+    import copy
+    import os
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.tensor import DTensor
+
+    from orchestrator.config.schema import to_config
+    from orchestrator.engines.mesh3d.config import end_weight, layout_of
+    from orchestrator.engines.mesh3d.engine import next_token_loss
+    from orchestrator.engines.mesh3d.parallelize import apply_fsdp, build_schedule, split_stages
+    from orchestrator.models import family_module
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    cfg = to_config(cell)
+    model, layout = cfg.model, layout_of(cfg.method, 2)
+    torch.manual_seed(0)
+    whole = family_module(model.family).build_model(model, "eager", torch.float32, torch.device("cpu"))
+    split = copy.deepcopy(whole)
+    tokens = torch.randint(0, model.vocab_size, (2 * layout.microbatches, 16))
+    expected = next_token_loss(whole(tokens).logits, tokens)
+    expected.backward()
+    names = {id(m): n for n, m in split.named_modules()}
+    mesh = init_device_mesh("cpu", (2, 1), mesh_dim_names=("pp", "dp"))
+    stages = split_stages(split, layout, rank, model.num_layers, end_weight(model))
+    for _, stage in stages:
+        apply_fsdp(stage, mesh["dp"], MixedPrecisionPolicy(param_dtype=torch.float32), pipelined=True)
+    _, schedule = build_schedule(stages, layout, mesh.get_group("pp"), torch.device("cpu"), next_token_loss)
+    losses: list[torch.Tensor] = []
+    schedule.step(tokens, target=tokens, losses=losses) if rank == 0 else schedule.step(target=tokens, losses=losses)
+    grads = {}
+    for _, stage in stages:
+        for module in stage.modules():
+            for name, p in module.named_parameters(recurse=False):
+                grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+                grads[f"{names[id(module)]}.{name}"] = grad
+    whole_grads = {n: p.grad for n, p in whole.named_parameters()}
+    layers = [len(stage.layers) for _, stage in stages]
+    torch.save({"losses": [x.detach() for x in losses], "expected": expected.detach(), "grads": grads,
+                "whole_grads": whole_grads, "layers": layers}, Path(out, f"rank{rank}.pt"))  # fmt: skip
+    dist.destroy_process_group()
+
+
+def test_an_interleaved_zero_bubble_pipeline_computes_what_the_whole_model_does(tmp_path: Path) -> None:
+    # Two pipeline ranks of three stages each (looped: rank 0 holds stages 0, 2, 4), the layers as the user split
+    # them, the backward split into input and weight gradients: the mean of the micro-batches' losses and every
+    # gradient are the unsplit model's on the whole batch.
+    import torch
+    import torch.multiprocessing as mp
+    from test_probe import _free_port
+
+    cell = mesh_cell(
+        "model.num_layers=8", "model.num_parameters=null", "num_gpus=2", "method.pp=2",
+        "method.pp_schedule=interleaved_zb", "method.pp_chunks=3", "method.pp_layers=1+2+1+1+2+1",
+        "method.pp_microbatches=4", "method.precision=fp32",
+    )  # fmt: skip
+    mp.spawn(_pipeline_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
+    first, last = (torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2))
+    assert first["layers"] == [1, 1, 2] and last["layers"] == [2, 1, 1]
+    assert first["losses"] == [] and len(last["losses"]) == 4
+    torch.testing.assert_close(torch.stack(last["losses"]).mean(), last["expected"])
+    grads = {**first["grads"], **last["grads"]}
+    assert set(grads) == set(first["whole_grads"])
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, first["whole_grads"][name], msg=name)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, NotRequired, TypedDict
 
-from orchestrator.config.schema import PRECISIONS, ZERO_STAGES
+from orchestrator.config.choices import PRECISIONS, ZERO_STAGES
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY
 
 if TYPE_CHECKING:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from orchestrator.config.schema import FSDP_REDUCE_PRECISIONS, FSDP_SHARDINGS
+from orchestrator.config.choices import FSDP_REDUCE_PRECISIONS, FSDP_SHARDINGS
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import MethodConfig

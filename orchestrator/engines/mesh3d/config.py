@@ -20,16 +20,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from orchestrator.config.choices import PP_SCHEDULES
 from orchestrator.config.refusal import Refusal
-from orchestrator.config.schema import PP_SCHEDULES
+from orchestrator.engines.mesh3d.pipeline import (
+    TORCH_SCHEDULES,
+    bubble_share,
+    parse_layers,
+    rank_totals,
+    schedule_refusals,
+    stages_per_rank,
+    user_split,
+)
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import Config, MethodConfig, ModelConfig
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
-STAGES_PER_RANK = {"1f1b": 1, "interleaved_1f1b": 2}
-"""Virtual pipeline stages each rank holds under each ``method.pp_schedule``."""
-assert set(STAGES_PER_RANK) == set(PP_SCHEDULES)
+assert set(TORCH_SCHEDULES) == set(PP_SCHEDULES)
 _LLAMA_PLAN = {
     "self_attn.q_proj": "colwise", "self_attn.k_proj": "colwise", "self_attn.v_proj": "colwise",
     "self_attn.o_proj": "rowwise", "mlp.gate_proj": "colwise", "mlp.up_proj": "colwise", "mlp.down_proj": "rowwise",
@@ -79,6 +86,8 @@ class Mesh3dLayout:
     microbatches: int
     """Pipeline micro-batches per schedule (1 without a pipeline)."""
     stages_per_rank: int
+    layers: tuple[int, ...] = ()
+    """``method.pp_layers``: the decoder layers of each stage, as the user gives them; empty: cost-balanced."""
 
     @property
     def num_stages(self) -> int:
@@ -96,15 +105,18 @@ class Mesh3dLayout:
 
     @property
     def bubble(self) -> float:
-        """The idle share of a schedule on each rank, in theory (Narayanan et al. 2021): ``(p − 1) / (v·m + p − 1)``
-        for ``m`` micro-batches over ``p`` ranks of ``v`` stages each; 0 without a pipeline."""
-        return (self.pp - 1) / (self.stages_per_rank * self.microbatches + self.pp - 1)
+        """The idle share of a schedule on each rank, in theory (``pipeline.bubble_share``): ``(p − 1) / (v·m +
+        p − 1)`` for ``m`` micro-batches over ``p`` ranks of ``v`` stages each, less for a zero-bubble schedule; 0
+        without a pipeline."""
+        return bubble_share(self.pp, self.microbatches, self.stages_per_rank, self.schedule)
 
     def stage_layers(self, num_layers: int, end_weight: float = 0.0) -> list[range]:
-        """The decoder layers of each of the :attr:`num_stages` stages, in order, as :func:`stage_sizes` splits
-        them (``end_weight``: :func:`end_weight` of the model)."""
+        """The decoder layers of each of the :attr:`num_stages` stages, in order: :attr:`layers` where the user
+        gave them, else as :func:`stage_sizes` splits them (``end_weight``: :func:`end_weight` of the model)."""
         starts = [0]
-        for size in stage_sizes(num_layers, self.num_stages, end_weight):
+        for size in user_split(self.layers, num_layers, self.num_stages) or stage_sizes(
+            num_layers, self.num_stages, end_weight
+        ):
             starts.append(starts[-1] + size)
         return [range(a, b) for a, b in zip(starts, starts[1:], strict=False)]
 
@@ -157,21 +169,26 @@ def stage_sizes(num_layers: int, num_stages: int, end_weight: float = 0.0) -> li
     return best[1]
 
 
-def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0) -> list[float]:
-    """Each stage's cost as :func:`stage_sizes` weighs it: its layers, and ``end_weight`` more at each end."""
-    sizes = stage_sizes(num_layers, num_stages, end_weight)
+def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0, layers: object = None) -> list[float]:
+    """Each stage's cost as :func:`stage_sizes` weighs it: its layers, and ``end_weight`` more at each end; of the
+    user's split ``layers`` (``method.pp_layers``) where it fits, else the cost-balanced one."""
+    sizes = list(user_split(layers, num_layers, num_stages)) or stage_sizes(num_layers, num_stages, end_weight)
     ends = [1.0 if i in (0, len(sizes) - 1) else 0.0 for i in range(len(sizes))]
     return [
         n + max(0.0, end_weight) * (e + (1.0 if len(sizes) == 1 else 0.0)) for n, e in zip(sizes, ends, strict=True)
     ]
 
 
-def pipeline_imbalance(num_layers: int, num_stages: int, end_weight: float = 0.0) -> float:
-    """The costliest stage over the mean one (1 for a perfectly balanced pipeline): the slowest stage sets the
+def pipeline_imbalance(
+    num_layers: int, num_stages: int, end_weight: float = 0.0, per_rank: int = 1, layers: object = None
+) -> float:
+    """The costliest rank over the mean one (1 for a perfectly balanced pipeline) of ``num_stages`` pipeline
+    ranks holding ``per_rank`` stages each (looped), split as :func:`stage_costs` says: the slowest rank sets the
     pace of the whole pipeline, so a schedule lasts this many times what an even spread of the work would."""
-    if num_stages <= 1 or num_stages > num_layers:
+    stages = num_stages * max(per_rank, 1)
+    if num_stages <= 1 or stages > num_layers:
         return 1.0
-    costs = stage_costs(num_layers, num_stages, end_weight)
+    costs = rank_totals(stage_costs(num_layers, stages, end_weight, layers), num_stages)
     return max(costs) * len(costs) / sum(costs)
 
 
@@ -198,7 +215,8 @@ def layout_of(method: MethodConfig, num_gpus: int) -> Mesh3dLayout:
         dp=num_gpus // (tp * pp),
         schedule=method.pp_schedule if piped else "none",
         microbatches=int(method.pp_microbatches) if piped else 1,
-        stages_per_rank=STAGES_PER_RANK.get(method.pp_schedule, 1) if piped else 1,
+        stages_per_rank=stages_per_rank(method.pp_schedule, method.pp_chunks) if piped else 1,
+        layers=parse_layers(method.pp_layers) if piped else (),
     )
 
 
@@ -291,19 +309,20 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
     m, layers = cell.method, cell.model.num_layers
     pp = int(m.pp)
     if pp == 1:
-        out = []
-        if m.pp_schedule != "1f1b":
-            out.append(Refusal("method.pp_schedule", "there is no pipeline with pp=1; leave it at 1f1b"))
-        if m.pp_microbatches != 8:
-            out.append(Refusal("method.pp_microbatches", "there is no pipeline with pp=1; leave it at 8"))
-        return out
-    stages = pp * STAGES_PER_RANK[m.pp_schedule]
+        left = {"pp_schedule": "1f1b", "pp_microbatches": 8, "pp_chunks": 2, "pp_layers": None}
+        return [
+            Refusal(f"method.{key}", f"there is no pipeline with pp=1; leave it at {default if default else 'null'}")
+            for key, default in left.items()
+            if getattr(m, key) != default
+        ]
+    per_rank = stages_per_rank(m.pp_schedule, m.pp_chunks)
+    stages = pp * per_rank
     if stages > layers:
         return [
             Refusal(
                 "method.pp",
-                f"{stages} pipeline stages ({m.pp_schedule}) but {cell.model.name} has {layers} layers; "
-                f"use at most {layers // STAGES_PER_RANK[m.pp_schedule]}",
+                f"{stages} pipeline stages ({m.pp_schedule}, {per_rank} a rank) but {cell.model.name} has {layers} "
+                f"layers; use at most {layers // per_rank}",
             )
         ]
     out = []
@@ -312,16 +331,7 @@ def _pipeline_refusals(cell: Config) -> list[Refusal]:
         out.append(
             Refusal("method.pp_microbatches", f"{k} micro-batches cannot fill {pp} pipeline stages; use at least {pp}")
         )
-    elif m.pp_schedule == "interleaved_1f1b" and k % max(1, k // pp):
-        rounds = max(1, k // pp)
-        out.append(
-            Refusal(
-                "method.pp_microbatches",
-                f"interleaved 1F1B runs micro-batches in rounds of {pp}: {k} is not a multiple of its {rounds} "
-                f"rounds; use a multiple of {pp}",
-            )
-        )
-    return out
+    return out + schedule_refusals(cell)
 
 
 def _loss_parallel_refusals(cell: Config) -> list[Refusal]:

@@ -20,7 +20,8 @@ the stages of its pipeline rank (``parallelize.split_stages``), each decoder lay
 then every layer and stage sharded by FSDP2 over the replicas, in the policy's precision; only then does the rank
 allocate and initialise its shards, as the unsplit model's (orchestrator/engines/materialising.py). Without a pipeline a
 micro-step is one forward and backward of ``micro_batch_size`` sequences; with one it is a schedule of
-``pp_microbatches`` micro-batches of that size (``Schedule1F1B`` or ``ScheduleInterleaved1F1B``), which reduces
+``pp_microbatches`` micro-batches of that size (``pipeline.TORCH_SCHEDULES``: 1F1B, interleaved 1F1B or interleaved
+zero bubble, with ``pp_chunks`` stages a rank and the layers of ``pp_layers`` where given), which reduces
 the gradients at its end. At the boundary the gradients are clipped to a global norm and AdamW steps.
 
 Every rank of a replica must see the same sequences (tensor ranks the same input, the last stage the first's
@@ -195,20 +196,17 @@ class Mesh3dEngine:
         return loss / self.grad_accum_steps
 
     def _schedule(self) -> Any:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+        from orchestrator.engines.mesh3d.parallelize import build_schedule
 
-        lay = self.layout
-        group = self.mesh.get_group("pp")
-        stages: list[Any] = [PipelineStage(s, i, lay.num_stages, self.device, group=group) for i, s in self.stages]
+        stages, schedule = build_schedule(self.stages, self.layout, self.mesh.get_group("pp"), self.device, self._loss)
         for stage in stages:
             self._time_chunks(stage)
-        if lay.schedule == "interleaved_1f1b":
-            return ScheduleInterleaved1F1B(stages, n_microbatches=lay.microbatches, loss_fn=self._loss)
-        return Schedule1F1B(stages[0], n_microbatches=lay.microbatches, loss_fn=self._loss)
+        return schedule
 
     def _time_chunks(self, stage: Any) -> None:
-        """Count the time ``stage`` computes (its forward and backward chunks) into :attr:`busy_s`."""
-        for name in ("forward_one_chunk", "backward_one_chunk"):
+        """Count the time ``stage`` computes (its forward and backward chunks, and the weight gradients a
+        zero-bubble schedule computes apart) into :attr:`busy_s`."""
+        for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
             inner = getattr(stage, name)
 
             def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:

@@ -7,8 +7,9 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
 - a rank's share: the decoder layers' (Ψ − 2E)/(p·t), plus the vocabulary matrices of its end of the pipeline
   (the input embedding on the first stage, the output layer on the last, both when p = 1), which stay whole on
   every tensor rank unless ``tp_loss_parallel`` splits the vocabulary (then E/t): Ψ_gpu = (Ψ − 2E)/(p·t) +
-  E·(2 if p = 1 else 1) where the stages split the layers evenly; otherwise the largest stage's
-  (``config.stage_sizes``);
+  E·(2 if p = 1 else 1) where the stages split the layers evenly; otherwise the largest rank's, the layers of its
+  stages (one, or ``pp_chunks`` under an interleaved schedule) as ``config.stage_sizes`` splits them or as
+  ``method.pp_layers`` gives them;
 - FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
   the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu; with HSDP (``dp_replicate``) d is
   the shard degree, the replicas of one group (:func:`shard_degree`), each group holding all the states;
@@ -16,7 +17,8 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
   them would gather it again for each), p_bΨ_gpu; without, as FSDP's ``full``: two layers and the largest weight;
 - activations (:func:`activation_factor`): a layer's activations split over the t ranks (they hold a share of
   the heads and of the MLP; the residual stream and norms are whole on each, which this leaves out), over the
-  layers of the stage; 1F1B's first stage holds min(p, m) micro-batches in flight (Narayanan et al. 2021). With
+  layers of the stages the first rank holds in flight as its schedule orders them (``pipeline.in_flight_share``:
+  1F1B's first stage min(p, m) micro-batches, Narayanan et al. 2021; interleaving more). With
   ``tp_loss_parallel`` the logits and the loss's share of them (:func:`logit_fraction`) are split over the t ranks;
   with ``tp_sequence_parallel`` all of a layer's activations are (and the vocabulary matrices, E/t). Selective
   checkpointing (``checkpoint_policy``) keeps the outputs of each layer's matrix products and attention, between
@@ -43,6 +45,7 @@ from orchestrator.engines.memory import (
 )
 from orchestrator.engines.memory import scalar_or_array as _out
 from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of, stage_sizes
+from orchestrator.engines.mesh3d.pipeline import in_flight_share, rank_totals, stages_per_rank, user_split
 from orchestrator.models import family_module, num_parameters
 
 if TYPE_CHECKING:
@@ -54,10 +57,12 @@ REDUCE_BYTES = 4.0
 
 
 def rank_parameters(
-    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: ArrayLike = False
-) -> Any:
-    """Parameters one rank holds before FSDP shards them: the largest stage's share, of the layers as
-    ``config.stage_sizes`` splits ``num_layers`` (unevenly where the stages do not divide them; None: L/p each);
+    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: ArrayLike = False,
+    chunks: ArrayLike = 2, schedule: ArrayLike = "1f1b", split: ArrayLike | None = None,
+) -> Any:  # fmt: skip
+    """Parameters one rank holds before FSDP shards them: the largest rank's share, of the layers as
+    ``config.stage_sizes`` splits ``num_layers`` over the stages of ``schedule`` (with ``chunks``, ``pp_chunks``)
+    or as ``split`` (``pp_layers``) gives them (unevenly where the stages do not divide them; None: L/p each);
     ``vocab_split`` (``tp_loss_parallel``): the vocabulary matrices split over the tensor ranks too."""
     psi = np.asarray(num_parameters, dtype=float)
     e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
@@ -65,17 +70,25 @@ def rank_parameters(
     held = e / np.where(np.asarray(vocab_split, dtype=bool), t, 1.0)
     if num_layers is not None:
         largest = np.vectorize(_largest_stage, otypes=[float])
-        return _out(largest(psi, e, t, p, np.asarray(num_layers, dtype=float), held))
+        v = np.vectorize(stages_per_rank, otypes=[int])(np.asarray(schedule, dtype=object), np.asarray(chunks))
+        layers = np.asarray(num_layers, dtype=float)
+        return _out(largest(psi, e, t, p, layers, held, v, np.asarray(split, dtype=object)))
     return _out((psi - 2.0 * e) / (p * t) + held * np.where(p > 1, 1.0, 2.0))
 
 
-def _largest_stage(psi: float, e: float, t: float, p: float, layers: float, held: float) -> float:
+def _largest_stage(
+    psi: float, e: float, t: float, p: float, layers: float, held: float, v: int = 1, split: object = None
+) -> float:
     per_layer = (psi - 2.0 * e) / max(layers, 1.0)
-    if p <= 1 or p > layers or per_layer <= 0:
+    stages = int(p) * max(int(v), 1)
+    if p <= 1 or stages > layers or per_layer <= 0:
         return (psi - 2.0 * e) / (p * t) + held * (1.0 if p > 1 else 2.0)
-    sizes = stage_sizes(int(layers), int(p), e / per_layer)  # the engine's split, whatever the vocabulary's
+    # the engine's split, whatever the vocabulary's
+    sizes = list(user_split(split, int(layers), stages)) or stage_sizes(int(layers), stages, e / per_layer)
     last = len(sizes) - 1
-    return max(n * per_layer / t + (held if i in (0, last) else 0.0) for i, n in enumerate(sizes))
+    return max(
+        rank_totals([n * per_layer / t + (held if i in (0, last) else 0.0) for i, n in enumerate(sizes)], int(p))
+    )
 
 
 def memory_terms(
@@ -89,12 +102,16 @@ def memory_terms(
     precision: Any,
     vocab_split: ArrayLike = False,
     dp_replicate: ArrayLike = 1.0,
+    pipeline: tuple[ArrayLike, ArrayLike, ArrayLike | None] = (2, "1f1b", None),
 ) -> Terms:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none); the
-    states sharded over :func:`shard_degree` ranks."""
+    states sharded over :func:`shard_degree` ranks; ``pipeline``: ``pp_chunks``, ``pp_schedule`` and
+    ``pp_layers``, for the largest rank's layers."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.asarray(shard_degree(num_gpus, t, p, dp_replicate), dtype=float)
-    share = np.asarray(rank_parameters(num_parameters, vocab_matrix, t, p, num_layers, vocab_split), dtype=float)
+    share = np.asarray(
+        rank_parameters(num_parameters, vocab_matrix, t, p, num_layers, vocab_split, *pipeline), dtype=float
+    )
     pb = np.asarray(precision_bytes(precision), dtype=float)
     per_layer = share / np.maximum(np.asarray(num_layers, dtype=float) / p, 1.0)
     gathered = np.where(p > 1, pb * share, pb * (2.0 * per_layer + np.asarray(largest_weight, dtype=float) / t))
@@ -142,7 +159,7 @@ def memory_terms_of(x: CellArrays) -> Terms:
     m = x.method
     return memory_terms(
         x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision,
-        vocab_split_of(m), m["dp_replicate"],
+        vocab_split_of(m), m["dp_replicate"], (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]),
     )  # fmt: skip
 
 
@@ -163,23 +180,23 @@ def vocab_split_of(method: Mapping[str, Any]) -> np.ndarray:
 
 
 def activation_share(
-    tp: Any, pp: Any, microbatches: Any, stages_per_rank: Any = 1.0, logits: ArrayLike = 0.0, vocab_split: ArrayLike = False,
-    sequence_split: ArrayLike = False,
+    tp: Any, pp: Any, microbatches: Any, chunks: ArrayLike = 2, logits: ArrayLike = 0.0, vocab_split: ArrayLike = False,
+    sequence_split: ArrayLike = False, schedule: ArrayLike = "1f1b",
 ) -> Any:  # fmt: skip
-    """A rank's activations over one whole-model sequence's, element-wise: its share of the layers (a stage's,
-    times its stages), times the micro-batches 1F1B keeps in flight on the first stage (min(p, m)), times the
+    """A rank's activations over one whole-model sequence's, element-wise: the layers of the stages its
+    ``schedule`` (of ``chunks`` stages a rank where interleaved) keeps in flight on the first rank
+    (``pipeline.in_flight_share``; 1F1B's min(p, m) micro-batches of a stage's layers), times the
     tensor share (1/t with ``sequence_split``, ``tp_sequence_parallel``: the norms' and the residual's split too);
     where ``vocab_split`` (``tp_loss_parallel``), the ``logits`` fraction of them (:func:`logit_fraction`) takes
     1/t instead of the tensor share."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     m = np.asarray(microbatches, dtype=float)
-    in_flight = np.where(p > 1, np.minimum(p, m), 1.0)
-    layers = np.where(p > 1, 1.0 / p, 1.0) * np.ones_like(np.asarray(stages_per_rank, dtype=float))
+    in_flight = np.vectorize(in_flight_share, otypes=[float])(p, m, chunks, np.asarray(schedule, dtype=object))
     plain = np.asarray(tensor_activation_share(t), dtype=float)
     tensor = np.where(np.asarray(sequence_split, dtype=bool), 1.0 / t, plain)
     f = np.asarray(logits, dtype=float)
     logit_share = np.where(np.asarray(vocab_split, dtype=bool), 1.0 / t, plain)
-    return _out(layers * in_flight * (tensor * (1.0 - f) + f * logit_share))
+    return _out(in_flight * (tensor * (1.0 - f) + f * logit_share))
 
 
 def logit_fraction(vocab: ArrayLike, seq: ArrayLike, per_sequence: ArrayLike) -> float | np.ndarray:
@@ -197,7 +214,12 @@ def activation_factor(
     layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False, sequence: bool = False
 ) -> float:
     """:func:`activation_share` of one cell's layout."""
-    return float(activation_share(layout.tp, layout.pp, layout.microbatches, 1.0, logits, vocab_split, sequence))
+    return float(
+        activation_share(
+            layout.tp, layout.pp, layout.microbatches, layout.stages_per_rank, logits, vocab_split, sequence,
+            layout.schedule,
+        )
+    )  # fmt: skip
 
 
 def fixed_bytes(cfg: Config) -> float:
@@ -208,7 +230,7 @@ def fixed_bytes(cfg: Config) -> float:
         num_parameters(model), model.vocab_size * model.hidden_size,
         family_module(model.family).largest_weight_elements(model), model.num_layers, cfg.num_gpus,
         layout.tp, layout.pp, cfg.method.precision, cfg.method.tp_loss_parallel or cfg.method.tp_sequence_parallel,
-        cfg.method.dp_replicate,
+        cfg.method.dp_replicate, (cfg.method.pp_chunks, cfg.method.pp_schedule, cfg.method.pp_layers),
     )  # fmt: skip
     return float(sum(v for k, v in terms.items() if k != "offloaded"))
 

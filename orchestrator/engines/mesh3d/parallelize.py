@@ -9,6 +9,7 @@ so one class serves them all; a family without them is refused when the engine b
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -103,6 +104,21 @@ def split_stages(
         )
         out.append((index, stage))
     return out
+
+
+def build_schedule(
+    stages: list[tuple[int, nn.Module]], layout: Mesh3dLayout, group: Any, device: torch.device,
+    loss_fn: Callable[..., torch.Tensor],
+) -> tuple[list[Any], Any]:  # fmt: skip
+    """This rank's ``PipelineStage`` of each of ``stages`` (index, module) over the pipeline ``group``, and the schedule
+    of the layout's ``pp_schedule`` that runs them, ``loss_fn`` on the last stage's output."""
+    from torch.distributed.pipelining import PipelineStage, schedules
+
+    from orchestrator.engines.mesh3d.pipeline import INTERLEAVED, TORCH_SCHEDULES
+
+    piped = [PipelineStage(s, i, layout.num_stages, device, group=group) for i, s in stages]
+    kind = getattr(schedules, TORCH_SCHEDULES[layout.schedule])
+    return piped, kind(piped if layout.schedule in INTERLEAVED else piped[0], layout.microbatches, loss_fn=loss_fn)
 
 
 def apply_tensor_parallel(

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.config.values import Scalar
 from orchestrator.engines.mesh3d.config import batch_refusals, refusals
+from orchestrator.engines.mesh3d.pipeline import INTERLEAVED
 from orchestrator.engines.spec import EngineSpec
 
 if TYPE_CHECKING:
@@ -16,8 +17,8 @@ if TYPE_CHECKING:
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
 FIELDS = (
-    "tp", "pp", "pp_schedule", "pp_microbatches", "tp_loss_parallel", "tp_sequence_parallel", "checkpoint_policy",
-    "dp_replicate",
+    "tp", "pp", "pp_schedule", "pp_microbatches", "pp_chunks", "pp_layers", "tp_loss_parallel", "tp_sequence_parallel",
+    "checkpoint_policy", "dp_replicate",
 )  # fmt: skip
 
 
@@ -36,12 +37,17 @@ def _int(value: Any, default: int) -> int:
 
 
 def label(settings: Mapping[str, Scalar]) -> str:
-    """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``;
-    ``hsdp<r>`` with ``dp_replicate`` groups, ``selective`` with selective checkpointing."""
+    """``tp<t> pp<p>``, then the schedule and its micro-batches where there is a pipeline: ``tp2 pp2 1f1b-m8``,
+    with its stages a rank where not two (``interleaved_zb-v4-m8``) and the user's layers per stage
+    (``layers=5+6+6+5``); ``hsdp<r>`` with ``dp_replicate`` groups, ``selective`` with selective checkpointing."""
     tp, pp = _int(settings.get("tp"), 1), _int(settings.get("pp"), 1)
     parts = [f"tp{tp}", f"pp{pp}"]
     if pp > 1:
-        parts.append(f"{settings.get('pp_schedule') or '1f1b'}-m{_int(settings.get('pp_microbatches'), 8)}")
+        schedule, chunks = str(settings.get("pp_schedule") or "1f1b"), _int(settings.get("pp_chunks"), 2)
+        stages = f"-v{chunks}" if schedule in INTERLEAVED and chunks != 2 else ""
+        parts.append(f"{schedule}{stages}-m{_int(settings.get('pp_microbatches'), 8)}")
+        if isinstance(settings.get("pp_layers"), str):
+            parts.append(f"layers={settings['pp_layers']}")
     if _int(settings.get("dp_replicate"), 1) > 1:
         parts.append(f"hsdp{_int(settings.get('dp_replicate'), 1)}")
     if settings.get("checkpoint_policy") == "selective":
@@ -78,7 +84,9 @@ def layout_terms(x: CellArrays) -> Terms:
     k = np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
     replicas = np.maximum(np.floor(np.asarray(x.num_gpus, dtype=float) / (t * p)), 1.0)
     logits = logit_fraction(x.vocab, x.seq, x.per_sequence)
-    share = activation_share(t, p, k, 1.0, logits, m["tp_loss_parallel"], m["tp_sequence_parallel"])
+    share = activation_share(
+        t, p, k, m["pp_chunks"], logits, m["tp_loss_parallel"], m["tp_sequence_parallel"], m["pp_schedule"]
+    )
     return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float)}
 
 
@@ -93,7 +101,7 @@ SPEC = EngineSpec(
     step_time_terms=step_time_terms,
     build_bytes=build_bytes,
     not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
-    sharding_fields=("tp", "pp", "pp_schedule"),
+    sharding_fields=("tp", "pp", "pp_schedule", "pp_chunks"),
     batch_check=batch_refusals,
     layout_terms=layout_terms,
 )

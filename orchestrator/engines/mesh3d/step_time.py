@@ -9,7 +9,8 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
   column-parallel output layer's input gradient), the loss's all-reduces of one number a token left out; with
   ``tp_sequence_parallel`` each all-reduce is an all-gather and a reduce-scatter, the same bytes, and the
   embedding and output layer split as with ``tp_loss_parallel``;
-- the pipeline sends each sequence's activations forward and its gradients back across each stage boundary,
+- the pipeline sends each sequence's activations forward and its gradients back across each stage boundary, v
+  times a rank where it holds v stages (interleaved, Narayanan et al. 2021 §2.2),
   across nodes where the stages are on different nodes;
 - FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
   pipeline reduces at the end of every schedule), over the d replicas; with HSDP (``dp_replicate``) over the
@@ -17,49 +18,59 @@ Per optimizer step each replica runs B/d sequences (B the global batch), whateve
   groups (``fsdp_sharding=hybrid``'s terms);
 - selective checkpointing reruns no matrix product, so its hardware FLOPs are the unchecked step's (the
   predictor's ``flops_per_sample``), where full checkpointing reruns each layer's forward;
-- the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), so
-  the compute of the step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the
-  communication, the other time the step spends not computing;
-- the slowest stage sets the pace: where the stages are not balanced (``config.pipeline_imbalance``: its
-  costliest stage over the mean one, the layers split unevenly or the ends' vocabulary matrices), every stage
+- the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), a
+  zero-bubble one a third of that bubble (Qi et al. 2023; ``pipeline.bubble_share``), so the compute of the
+  step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the communication, the other
+  time the step spends not computing;
+- the slowest rank sets the pace: where the ranks are not balanced (``config.pipeline_imbalance``: its
+  costliest rank over the mean one, the layers split unevenly, by ``pp_layers`` or the ends' vocabulary
+  matrices), every stage
   waits for it, C·(imbalance − 1) more, also stretched by the bubble.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.engines.memory import precision_bytes
-from orchestrator.engines.mesh3d.config import STAGES_PER_RANK, pipeline_imbalance
+from orchestrator.engines.mesh3d.config import pipeline_imbalance
 from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters, vocab_split_of
+from orchestrator.engines.mesh3d.pipeline import bubble_share, stages_per_rank
 
 if TYPE_CHECKING:
     from orchestrator.engines.spec import CellArrays, Links, Terms
 
 
-def bubble(pp: Any, microbatches: Any, schedule: Any) -> Any:
-    """The idle share of a schedule: ``(p − 1)/(v·m + p − 1)``, 0 without a pipeline."""
-    p = np.asarray(pp, dtype=float)
-    names = np.asarray(schedule, dtype=object)
-    v = np.ones(np.shape(names)) if names.ndim else 1.0
-    for name, stages in STAGES_PER_RANK.items():
-        v = np.where(names == name, float(stages), v)
-    m = np.where(p > 1, np.asarray(microbatches, dtype=float), 1.0)
-    return (p - 1.0) / (v * m + p - 1.0)
+def bubble(pp: ArrayLike, microbatches: ArrayLike, schedule: ArrayLike, chunks: ArrayLike = 2) -> np.ndarray:
+    """``pipeline.bubble_share`` of each cell: ``(p − 1)/(v·m + p − 1)``, less for a zero-bubble schedule, 0
+    without a pipeline."""
+    one = np.vectorize(bubble_share, otypes=[float])
+    return np.asarray(
+        one(np.asarray(pp, dtype=float), microbatches, chunks, np.asarray(schedule, dtype=object)), dtype=float
+    )
 
 
 def imbalance(
-    num_parameters: np.ndarray, vocab_matrix: np.ndarray, num_layers: np.ndarray, pp: np.ndarray
-) -> np.ndarray:
-    """``config.pipeline_imbalance`` of each cell: its slowest stage over the mean one (1 without a pipeline)."""
+    num_parameters: np.ndarray, vocab_matrix: np.ndarray, num_layers: np.ndarray, pp: np.ndarray,
+    pipeline: tuple[ArrayLike, ArrayLike, ArrayLike | None] = (2, "1f1b", None),
+) -> np.ndarray:  # fmt: skip
+    """``config.pipeline_imbalance`` of each cell: its slowest rank over the mean one (1 without a pipeline);
+    ``pipeline``: ``pp_chunks``, ``pp_schedule`` and ``pp_layers``."""
     psi = np.asarray(num_parameters, dtype=float)
     e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
     layers = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
     weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
-    one = np.vectorize(lambda n, p, w: pipeline_imbalance(int(n), int(p), float(w)), otypes=[float])
-    return np.asarray(one(layers, np.asarray(pp, dtype=float), weight), dtype=float)
+    chunks, schedule, split = pipeline
+
+    def one_cell(n: float, p: float, w: float, c: float, name: object, given: object) -> float:
+        return pipeline_imbalance(int(n), int(p), float(w), stages_per_rank(str(name), int(c)), given)
+
+    one = np.vectorize(one_cell, otypes=[float])
+    names, given = np.asarray(schedule, dtype=object), np.asarray(split, dtype=object)
+    return np.asarray(one(layers, np.asarray(pp, dtype=float), weight, chunks, names, given), dtype=float)
 
 
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
@@ -77,7 +88,8 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     reduces = rank_layers * 4.0 + np.where(vocab_split, 2.0, 0.0)
     tensor_s = reduces * 2.0 * (t - 1.0) / t * activation / links.intra_node
     pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
-    pipeline_s = np.where(p > 1, 2.0 * activation / t / pipeline_bw, 0.0)
+    v = np.vectorize(stages_per_rank, otypes=[float])(np.asarray(m["pp_schedule"], dtype=object), m["pp_chunks"])
+    pipeline_s = np.where(p > 1, 2.0 * v * activation / t / pipeline_bw, 0.0)
     share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers, vocab_split), dtype=float)
     r = np.maximum(np.asarray(m["dp_replicate"], dtype=float), 1.0)
     shards = np.maximum(d / r, 1.0)
@@ -91,7 +103,7 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     data_s = np.asarray(accum, dtype=float) * (scatter_s + replicate_s)
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
     compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
-    idle = bubble(p, m["pp_microbatches"], m["pp_schedule"])
-    pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p)
+    idle = bubble(p, m["pp_microbatches"], m["pp_schedule"], m["pp_chunks"])
+    pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p, (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]))
     wait_s = compute_s * (pace / (1.0 - idle) - 1.0)
     return {"communication_s": tensor_s + pipeline_s + data_s + wait_s, "offload_s": np.zeros_like(tensor_s)}

@@ -21,7 +21,6 @@ from analysis.report.tables import engine_label, settings_label
 from analysis.sweeps.catalog import Catalog
 from orchestrator.cells import cell as cells
 from orchestrator.cells import row as rows
-from orchestrator.config import schema
 from orchestrator.config.domains import domain_of
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, MethodConfig, to_config
@@ -44,6 +43,10 @@ def with_method(config: Config, method_type: type[MethodConfig] = MethodConfig, 
     return dataclasses.replace(config, method=method_type(**{**fields, **settings}))
 
 
+PATTERN_EXAMPLES = {"pp_layers": "3+3"}
+"""A value inside the domain of each method field that a pattern, not a list, declares."""
+
+
 def off_default(key: str) -> Any:
     """A value of method field ``key`` other than its default, inside its domain."""
     default = MethodConfig.__dataclass_fields__[key].default
@@ -52,13 +55,15 @@ def off_default(key: str) -> Any:
     domain = domain_of(MethodConfig, key)
     if domain is not None and not domain.choices and domain.integer:
         return int(default) + 1  # an integer field (mesh3d's sizes): the next one is in its domain
+    if domain is not None and domain.pattern and key in PATTERN_EXAMPLES:
+        return PATTERN_EXAMPLES[key]
     assert domain is not None and domain.choices, f"method.{key}: no domain to pick a value from"
     return next(v for v in domain.choices if v != default)
 
 
 def test_every_engine_folder_is_registered_and_accepted_by_the_schema() -> None:
     assert registry.ENGINES == registry.engine_names() == engine_folders()
-    assert set(registry.ENGINES) == set(schema.ENGINES), "method.engine's domain must accept every engine folder"
+    assert set(registry.ENGINES) == set(domain_of(MethodConfig, "engine").choices), "method.engine's domain must accept every engine folder"
     assert registry.ENGINES[0] == MethodConfig.engine  # the default first
     for name in registry.ENGINES:
         spec = registry.engine_spec(name)
