@@ -263,7 +263,7 @@ def write_report(
         # Only the mesh3d cells' records are read again (a large sweep of other engines has none to check).
         meshed = set(cells.loc[cells["engine"] == "mesh3d", "cell_id"]) if "engine" in cells else set()
         layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs, meshed)) if meshed else []
-        if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
+        if layouts:  # mesh3d cells measured: each layout's prediction beside the measurement
             tables_written.append(_write_csv(pd.DataFrame(layouts), new / "layouts.csv"))
         plot_files: list[Path] = []
         if plots:
