@@ -363,9 +363,11 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
     out.append("")
-    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval). "
-               "Days, GPU-hours and costs are the training steps' (steady state); `wall_clock_days` is the whole "
-               "run's at `goodput` (restarts, evaluations and checkpoints included).")
+    out.append(
+        "`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval). "
+        "Days, GPU-hours and costs are the training steps' (steady state); `wall_clock_days` is the whole "
+        "run's at `goodput` (restarts, evaluations and checkpoints included)."
+    )
     out.append("")
     best_columns = ["model", "gpu", "num_gpus", "settings", "answer", "time_to_train_days", "time_to_train_days_low",
                     "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh",

@@ -100,7 +100,7 @@ def gpu_cell(*overrides: str) -> Config:
     return to_config(found.config)
 
 
-def test_planners_from_a_sweep_of_3d_layouts_cost_them_with_the_calibrated_layout_model(tmp_path) -> None:
+def test_planners_from_a_sweep_of_3d_layouts_cost_them_at_the_calibrated_rate(tmp_path) -> None:
     import synthetic
 
     from analysis.report.layout_check import layout_efficiency
