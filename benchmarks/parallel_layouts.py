@@ -82,7 +82,7 @@ def main() -> int:
     print(" | ".join("---" for _ in range(len(header) + 2)))
     for row in rows:
         print(" | ".join([names.get(str(row["cell"]), "?"), str(row["layout"]), *(_fmt(row[k]) for k in header)]))
-    extra = ("pred_compute_s", "pred_tp_s", "pred_pp_s", "pred_dp_s")
+    extra = ("pred_compute_s", "pred_comm_s", "pred_overhead_s")
     print("\npredicted terms of each step (s): " + ", ".join(extra))
     for row in rows:
         print(f"  {names.get(str(row['cell']), '?')}: " + ", ".join(_fmt(row[k]) for k in extra))

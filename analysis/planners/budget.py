@@ -11,8 +11,9 @@ it becomes GPU-hours (and, for purchases and GPUs × days, a fixed GPU count).
   GPU count; the cheapest configuration is the one that needs the fewest GPU-hours, the fastest the quickest that
   spends at most :data:`DEFAULT_OVERRUN_PCT` percent more than the budget.
 
-Throughput per GPU is measured (records of a sweep, for the same model and GPU type) or predicted by the analytic
-layouts of :mod:`analysis.predict.parallelism`; every row says which in ``source``.
+Throughput per GPU is measured (records of a sweep, for the same model and GPU type) or predicted for the layouts of
+:mod:`analysis.predict.parallelism`, each as ``gpudays plan`` predicts the cell that runs it; every row says which
+in ``source``.
 """
 
 from __future__ import annotations

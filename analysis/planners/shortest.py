@@ -10,8 +10,9 @@ batch buys no fewer optimizer steps, so the batch is bounded, and with it the GP
 - Critical batch in tokens from Kaplan et al. 2020 ("Scaling Laws for Neural Language Models", eq. 1.4
   and §5.1): ``B_crit(L) ≈ B* / L^(1/α_B)`` with B* ≈ 2·10^8 tokens and α_B ≈ 0.21.
 - Data parallelism alone needs one sequence per GPU at least: at most B_crit / s GPUs. Tensor parallelism (inside
-  a node) and pipeline parallelism (up to one layer a stage) multiply that; the analytic layouts of
-  :mod:`analysis.predict.parallelism` say where adding GPUs stops paying (bubble, communication).
+  a node) and pipeline parallelism (up to one layer a stage) multiply that; the layouts of
+  :mod:`analysis.predict.parallelism`, each predicted as ``gpudays plan`` predicts the cell that runs it, say where
+  adding GPUs stops paying (bubble, communication).
 
 Every figure is a prediction (``source: predicted``).
 """
@@ -22,7 +23,7 @@ import math
 from dataclasses import dataclass
 
 from analysis.predict.network import Network
-from analysis.predict.parallelism import LayoutEstimate, best_layout, min_gpus_to_fit, with_batch
+from analysis.predict.parallelism import LayoutEstimate, best_by_count, min_gpus_to_fit, powers_of_two, with_batch
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters
@@ -46,7 +47,9 @@ def chinchilla_loss(num_parameters_: float, tokens: float) -> float:
     """Final training loss in nats per token predicted by Hoffmann et al.'s fit for N parameters and D tokens."""
     if num_parameters_ <= 0 or tokens <= 0:
         raise ValueError(f"parameters and tokens must be positive, got N={num_parameters_!r}, D={tokens!r}")
-    return float(CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA)
+    return float(
+        CHINCHILLA_E + CHINCHILLA_A / num_parameters_**CHINCHILLA_ALPHA + CHINCHILLA_B / tokens**CHINCHILLA_BETA
+    )
 
 
 def critical_batch_tokens(loss_nats: float) -> float:
@@ -110,14 +113,8 @@ def scaling_curve(
     data_parallel_only: bool,
 ) -> list[LayoutEstimate]:
     """The best fitting layout at each power-of-two GPU count from ``start`` to ``limit``."""
-    curve: list[LayoutEstimate] = []
-    n = start
-    while n <= limit:
-        est = best_layout(model, gpu, n, batch, network, efficiency, data_parallel_only)
-        if est is not None:
-            curve.append(est)
-        n *= 2
-    return curve
+    found = best_by_count(model, gpu, powers_of_two(start, limit), batch, network, efficiency, data_parallel_only)
+    return [ranked[0] for ranked in found.values() if ranked]
 
 
 def useful_point(curve: list[LayoutEstimate]) -> LayoutEstimate | None:

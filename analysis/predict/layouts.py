@@ -1,8 +1,9 @@
 """The layouts a plan offers beside its cells: tensor × pipeline × data parallel (the mesh3d engine) where data
 parallelism alone does not fit or is slower, as practitioners lay out large models.
 
-For each model × GPU type × GPU count of a plan, the fastest mesh3d layout that fits (``analysis.predict.parallelism``'s
-model with ``engine="mesh3d"``: FSDP2 over the replicas, no sequence parallelism) is offered when no
+For each model × GPU type × GPU count of a plan, the fastest mesh3d layout that fits (``analysis.predict.parallelism``
+with ``engine="mesh3d"``: each layout predicted as the mesh3d cell its sweep line runs, as the plan predicts a
+cell) is offered when no
 data-parallel cell of the plan fits (every one predicted not to, or refused before any prediction: a global batch
 that does not split over the GPUs, as BLOOM's 2048 sequences over 384), or when its GPU-hours are fewer than the
 cheapest fitting one's; with the
@@ -25,7 +26,7 @@ from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES
 
 DATA_PARALLEL_ENGINES = ("deepspeed", "fsdp")
 NEAR = 1.10
-"""Layouts predicted within this factor of the fastest one's step time are offered beside it: the layout model is
+"""Layouts predicted within this factor of the fastest one's step time are offered beside it: the prediction is
 uncalibrated, so a near tie is no reason to hide one (BLOOM's published tp4 pp12 is within 1% of tp8 pp6)."""
 MOST_OFFERED = 3
 """The most layouts offered for one model × GPU type × count: the fastest, then the next tensor × pipeline splits."""

@@ -1,62 +1,49 @@
-"""Analytic data × tensor × pipeline layouts (Megatron-style): memory per GPU, step time, and the best layout.
+"""Data × tensor × pipeline layouts: each one a cell of the engine that runs it, predicted by the one predictor.
 
-Every figure here is a prediction from formulas, never a measurement. Notation: Ψ parameters, L layers, h hidden
-size, V vocabulary, s sequence length, b micro-batch (sequences), m micro-batches per pipeline per step, and the
-layout d (data) × t (tensor) × p (pipeline) GPUs.
+A layout of ``num_gpus`` GPUs (d data × t tensor × p pipeline, a micro-batch of b sequences, with or without
+activation checkpointing) is the cell gpudays would run for it: mesh3d (FSDP2 over the replicas, tensor and
+pipeline parallelism on a device mesh) where t > 1 or p > 1, DeepSpeed ZeRO-1 data parallelism otherwise, on
+ceil(n / gpus_per_node) nodes of the network of :mod:`analysis.predict.network`. Its memory per GPU and step time
+are :mod:`analysis.predict.predictor`'s for that cell, the figures ``gpudays plan`` gives it, so ``budget``,
+``shortest``, the layouts a plan offers and ``plan`` cost the same cell alike. A pipeline runs all of a replica's
+micro-batches in one schedule (m = B / (d·b), as Megatron-LM does) unless the layout says otherwise.
 
-Memory per GPU (bytes):
-- model states of the GPU's share Ψ_gpu = Ψ_stage / t, where the largest stage holds its layers and one embedding
-  matrix (both when p = 1), the layers split over the stages balanced by cost, the end stages' embedding and output
-  layer weighed on them (``orchestrator.engines.mesh3d.config.stage_sizes``: the stages need not divide the layers): 2Ψ_gpu parameters + 2Ψ_gpu gradients + 12Ψ_gpu/d optimizer states (ZeRO-1 over data
-  parallelism; Rajbhandari et al. 2020, via :func:`orchestrator.engines.deepspeed.memory.model_state_bytes`);
-- activations with tensor-sequence parallelism and fused attention (Korthikanti et al. 2022, "Reducing Activation
-  Recomputation in Large Transformer Models", §4: ``34·s·b·h/t`` a layer; the ``5·a·s²·b`` scores are
-  not kept by flash/SDPA attention); with full recomputation ``2·s·b·h/t`` a layer plus one layer being rerun.
-  Under 1F1B stage i holds min(p − i, m) micro-batches of its layers in flight (Narayanan et al. 2021, "Efficient
-  Large-Scale Language Model Training on GPU Clusters Using Megatron-LM"), the last one micro-batch plus its
-  logits (12 bytes per token and vocabulary entry, split by t).
-
-Step time under 1F1B: (m + p − 1) × (compute + tensor-parallel + pipeline-send time of one micro-batch on the
-slowest stage, which sets the pace: the mean stage's compute times ``pipeline_imbalance``) + the data-parallel gradient reduction; the bubble is (p − 1)/(m + p − 1) of the step (Narayanan et al.
-2021). Tensor parallelism (kept inside a node) all-reduces the ``2·s·b·h`` bytes of a layer's activations
-twice forward and twice backward (Shoeybi et al. 2019, fig. 4; sequence parallelism replaces each by a
-reduce-scatter and an all-gather of the same volume), three times forward with recomputation; ring all-reduce moves
-2(n − 1)/n of the bytes per GPU. ZeRO-1's reduce-scatter plus all-gather of the 16-bit gradients and parameters
-moves what one all-reduce does. Tensor-parallel and pipeline communication is counted as not overlapped with
-compute (an upper bound on time); the gradient reduction overlaps the last micro-batch's backward pass only.
+Every figure here is a prediction, never a measurement. The predictor is vectorised, so every candidate layout of
+every GPU count a search looks at is predicted in one call (:func:`estimate_layouts`).
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from analysis.predict.network import LINK_EFFICIENCY, Network
-from analysis.predict.step_time import DEFAULT_EFFICIENCY
-from orchestrator.config.schema import GpuConfig, ModelConfig
-from orchestrator.engines.deepspeed.memory import model_state_bytes
-from orchestrator.engines.memory import GIB
-from orchestrator.engines.mesh3d.config import TP_PLANS, end_weight, pipeline_imbalance, stage_sizes
-from orchestrator.engines.mesh3d.memory import build_bytes as mesh3d_build_bytes
-from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_terms
-from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
-from orchestrator.models import flops_per_token, language_family, num_parameters
+import numpy as np
+import pandas as pd
+
+from analysis.predict.calibration import Calibration, GpuCalibration
+from analysis.predict.network import Network
+from analysis.predict.predictor import prediction_detail
+from analysis.predict.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
+from orchestrator.cells.row import method_column
+from orchestrator.cells.row import row as cell_row
+from orchestrator.config.schema import ClusterConfig, Config, GpuConfig, MethodConfig, ModelConfig
+from orchestrator.config.values import Row
+from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES, TP_PLANS
+from orchestrator.engines.mesh3d.pipeline import INTERLEAVED
+from orchestrator.engines.mesh3d.step_time import bubble
+from orchestrator.models import flops_per_token
 
 PREDICTOR = (
-    "layout model (analysis/predict/parallelism.py: data x tensor x pipeline layouts at an assumed share of the peak)"
+    "step-time model (analysis/predict/predictor.py: each layout predicted as the cell that runs it, "
+    "mesh3d for tensor or pipeline parallelism, DeepSpeed ZeRO-1 otherwise, as `gpudays plan` predicts it)"
 )
-"""What ``budget`` and ``shortest`` predict with, named beside their figures: ``plan`` predicts a cell with another
-model (:data:`analysis.predict.predictor.PREDICTOR`), so the GPU-hours of the two differ for the same model and GPUs."""
+"""What ``budget`` and ``shortest`` predict with, named beside their figures: ``plan``'s model."""
 
-# DEFAULT_EFFICIENCY, the achieved share of the dense bf16 peak in the matrix products when nothing is measured,
-# is the predictor's uncalibrated figure (set by the H100 records); Megatron-LM reached 44-52% on A100s for
-# 18B-1T models (Narayanan et al. 2021) and BLOOM-176B about 48% (150 of 312 TFLOP/s, BigScience 2022).
-MEMORY_MARGIN = 0.10
-"""Share of GPU memory kept free for the CUDA context, NCCL and fragmentation (as ``analysis.predict.predictor``)."""
-INTRA_NODE_LATENCY_S = 10e-6
-"""Fixed cost of one collective inside a node (order of nccl-tests' small-message latency over NVLink)."""
-INTER_NODE_LATENCY_S = 25e-6
-"""Fixed cost of one collective or send across nodes (order of nccl-tests' small-message latency over InfiniBand)."""
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+DATA_PARALLEL_ZERO_STAGE = 1
+"""The data-parallel cell of a layout without model parallelism: DeepSpeed ZeRO-1 (optimizer states sharded over
+the replicas, as Megatron-LM's distributed optimizer)."""
 
 
 @dataclass(frozen=True)
@@ -72,24 +59,38 @@ class Layout:
     """Micro-batches one pipeline schedule runs (mesh3d's ``pp_microbatches``); 0: all of a replica's step in
     one schedule, as Megatron-LM runs it. A step of more runs several schedules, each with its bubble."""
     stages_per_rank: int = 1
-    """Virtual stages a rank holds: ``v`` under an interleaved schedule, whose bubble is 1/v of 1F1B's."""
-    bubble_share: float = 1.0
-    """The schedule's bubble over 1F1B's at the same stages: less than 1 for a zero-bubble one
-    (``orchestrator.engines.mesh3d.pipeline.ZERO_BUBBLE_SHARE``)."""
-    engine: str = "megatron"
-    """Whose data parallelism and activations: ``megatron`` (ZeRO-1 over the replicas, sequence parallelism with
-    tensor parallelism) or ``mesh3d`` (gpudays' engine: FSDP2 over the replicas, no sequence parallelism; its
-    model states as ``orchestrator/engines/mesh3d/memory.py`` counts them)."""
+    """Virtual stages a rank holds: ``v`` under an interleaved schedule (mesh3d's ``pp_chunks``), whose bubble is
+    1/v of 1F1B's."""
+    schedule: str = ""
+    """mesh3d's ``pp_schedule``; empty: ``1f1b`` with one stage a rank, ``interleaved_1f1b`` with more."""
+    engine: str = "auto"
+    """The engine whose cell it is: ``auto`` (mesh3d with tensor or pipeline parallelism, DeepSpeed ZeRO-1
+    without) or ``mesh3d`` (every layout, data parallelism alone as FSDP2)."""
     loss_parallel: bool = False
-    """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks, as
-    Megatron-LM always splits them."""
+    """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks."""
     sequence_parallel: bool = False
-    """mesh3d's ``tp_sequence_parallel``: every activation of a layer split over the tensor ranks (Megatron's
-    always are), and the vocabulary matrices too."""
+    """mesh3d's ``tp_sequence_parallel``: every activation of a layer split over the tensor ranks."""
 
     @property
     def num_gpus(self) -> int:
         return self.data * self.tensor * self.pipeline
+
+    @property
+    def cell_engine(self) -> str:
+        """The engine of the cell that runs it."""
+        if self.engine == "mesh3d" or self.tensor > 1 or self.pipeline > 1:
+            return "mesh3d"
+        return "deepspeed"
+
+    @property
+    def pp_schedule(self) -> str:
+        """The schedule of the cell that runs it."""
+        return self.schedule or ("1f1b" if self.stages_per_rank == 1 else "interleaved_1f1b")
+
+    @property
+    def pp_chunks(self) -> int:
+        """mesh3d's ``pp_chunks`` of that cell: its stages a rank under an interleaved schedule, else the default."""
+        return self.stages_per_rank if self.pp_schedule in INTERLEAVED else MethodConfig.pp_chunks
 
     def describe(self) -> str:
         ckpt = " ckpt" if self.activation_checkpointing else ""
@@ -98,91 +99,127 @@ class Layout:
 
 @dataclass(frozen=True)
 class LayoutEstimate:
-    """Predicted memory per GPU (GiB) and step time (s) of one layout; every figure analytic."""
+    """The predictor's memory per GPU (GiB) and step time (s) of one layout's cell."""
 
     layout: Layout
     global_batch_size: int
     """Sequences per optimizer step over all GPUs."""
     num_micro_batches: int
-    """Micro-batches per pipeline per step (m)."""
+    """Micro-batches per replica per step (m)."""
     params_gib: float
     grads_gib: float
     optimizer_gib: float
     activations_gib: float
     memory_gib: float
+    """The reserved peak per GPU (the predictor's ``peak_memory_gib``)."""
     usable_memory_gib: float
+    build_memory_gib: float
+    """Per GPU while the model is built; it must fit too."""
+    fits: bool
+    """Both the step and the build fit (the predictor's verdict)."""
     bubble_fraction: float
     compute_s: float
-    tensor_comm_s: float
-    pipeline_comm_s: float
-    data_comm_s: float
-    exposed_data_comm_s: float
-    """The part of the gradient reduction not hidden behind the last backward pass."""
+    """The step's compute at the efficiency (recomputation included)."""
+    communication_s: float
+    """The engine's communication of the step, the pipeline's bubble and imbalance counted with it."""
+    overhead_s: float
+    """The fixed cost of the step's micro-steps."""
     step_time_s: float
     tokens_per_s_per_gpu: float
     model_tflops_per_gpu: float
     mfu: float
-
-    build_memory_gib: float = 0.0
-    """Per GPU while the model is built (mesh3d: its shards and one layer whole; 0 where not modelled)."""
-
-    @property
-    def fits(self) -> bool:
-        """Both the step and the build fit."""
-        return max(self.memory_gib, self.build_memory_gib) <= self.usable_memory_gib
+    cell: Row
+    """The cell's row as the predictor read it (``gpudays plan`` of the same row gives the same figures)."""
 
 
-def stage_parameters(model: ModelConfig, pipeline: int) -> float:
-    """Parameters of the largest pipeline stage: its layers and, on an end stage, one embedding matrix (all of them
-    when p = 1), the layers split as :func:`stage_sizes` balances them."""
-    total = float(num_parameters(model))
-    embedding = float(model.vocab_size * model.hidden_size)
-    if pipeline == 1:
-        return total
-    per_layer = (total - 2.0 * embedding) / model.num_layers
-    sizes = stage_sizes(model.num_layers, pipeline, end_weight(model))
-    return max(n * per_layer + (embedding if i in (0, pipeline - 1) else 0.0) for i, n in enumerate(sizes))
-
-
-def activation_bytes_per_gpu(model: ModelConfig, layout: Layout, num_micro_batches: int) -> float:
-    """Activations the busiest stage keeps for the backward pass (Korthikanti et al. 2022, with sequence parallel).
-
-    A layer's bytes per token and the logits' come from the model's family (measured on the real module); tensor
-    parallelism with sequence parallelism splits both over the ``t`` ranks.
-    """
-    s, t, b = model.seq_length, layout.tensor, layout.micro_batch_size
-    family = language_family(model, "the tensor/pipeline-parallel layouts")
-    sizes = stage_sizes(model.num_layers, layout.pipeline, end_weight(model))
-    split = tensor_share(t, sequence_parallel=layout.engine == "megatron" or layout.sequence_parallel)
-    full_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", False) * s * b * split
-    if layout.activation_checkpointing:
-        per_layer = family.activation_bytes_per_token_per_layer(model, "sdpa", True) * s * b / t
-        working = full_layer
-    else:
-        per_layer = full_layer
-        working = 0.0
-    # mesh3d keeps the output layer whole on every tensor rank unless it splits the vocabulary (loss_parallel).
-    logits = (
-        family.logit_bytes_per_token(model) * s * b / (t if layout.engine == "megatron" or layout.loss_parallel else 1)
+def layout_cell(model: ModelConfig, gpu: GpuConfig, layout: Layout, global_batch_size: int, network: Network) -> Config:
+    """The cell that runs ``layout``: the engine of :attr:`Layout.cell_engine`, the model at ``global_batch_size``,
+    on ``ceil(n / gpus_per_node)`` nodes of ``network``."""
+    d, b, p = layout.data, layout.micro_batch_size, layout.pipeline
+    m = global_batch_size // (d * b) if d * b else 0
+    mesh3d = layout.cell_engine == "mesh3d"
+    method = MethodConfig(
+        engine=layout.cell_engine,
+        zero_stage=0 if mesh3d else DATA_PARALLEL_ZERO_STAGE,
+        precision="bf16" if gpu.peak_tflops_bf16 or not gpu.peak_tflops_fp16 else "fp16",
+        micro_batch_size=b,
+        activation_checkpointing=layout.activation_checkpointing,
+        tp=layout.tensor,
+        pp=p,
+        pp_microbatches=(layout.schedule_micro_batches or max(m, 1)) if p > 1 else MethodConfig.pp_microbatches,
+        pp_schedule=layout.pp_schedule,
+        pp_chunks=layout.pp_chunks,
+        tp_loss_parallel=layout.loss_parallel,
+        tp_sequence_parallel=layout.sequence_parallel,
     )
-    if layout.pipeline == 1:
-        return sizes[0] * per_layer + working + logits
-    p = layout.pipeline
-    held = max(n * per_layer * min(p - i, num_micro_batches) for i, n in enumerate(sizes[:-1]))
-    last = sizes[-1] * per_layer + logits
-    return max(held, last) + working
+    per_node = network.gpus_per_node
+    cluster = ClusterConfig(
+        gpus_per_node=per_node, inter_node_gbits_s=network.inter_node_gbytes_s_per_gpu * 8 * per_node
+    )
+    return Config(
+        model=with_batch(model, global_batch_size),
+        gpu=gpu,
+        method=method,
+        cluster=cluster,
+        num_gpus=layout.num_gpus,
+        num_nodes=max(1, math.ceil(layout.num_gpus / per_node)),
+    )
 
 
-def tensor_share(tensor: int, sequence_parallel: bool) -> float:
-    """A tensor rank's share of one layer's activations: all of them split with sequence parallelism; without it
-    the norms' and the residual's stay whole (:func:`orchestrator.engines.mesh3d.memory.tensor_activation_share`)."""
-    return 1.0 / tensor if sequence_parallel else float(tensor_activation_share(tensor))
+def efficiency_calibration(gpu: GpuConfig, efficiency: float) -> Calibration | None:
+    """The predictor's coefficients at ``efficiency`` of the peak (None at the uncalibrated default)."""
+    if efficiency == DEFAULT_EFFICIENCY:
+        return None
+    gcal = GpuCalibration(efficiency=efficiency, overhead_s_per_micro_step=DEFAULT_OVERHEAD_S_PER_MICRO_STEP)
+    return Calibration({gpu.name: gcal})
 
 
-def _ring_allreduce_s(num_bytes: float, group: int, gbytes_s: float, latency_s: float) -> float:
-    if group <= 1:
-        return 0.0
-    return 2.0 * (group - 1) / group * num_bytes / (gbytes_s * 1e9 * LINK_EFFICIENCY) + latency_s
+def estimate_layouts(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    layouts: Sequence[Layout],
+    global_batch_size: int,
+    network: Network,
+    efficiency: float = DEFAULT_EFFICIENCY,
+) -> list[LayoutEstimate]:
+    """:func:`estimate_layout` of every layout, in one call of the predictor."""
+    peak = gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16
+    if not peak:
+        raise ValueError(f"GPU {gpu.name!r} has no bf16 or fp16 peak in conf/gpu; nothing to estimate from")
+    for layout in layouts:
+        if global_batch_size % (layout.data * layout.micro_batch_size):
+            raise ValueError(
+                f"{layout.describe()}: {global_batch_size} sequences do not split into {layout.data} x micro-batch "
+                f"{layout.micro_batch_size}"
+            )
+    if not layouts:
+        return []
+    rows = _rows(model, gpu, layouts, global_batch_size, network)
+    p = prediction_detail(pd.DataFrame(rows), efficiency_calibration(gpu, efficiency))
+    tokens = global_batch_size * model.seq_length
+    model_flops = tokens * flops_per_token(model)
+    out = []
+    for i, layout in enumerate(layouts):
+        step = float(p["step_time_s"][i])
+        comp, comm, offl = (float(p[k][i]) for k in ("compute_s", "communication_s", "offload_s"))
+        m = global_batch_size // (layout.data * layout.micro_batch_size)
+        k = (layout.schedule_micro_batches or m) if layout.pipeline > 1 else 1
+        n = layout.num_gpus
+        out.append(
+            LayoutEstimate(
+                layout=layout, global_batch_size=global_batch_size, num_micro_batches=m,
+                params_gib=float(p["params_gib"][i]), grads_gib=float(p["grads_gib"][i]),
+                optimizer_gib=float(p["optimizer_gib"][i] + p["buffers_gib"][i]),
+                activations_gib=float(p["activations_gib"][i]), memory_gib=float(p["peak_memory_gib"][i]),
+                usable_memory_gib=float(p["usable_memory_gib"][i]), build_memory_gib=float(p["build_peak_gib"][i]),
+                fits=bool(p["fits"][i]), bubble_fraction=float(bubble(layout.pipeline, k, layout.pp_schedule, layout.pp_chunks)),
+                compute_s=comp, communication_s=comm + offl, overhead_s=step - comp - comm - offl,
+                step_time_s=step, tokens_per_s_per_gpu=tokens / step / n,
+                model_tflops_per_gpu=model_flops / step / n / 1e12, mfu=model_flops / step / n / 1e12 / peak,
+                cell=rows[i],
+            )
+        )  # fmt: skip
+    return out
 
 
 def estimate_layout(
@@ -193,126 +230,61 @@ def estimate_layout(
     network: Network,
     efficiency: float = DEFAULT_EFFICIENCY,
 ) -> LayoutEstimate:
-    """Memory per GPU and 1F1B step time of ``layout`` at ``global_batch_size`` sequences (see the module doc).
+    """Memory per GPU and step time of ``layout`` at ``global_batch_size`` sequences: the predictor's for the cell
+    that runs it (:func:`layout_cell`).
 
-    Raises ValueError for a layout that cannot run this batch (the data-parallel size must divide it, the
-    micro-batch the per-replica batch) or a GPU without a bf16/fp16 peak.
+    Raises ValueError for a layout that cannot run this batch (the data-parallel size times the micro-batch must
+    divide it) or a GPU without a bf16/fp16 peak.
     """
-    d, t, p, b = layout.data, layout.tensor, layout.pipeline, layout.micro_batch_size
-    if global_batch_size % (d * b):
-        raise ValueError(f"{layout.describe()}: {global_batch_size} sequences do not split into {d} x micro-batch {b}")
-    peak = gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16
-    if not peak:
-        raise ValueError(f"GPU {gpu.name!r} has no bf16 or fp16 peak in conf/gpu; nothing to estimate from")
-    m = global_batch_size // (d * b)
-    k = layout.schedule_micro_batches if p > 1 and layout.schedule_micro_batches else m  # per schedule
-    if m % k:
-        raise ValueError(f"{layout.describe()}: {m} micro-batches a step do not make schedules of {k}")
-    schedules, v = m // k, layout.stages_per_rank
-    if layout.engine == "mesh3d":
-        split = layout.loss_parallel or layout.sequence_parallel  # the vocabulary matrices over the tensor ranks
-        states = mesh3d_memory_terms(
-            num_parameters(model), model.vocab_size * model.hidden_size,
-            language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model), model.num_layers, layout.num_gpus, t, p,
-            "bf16", split,
-        )  # fmt: skip
-        params, grads = float(states["params"]), float(states["grads"])
-        optimizer = float(states["optimizer"] + states["buffers"])  # gathered copies counted with the optimizer's
-        psi_gpu = float(
-            rank_parameters(num_parameters(model), model.vocab_size * model.hidden_size, t, p, model.num_layers, split)
-        )
-        largest = language_family(model, "the tensor/pipeline-parallel layouts").largest_weight_elements(model)
-        vocab = model.vocab_size * model.hidden_size
-        build = float(
-            mesh3d_build_bytes(num_parameters(model), vocab, largest, model.num_layers, layout.num_gpus, t, p, split)
-        )
-    else:
-        build = 0.0
-        psi_gpu = stage_parameters(model, p) / t
-        params, grads, optimizer = model_state_bytes(psi_gpu, 1, d)
-    activations = activation_bytes_per_gpu(model, layout, k)
-    memory = (params + grads + optimizer + activations) / GIB
+    return estimate_layouts(model, gpu, [layout], global_batch_size, network, efficiency)[0]
 
-    s, h = model.seq_length, model.hidden_size
-    stage_layers = max(stage_sizes(model.num_layers, p, end_weight(model)))
-    hw_flops = flops_per_token(model, recompute=layout.activation_checkpointing)
-    pace = pipeline_imbalance(model.num_layers, p, end_weight(model))  # the slowest stage's over the mean one's
-    compute_micro = b * s * hw_flops / (p * t) / (efficiency * peak * 1e12)
-    stage_micro = compute_micro * pace
-    passes = 6 if layout.activation_checkpointing else 4
-    tensor_micro = (
-        stage_layers * passes * _ring_allreduce_s(2.0 * s * b * h, t, network.intra_node_gbytes_s, INTRA_NODE_LATENCY_S)
-    )
-    if p > 1:
-        crosses_nodes = t * p > network.gpus_per_node
-        link = network.inter_node_gbytes_s_per_gpu if crosses_nodes else network.intra_node_gbytes_s
-        latency = INTER_NODE_LATENCY_S if crosses_nodes else INTRA_NODE_LATENCY_S
-        # Each of a rank's v stages sends a micro-batch's activations on and their gradients back.
-        pipeline_micro = v * 2.0 * (2.0 * s * b * h / t / (link * 1e9 * LINK_EFFICIENCY) + latency)
-    else:
-        pipeline_micro = 0.0
-    in_node = layout.num_gpus <= network.gpus_per_node
-    data_link = network.intra_node_gbytes_s if in_node else network.inter_node_gbytes_s_per_gpu
-    data_latency = INTRA_NODE_LATENCY_S if in_node else INTER_NODE_LATENCY_S
-    if layout.engine == "mesh3d":
-        # FSDP2: the bf16 stage gathered once a schedule (twice a micro-batch without a pipeline, as it reshards),
-        # the fp32 gradients reduce-scattered once: each half a ring all-reduce. Gathers are prefetched behind
-        # the layers' compute; what the step's compute does not hide is exposed.
-        gathers, reductions = (float(schedules), float(schedules)) if p > 1 else (2.0 * m, 1.0)
-        moved = (gathers * 2.0 + reductions * 4.0) * psi_gpu * (d - 1) / d  # all-gather, reduce-scatter: (d − 1)/d
-        data_s = moved / (data_link * 1e9 * LINK_EFFICIENCY) + (data_latency if d > 1 else 0.0)
-        exposed_data_s = max(0.0, data_s - m * compute_micro)
-    else:
-        data_s = _ring_allreduce_s(2.0 * psi_gpu, d, data_link, data_latency)
-        # The gradient reduction starts as the last micro-batch's backward pass produces gradients (DeepSpeed's
-        # overlap_comm, Megatron's overlap_grad_reduce): that backward, two thirds of its compute, hides part of it.
-        exposed_data_s = max(0.0, data_s - compute_micro * 2.0 / 3.0)
-    # Each schedule: k micro-batch slots and the bubble's (p − 1)/v (Narayanan et al. 2021, interleaved: §2.2.2),
-    # less with a zero-bubble schedule (Qi et al. 2023).
-    idle = (p - 1) / v * layout.bubble_share
-    slots = schedules * (k + idle)
-    step = slots * (stage_micro + tensor_micro + pipeline_micro) + exposed_data_s
-    tokens = global_batch_size * s
-    model_tflops = tokens * flops_per_token(model) / step / layout.num_gpus / 1e12
-    return LayoutEstimate(
-        layout=layout,
-        global_batch_size=global_batch_size,
-        num_micro_batches=m,
-        params_gib=params / GIB,
-        grads_gib=grads / GIB,
-        optimizer_gib=optimizer / GIB,
-        activations_gib=activations / GIB,
-        memory_gib=memory,
-        usable_memory_gib=gpu.memory_gib * (1.0 - MEMORY_MARGIN),
-        build_memory_gib=build / GIB,
-        bubble_fraction=idle / (k + idle),
-        compute_s=m * compute_micro,
-        tensor_comm_s=slots * tensor_micro,
-        pipeline_comm_s=slots * pipeline_micro,
-        data_comm_s=data_s,
-        exposed_data_comm_s=exposed_data_s,
-        step_time_s=step,
-        tokens_per_s_per_gpu=tokens / step / layout.num_gpus,
-        model_tflops_per_gpu=model_tflops,
-        mfu=model_tflops / peak,
-    )
+
+def _rows(
+    model: ModelConfig, gpu: GpuConfig, layouts: Sequence[Layout], global_batch_size: int, network: Network
+) -> list[Row]:
+    """Each layout's cell as a row, the model's and GPU's columns built once and the layout's set on a copy."""
+    base: dict[tuple[str, int, int], Row] = {}
+    out = []
+    for layout in layouts:
+        cfg = layout_cell(model, gpu, layout, global_batch_size, network)
+        key = (layout.cell_engine, min(layout.tensor, 2), min(layout.pipeline, 2))
+        if key not in base:
+            base[key] = cell_row(cfg)
+        row = dict(base[key])
+        row.update(_varying(cfg))
+        out.append(row)
+    return out
+
+
+_VARYING = ("micro_batch_size", "activation_checkpointing", "tp", "pp", "pp_microbatches", "pp_schedule",
+            "pp_chunks", "tp_loss_parallel", "tp_sequence_parallel")  # fmt: skip
+
+
+def _varying(cfg: Config) -> Row:
+    """The columns that differ between the layouts of one model and GPU."""
+    m = cfg.method
+    out: Row = {"num_gpus": cfg.num_gpus, "num_nodes": cfg.num_nodes, "micro_batch_size_setting": m.micro_batch_size}
+    for key in _VARYING[1:]:
+        out[method_column(key)] = getattr(m, key)
+    return out
 
 
 def candidate_layouts(
-    model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int, engine: str = "megatron"
+    model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int, engine: str = "auto"
 ) -> list[Layout]:
     """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads
-    (and the key/value heads), pipeline stages of at least one layer each (they need not divide the layers), at
-    least one sequence per data-parallel replica; under ``mesh3d`` only the tensor splits its families have (``TP_PLANS``)."""
+    (and the key/value heads) on a family mesh3d splits by tensor (``TP_PLANS``), pipeline stages of at least one
+    layer each on a family it builds (``SPLIT_FAMILIES``), at least one sequence per data-parallel replica."""
     out: list[Layout] = []
     kv_heads = model.num_kv_heads or model.num_heads
+    splits = model.family in SPLIT_FAMILIES
     for t in (1, 2, 4, 8, 16):
         if t > gpus_per_node or model.num_heads % t or kv_heads % t or num_gpus % t:
             continue
-        if t > 1 and engine == "mesh3d" and model.family not in TP_PLANS:
+        if t > 1 and model.family not in TP_PLANS:
             continue
         for p in range(1, model.num_layers + 1):
-            if num_gpus % (t * p):
+            if num_gpus % (t * p) or (p > 1 and not splits):
                 continue
             d = num_gpus // (t * p)
             if global_batch_size % d:
@@ -325,6 +297,31 @@ def candidate_layouts(
     return out
 
 
+def best_by_count(
+    model: ModelConfig,
+    gpu: GpuConfig,
+    counts: Iterable[int],
+    global_batch_size: int,
+    network: Network,
+    efficiency: float = DEFAULT_EFFICIENCY,
+    data_parallel_only: bool = False,
+    engine: str = "auto",
+) -> dict[int, list[LayoutEstimate]]:
+    """Every fitting layout of each GPU count, the fastest first (ties to less model parallelism); one call of the
+    predictor for all of them."""
+    layouts = [
+        lay
+        for n in counts
+        for lay in candidate_layouts(model, n, global_batch_size, network.gpus_per_node, engine)
+        if not (data_parallel_only and (lay.tensor > 1 or lay.pipeline > 1))
+    ]
+    found: dict[int, list[LayoutEstimate]] = {n: [] for n in counts}
+    for est in estimate_layouts(model, gpu, layouts, global_batch_size, network, efficiency):
+        if est.fits and np.isfinite(est.step_time_s):
+            found[est.layout.num_gpus].append(est)
+    return {n: sorted(f, key=lambda e: (e.step_time_s, e.layout.tensor * e.layout.pipeline)) for n, f in found.items()}
+
+
 def ranked_layouts(
     model: ModelConfig,
     gpu: GpuConfig,
@@ -333,18 +330,12 @@ def ranked_layouts(
     network: Network,
     efficiency: float = DEFAULT_EFFICIENCY,
     data_parallel_only: bool = False,
-    engine: str = "megatron",
+    engine: str = "auto",
 ) -> list[LayoutEstimate]:
     """Every layout of ``num_gpus`` that fits in memory, the fastest first; ties go to the layout with less model
     parallelism. ``data_parallel_only`` keeps t = p = 1; ``engine`` is :attr:`Layout.engine`."""
-    found = []
-    for layout in candidate_layouts(model, num_gpus, global_batch_size, network.gpus_per_node, engine):
-        if data_parallel_only and (layout.tensor > 1 or layout.pipeline > 1):
-            continue
-        est = estimate_layout(model, gpu, layout, global_batch_size, network, efficiency)
-        if est.fits:
-            found.append(est)
-    return sorted(found, key=lambda e: (e.step_time_s, e.layout.tensor * e.layout.pipeline))
+    args = (global_batch_size, network, efficiency, data_parallel_only, engine)
+    return best_by_count(model, gpu, [num_gpus], *args)[num_gpus]
 
 
 def best_layout(
@@ -355,12 +346,21 @@ def best_layout(
     network: Network,
     efficiency: float = DEFAULT_EFFICIENCY,
     data_parallel_only: bool = False,
-    engine: str = "megatron",
+    engine: str = "auto",
 ) -> LayoutEstimate | None:
     """The fastest layout of ``num_gpus`` that fits in memory (:func:`ranked_layouts`' first); None when none fits
     or none can run the batch."""
     ranked = ranked_layouts(model, gpu, num_gpus, global_batch_size, network, efficiency, data_parallel_only, engine)
     return ranked[0] if ranked else None
+
+
+def powers_of_two(start: int, limit: int) -> list[int]:
+    """``start``, 2·``start``, ... up to ``limit``."""
+    out, n = [], max(start, 1)
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
 
 
 def min_gpus_to_fit(
@@ -372,10 +372,13 @@ def min_gpus_to_fit(
 ) -> int | None:
     """The fewest GPUs (a power of two) on which some layout fits; None up to ``max_gpus``."""
     n = 1
-    while n <= max_gpus:
-        if best_layout(model, gpu, n, global_batch_size, network) is not None:
-            return n
-        n *= 2
+    while n <= max_gpus:  # a handful of counts at a time: most models fit on few GPUs
+        counts = powers_of_two(n, min(max_gpus, n * 16))
+        found = best_by_count(model, gpu, counts, global_batch_size, network)
+        fitting = [c for c in counts if found[c]]
+        if fitting:
+            return fitting[0]
+        n = counts[-1] * 2
     return None
 
 

@@ -34,8 +34,8 @@ PREDICTOR = (
     "step-time model (analysis/predict/predictor.py: the engine's memory and step-time terms of the cell, calibrated per GPU "
     "type on records where there are any)"
 )
-"""What ``plan``, ``sweep`` and ``report`` predict with, named beside their figures (``budget`` and ``shortest``
-use :data:`analysis.predict.parallelism.PREDICTOR`, whose GPU-hours differ)."""
+"""What ``plan``, ``sweep`` and ``report`` predict with, named beside their figures (``budget``, ``shortest`` and
+the offered layouts predict each layout as its cell, with this model: :mod:`analysis.predict.parallelism`)."""
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",

@@ -1,6 +1,7 @@
-"""The layout model checked against measurement: for every measured mesh3d cell, what
-:func:`analysis.predict.parallelism.estimate_layout` predicts (memory per GPU, the bubble, the compute and each
-communication term, the step) beside what the probe measured (peak memory, the bubble of the first stage, the
+"""The layouts' predictions checked against measurement: for every measured mesh3d cell, what
+:func:`analysis.predict.parallelism.estimate_layout` predicts for its layout (the predictor's figures for the cell:
+memory per GPU, the bubble, the compute, the communication and the micro-steps' fixed cost, the step) beside what
+the probe measured (peak memory, the bubble of the first stage, the
 step time).
 
 Calibrated as the predictor's engines are, by measured records, on the cells without model parallelism
@@ -24,7 +25,7 @@ from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
 from analysis.predict.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Row
-from orchestrator.engines.mesh3d.pipeline import ZERO_BUBBLE_SHARE, stages_per_rank
+from orchestrator.engines.mesh3d.pipeline import stages_per_rank
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_record
 from orchestrator.store.states import RecordStatus
@@ -32,7 +33,7 @@ from orchestrator.store.states import RecordStatus
 
 @dataclass(frozen=True)
 class LayoutCheck:
-    """One measured mesh3d cell against the layout model's prediction for it."""
+    """One measured mesh3d cell against its layout's prediction."""
 
     cell_id: str
     model: str
@@ -49,7 +50,7 @@ class LayoutCheck:
 
 
 def cell_layout(cfg: Config, micro_batch_size: int) -> Layout:
-    """The layout model's :class:`Layout` for a mesh3d cell run at ``micro_batch_size``."""
+    """The :class:`Layout` for a mesh3d cell run at ``micro_batch_size``."""
     m = cfg.method
     tp, pp = int(m.tp), int(m.pp)
     return Layout(
@@ -60,7 +61,7 @@ def cell_layout(cfg: Config, micro_batch_size: int) -> Layout:
         activation_checkpointing=bool(m.activation_checkpointing),
         schedule_micro_batches=int(m.pp_microbatches) if pp > 1 else 0,
         stages_per_rank=stages_per_rank(m.pp_schedule, m.pp_chunks) if pp > 1 else 1,
-        bubble_share=ZERO_BUBBLE_SHARE.get(m.pp_schedule, 1.0),
+        schedule=m.pp_schedule,
         engine="mesh3d",
     )
 
@@ -107,7 +108,7 @@ def _network(cfg: Config) -> Network:
 
 
 def check(records: Sequence[Record]) -> list[LayoutCheck]:
-    """Every measured mesh3d cell of ``records`` against the layout model (calibrated on them, see above)."""
+    """Every measured mesh3d cell of ``records`` against its layout's prediction (calibrated on them, see above)."""
     rate = achieved_tflops(records)
     return _checks(records, rate, memory_offset_gib(records, rate))
 
@@ -157,9 +158,8 @@ def check_rows(checks: Sequence[LayoutCheck]) -> list[Row]:
             "bubble": c.measured_bubble,
             "pred_bubble": c.predicted_bubble,
             "pred_compute_s": c.estimate.compute_s,
-            "pred_tp_s": c.estimate.tensor_comm_s,
-            "pred_pp_s": c.estimate.pipeline_comm_s,
-            "pred_dp_s": c.estimate.exposed_data_comm_s,
+            "pred_comm_s": c.estimate.communication_s,
+            "pred_overhead_s": c.estimate.overhead_s,
         }
         for c in checks
     ]
@@ -186,7 +186,7 @@ def check_sweeps(sweep_dirs: Sequence[Path], cell_ids: Collection[str] | None = 
 
 
 def layout_efficiency(records: Sequence[Record]) -> dict[str, tuple[float, str]]:
-    """The layout model's calibrated efficiency by GPU type, where mesh3d cells were measured on it: the achieved
+    """The layouts' calibrated efficiency by GPU type, where mesh3d cells were measured on it: the achieved
     hardware TFLOP/s per GPU of its cells without model parallelism (:func:`achieved_tflops`) over the GPU's dense
     bf16 (else fp16) peak, with the cells the layouts were checked on named. What ``budget`` and ``shortest``
     ``--from`` give :func:`analysis.predict.parallelism.best_layout`, so their layouts run at the rate measured with the

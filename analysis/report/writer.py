@@ -263,7 +263,7 @@ def write_report(
         # Only the mesh3d cells' records are read again (a large sweep of other engines has none to check).
         meshed = set(cells.loc[cells["engine"] == "mesh3d", "cell_id"]) if "engine" in cells else set()
         layouts = layout_check.check_rows(layout_check.check_sweeps(sweep_dirs, meshed)) if meshed else []
-        if layouts:  # mesh3d cells measured: the layout model's prediction of each beside the measurement
+        if layouts:  # mesh3d cells measured: each layout's prediction beside the measurement
             tables_written.append(_write_csv(pd.DataFrame(layouts), new / "layouts.csv"))
         plot_files: list[Path] = []
         if plots:
@@ -363,9 +363,11 @@ def render_markdown(report: Report, sweep_dirs: Sequence[Path], plot_files: Sequ
     out.append("")
     out.append("## Fastest setting per model, GPU type and GPU count (`best.csv`)")
     out.append("")
-    out.append("`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval). "
-               "Days, GPU-hours and costs are the training steps' (steady state); `wall_clock_days` is the whole "
-               "run's at `goodput` (restarts, evaluations and checkpoints included).")
+    out.append(
+        "`answer`: measured (the interval is the probe's 95% one) or predicted (the prediction's 90% interval). "
+        "Days, GPU-hours and costs are the training steps' (steady state); `wall_clock_days` is the whole "
+        "run's at `goodput` (restarts, evaluations and checkpoints included)."
+    )
     out.append("")
     best_columns = ["model", "gpu", "num_gpus", "settings", "answer", "time_to_train_days", "time_to_train_days_low",
                     "time_to_train_days_high", "gpu_hours", "cost_usd_cloud", "cost_usd_amortised", "energy_kwh",

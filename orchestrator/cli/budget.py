@@ -32,6 +32,8 @@ T = TypeVar("T", bound="DataclassInstance")
 
 SMALLEST_DEFAULT_MODEL = 10_000_000
 """Models under this many parameters (the CPU demo model) are left out unless named."""
+
+
 def _typed(cls: type[T], data: Container, where: str) -> T:
     names = {f.name for f in fields(cls)}
     unknown = sorted(k for k in data if k not in names)
@@ -147,8 +149,8 @@ def from_records(sweep_dirs: list[str]) -> FromRecords:
         median = float(values.median())
         if 0.0 < median <= 1.0:
             out.efficiency[str(gpu)] = (median, f"median of {len(values)} record(s)")
-    # Where the sweeps measured 3D layouts on a GPU type, the layout model calibrated on them decides instead:
-    # the planners cost their layouts with it (analysis/report/layout_check.py).
+    # Where the sweeps measured 3D layouts on a GPU type, their achieved rate decides instead: the planners cost
+    # their layouts at it (analysis/report/layout_check.py).
     out.efficiency.update(layout_efficiency(sweep_records([Path(d) for d in sweep_dirs])))
     return out
 
@@ -228,10 +230,7 @@ def _predictor_note(gpus: list[GpuConfig]) -> str:
     from analysis.predict.parallelism import PREDICTOR
     from orchestrator.config.prices import cloud_prices, price_note
 
-    return (
-        f"predicted rows: the {PREDICTOR}; `gpudays plan` predicts a cell with the step-time model "
-        "(analysis/predict/predictor.py, calibrated on records), so the two give different GPU-hours for the same GPUs\n"
-    ) + price_note(cloud_prices(gpus))
+    return f"predicted rows: the {PREDICTOR}\n" + price_note(cloud_prices(gpus))
 
 
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:

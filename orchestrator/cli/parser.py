@@ -171,7 +171,7 @@ def _common(p: argparse.ArgumentParser) -> None:
         action="append",
         metavar="SWEEP_DIR",
         help="this sweep's records: measured throughput where it measured the model on the GPU (budget), and "
-        "the efficiency of each GPU type, the mesh3d layout model's calibration where it measured 3D layouts",
+        "the efficiency of each GPU type, the achieved rate of its mesh3d cells where it measured 3D layouts",
     )
     p.add_argument("--out", help="folder for the CSV files (default: print only)")
     p.add_argument("--width", type=int, help="fit the table to this many columns (default: the terminal's; piped: "

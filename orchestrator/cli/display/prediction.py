@@ -80,8 +80,7 @@ def layout_offers(p: Plan) -> RenderableType | None:
     return Group(
         Text(
             "offered: 3D layouts (method.engine=mesh3d) where data parallelism alone does not fit, cannot run or "
-            "is slower "
-            "(analysis/predict/parallelism.py's layout model, uncalibrated):"
+            "is slower, each predicted as the mesh3d cell its sweep line runs (uncalibrated):"
         ),
         rows_table(offer_rows(found), numeric=numeric, keep=OFFER_KEEP),
         *(Text(f"  {o.model} x{o.num_gpus} {o.layout}: {o.sweep}") for o in found),

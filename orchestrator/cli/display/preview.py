@@ -27,7 +27,7 @@ def show_plan(plan: Plan, predictions: bool) -> None:
 
         console.out(
             f"predicted by the {PREDICTOR}, with 90% intervals (wide where 'uncalibrated': no record of that GPU "
-            "type yet); `gpudays budget` and `shortest` use the layout model, so their GPU-hours differ:"
+            "type yet):"
         )
         console.table_out(console.plan_table(plan))
         # What a family's predictions leave out, once for the plan (a family module's PLAN_CAVEAT, where it has one).

@@ -189,16 +189,15 @@ def test_the_cheapest_configuration_needs_the_fewest_gpu_hours() -> None:
             assert cheapest["gpu_hours"] <= other["gpu_hours"] * (1 + 1e-9)
 
 
-def test_budget_shortest_and_plan_each_name_the_model_behind_their_gpu_hours(capsys, tmp_path: Path) -> None:
-    # pythia-1b on A100: 3,471 GPU-hours in `plan`, 3,218 at 256 GPUs in `shortest`, with no word of two models.
+def test_budget_shortest_and_plan_each_name_the_one_model_behind_their_gpu_hours(capsys, tmp_path: Path) -> None:
     from orchestrator.cli import main as cli
 
     argv = ["shortest", "--model", "pythia-1b", "--gpu", "a100-80gb", "--out", str(tmp_path), "--width", "400"]
     assert main(argv) == 0
-    assert "the layout model (analysis/predict/parallelism.py" in capsys.readouterr().out
+    assert "step-time model (analysis/predict/predictor.py" in capsys.readouterr().out
     assert set(pd.read_csv(tmp_path / "shortest.csv")["predictor"]) == {PREDICTOR}
     assert main(["budget", "--gpu-hours", "1e4", "--gpu", "a100-80gb", "--model", "pythia-1b", "--width", "400"]) == 0
     assert "step-time model (analysis/predict/predictor.py" in capsys.readouterr().out
     assert cli.main(["plan", "model=pythia-1b", "gpu=a100-80gb"]) == 0
     out = capsys.readouterr().out
-    assert "predicted by the step-time model (analysis/predict/predictor.py" in out and "use the layout model" in out
+    assert "predicted by the step-time model (analysis/predict/predictor.py" in out and "layout model" not in out

@@ -1,4 +1,4 @@
-"""Analytic data x tensor x pipeline layouts against figures worked out by hand."""
+"""Data x tensor x pipeline layouts: each predicted as the cell that runs it."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from analysis.predict.parallelism import (
     best_layout,
     candidate_layouts,
     estimate_layout,
+    layout_cell,
     min_gpus_to_fit,
-    stage_parameters,
 )
+from analysis.predict.predictor import predict_cell
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import ClusterConfig, GpuConfig, ModelConfig
-from orchestrator.engines.memory import GIB
 from orchestrator.models import num_parameters
 
 A100 = GpuConfig(
@@ -37,54 +37,55 @@ def test_small_model_has_the_hand_counted_parameters() -> None:
     assert num_parameters(SMALL) == 52_484_096
 
 
-def test_stage_holds_its_layers_and_one_embedding() -> None:
-    # (N - 2Vh)/L = (52,484,096 - 2,097,152)/4 = 12,596,736 a layer; two layers and one 1024x1024 embedding.
-    assert stage_parameters(SMALL, 2) == 2 * 12_596_736 + 1_048_576
-    assert stage_parameters(SMALL, 1) == 52_484_096
-
-
-def test_memory_per_gpu_of_a_tensor_and_pipeline_layout_by_hand() -> None:
-    # d=2, t=2, p=2, micro-batch 1, global batch 8 -> m = 8/(2*1) = 4 micro-batches per pipeline.
-    est = estimate_layout(SMALL, A100, Layout(2, 2, 2, 1, False), 8, NET)
-    # Per GPU: (2 layers + embedding)/t = 26,242,048/2 = 13,121,024 parameters.
-    # 2 bytes parameters, 2 bytes gradients, 12 bytes optimizer split over d=2 (ZeRO-1).
-    assert est.params_gib * GIB == pytest.approx(26_242_048)
-    assert est.grads_gib * GIB == pytest.approx(26_242_048)
-    assert est.optimizer_gib * GIB == pytest.approx(78_726_144)
-    # Activations with sequence parallel: a GPT-NeoX layer keeps 36h + 6a bytes a token with SDPA (measured on the
-    # real module, orchestrator/models/gpt_neox.py) = 36*1024 + 6*8 = 36,912; x s*b = 1024 tokens / t=2 =
-    # 18,898,944 a layer. First stage, min(p, m) = 2 micro-batches in flight x 2 layers = 75,595,776; the last
-    # stage holds one micro-batch (37,797,888) plus logits 1024*1024*12/2 = 6,291,456 -> 44,089,344. The larger counts.
-    assert est.activations_gib * GIB == pytest.approx(75_595_776)
-    assert est.memory_gib * GIB == pytest.approx(26_242_048 * 2 + 78_726_144 + 75_595_776)
+def test_a_layout_is_predicted_as_the_cell_that_runs_it() -> None:
+    # d=2, t=2, p=2, micro-batch 1, global batch 8 -> m = 8/(2*1) = 4 micro-batches per pipeline: a mesh3d cell
+    # running them in one schedule, predicted as `gpudays plan` predicts that cell.
+    layout = Layout(2, 2, 2, 1, False)
+    est = estimate_layout(SMALL, A100, layout, 8, NET)
+    cell = layout_cell(SMALL, A100, layout, 8, NET)
+    assert (cell.method.engine, cell.method.tp, cell.method.pp, cell.method.pp_microbatches) == ("mesh3d", 2, 2, 4)
+    assert (cell.num_gpus, cell.num_nodes, cell.method.micro_batch_size) == (8, 1, 1)
+    pred = predict_cell(cell)
+    assert est.memory_gib == pytest.approx(pred.peak_memory_gib)
+    assert est.step_time_s == pytest.approx(pred.step_time_s)
+    assert est.compute_s + est.communication_s + est.overhead_s == pytest.approx(est.step_time_s)
     assert est.num_micro_batches == 4
     # 1F1B bubble (p-1)/(m+p-1) = 1/5.
     assert est.bubble_fraction == pytest.approx(0.2)
 
 
-def test_checkpointing_keeps_only_layer_inputs() -> None:
-    # p=1, t=1, b=1: 4 layers x 2*s*b*h + one layer rerun (36h + 6a)*s*b + logits 12*s*b*V, all by hand.
-    est = estimate_layout(SMALL, A100, Layout(1, 1, 1, 1, True), 1, NET)
-    s_b_h = 1024 * 1024
-    rerun = (36 * 1024 + 6 * 8) * 1024
-    assert est.activations_gib * GIB == pytest.approx(4 * 2 * s_b_h + rerun + 12 * 1024 * 1024)
+def test_data_parallel_layout_is_a_zero1_cell() -> None:
+    layout = Layout(16, 1, 1, 2, True)
+    cell = layout_cell(SMALL, A100, layout, 64, NET)
+    assert (cell.method.engine, cell.method.zero_stage, cell.method.activation_checkpointing) == ("deepspeed", 1, True)
+    assert (cell.num_gpus, cell.num_nodes) == (16, 2)
+    # The network between the nodes is NET's: 25 GB/s a GPU, as the cluster config's Gb/s a node.
+    assert cell.cluster.inter_node_gbits_s == pytest.approx(25.0 * 8 * 8)
+    assert estimate_layout(SMALL, A100, layout, 64, NET).step_time_s == pytest.approx(predict_cell(cell).step_time_s)
+    assert layout_cell(SMALL, A100, Layout(1, 1, 1, engine="mesh3d"), 8, NET).method.engine == "mesh3d"
 
 
-def test_bubble_and_communication_vanish_without_their_kind_of_parallelism() -> None:
+def test_bubble_and_communication_follow_the_parallelism() -> None:
     est = estimate_layout(SMALL, A100, Layout(1, 1, 4, 1, False), 12, NET)
     assert est.bubble_fraction == pytest.approx(3 / 15)
-    assert est.tensor_comm_s == 0.0 and est.data_comm_s == 0.0 and est.pipeline_comm_s > 0.0
+    one = estimate_layout(SMALL, A100, Layout(1, 1, 1, 1, False), 12, NET)
+    assert one.bubble_fraction == 0.0 and one.communication_s == 0.0
     dp = estimate_layout(SMALL, A100, Layout(4, 1, 1, 1, False), 12, NET)
-    assert dp.bubble_fraction == 0.0 and dp.tensor_comm_s == 0.0 and dp.data_comm_s > 0.0
-    tp = estimate_layout(SMALL, A100, Layout(1, 4, 1, 1, False), 12, NET)
-    assert tp.tensor_comm_s > 0.0 and tp.data_comm_s == 0.0
+    assert dp.bubble_fraction == 0.0 and dp.communication_s > 0.0
+
+
+def test_a_higher_efficiency_shortens_the_compute() -> None:
+    layout = Layout(4, 1, 1, 1, False)
+    slow = estimate_layout(SMALL, A100, layout, 12, NET)
+    fast = estimate_layout(SMALL, A100, layout, 12, NET, efficiency=2 * DEFAULT_EFFICIENCY)
+    assert fast.compute_s == pytest.approx(slow.compute_s / 2)
+    assert fast.communication_s == pytest.approx(slow.communication_s)
 
 
 def test_tensor_parallelism_over_pcie_costs_more_than_over_nvlink() -> None:
     nvlink = estimate_layout(GPT3, A100, Layout(1, 8, 12, 1, False), 96, network_for(A100))
     pcie = estimate_layout(GPT3, H100_PCIE_ONLY, Layout(1, 8, 12, 1, False), 96, network_for(H100_PCIE_ONLY))
-    # 600 GB/s NVLink against 128 GB/s PCIe (both directions): about 4.7x the time for the same bytes.
-    assert pcie.tensor_comm_s > 4 * nvlink.tensor_comm_s
+    assert pcie.communication_s > 4 * nvlink.communication_s
 
 
 def test_network_from_datasheet_and_cluster_figures() -> None:
@@ -118,4 +119,4 @@ def test_175b_needs_model_parallelism_and_fits_on_enough_a100s() -> None:
     est = best_layout(GPT3, A100, 1024, 1536, NET)
     assert est is not None and est.fits and est.memory_gib <= 72.0
     assert est.layout.tensor * est.layout.pipeline > 1
-    assert 0.2 < est.mfu <= DEFAULT_EFFICIENCY  # the analytic figure stays under the uncalibrated efficiency
+    assert 0.2 < est.mfu <= DEFAULT_EFFICIENCY  # under the uncalibrated efficiency: communication and the bubble

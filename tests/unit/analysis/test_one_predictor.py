@@ -1,0 +1,85 @@
+"""`plan`, `budget`, `shortest` and the offered layouts cost the same cell with the same model: the GPU-hours of a
+cell (model, GPU type and count, nodes, layout, micro-batch, network) agree whichever command gives them."""
+
+from __future__ import annotations
+
+import pytest
+
+from analysis.planners.budget import parse_budget, tokens_for_budget
+from analysis.planners.shortest import shortest_training
+from analysis.predict.layouts import near_offers
+from analysis.predict.network import network_for
+from analysis.predict.parallelism import Layout, LayoutEstimate, best_layout, estimate_layout
+from analysis.predict.predictor import plan as predict_plan
+from orchestrator.config.schema import Config
+from orchestrator.planning.plan import plan
+
+LLAMA2_7B = (
+    "model=llama-2-70b", "model.num_layers=32", "model.hidden_size=4096", "model.num_heads=32",
+    "model.num_kv_heads=32", "model.intermediate_size=11008", "model.num_parameters=null", "model.train_steps=1000",
+)  # fmt: skip
+
+
+def planned(*overrides: str) -> Config:
+    p = plan(["cluster=slurm", *overrides], sweep_dir=None)
+    (found,) = p.cells
+    assert found.typed is not None
+    return found.typed
+
+
+def plan_gpu_hours(cfg: Config) -> float:
+    return float(predict_plan([cfg])["predicted_gpu_hours"].iloc[0])
+
+
+def layout_overrides(est: LayoutEstimate) -> list[str]:
+    lay = est.layout
+    out = [
+        f"method.micro_batch_size={lay.micro_batch_size}",
+        f"method.activation_checkpointing={lay.activation_checkpointing}",
+    ]
+    if lay.tensor > 1 or lay.pipeline > 1:
+        out += ["method.engine=mesh3d", f"method.tp={lay.tensor}", f"method.pp={lay.pipeline}"]
+        out += [f"method.pp_microbatches={est.num_micro_batches}"] if lay.pipeline > 1 else []
+    else:
+        out += ["method.zero_stage=1"]
+    return out
+
+
+def test_pythia_1b_data_parallel_on_64_h100_costs_the_same_in_plan_budget_and_shortest() -> None:
+    base = planned("model=pythia-1b", "gpu=h100-80gb", "num_gpus=64", "num_nodes=8", "model.global_batch_size=1024")
+    model, gpu, network = base.model, base.gpu, network_for(base.gpu, base.cluster)
+    steps, tokens = model.train_steps, model.train_steps * 1024 * model.seq_length
+    # shortest: its data-parallel search capped at 64 GPUs ends on all 64 (each doubling still pays)
+    (run,) = [r for r in shortest_training(model, gpu, network, tokens, global_batch_size=1024, max_gpus=64)
+              if r.parallelism == "data" and r.point == "fastest"]  # fmt: skip
+    assert run.estimate is not None and run.num_gpus == 64 and run.train_steps == steps
+    cfg = planned("model=pythia-1b", "gpu=h100-80gb", "num_gpus=64", "num_nodes=8", "model.global_batch_size=1024",
+                  *layout_overrides(run.estimate))  # fmt: skip
+    hours = plan_gpu_hours(cfg)
+    assert run.gpu_hours == pytest.approx(hours, rel=1e-6)
+    # the same 64 GPUs, data parallelism alone, through the layout search budget and shortest share
+    dp = best_layout(model, gpu, 64, 1024, network, data_parallel_only=True)
+    assert dp is not None and dp.step_time_s * steps * 64 / 3600.0 == pytest.approx(hours, rel=1e-6)
+    # budget: 64 GPUs for a day at the fastest layout of 64 (any parallelism); its tokens a second a GPU give the
+    # model's tokens the GPU-hours `plan` gives that layout's cell
+    (row,) = tokens_for_budget(model, gpu, parse_budget(num_gpus=64, days=1), network)
+    best = best_layout(model, gpu, 64, 1024, network)
+    assert best is not None and row["num_gpus"] == 64 and row["layout"] == best.layout.describe()
+    cell = planned("model=pythia-1b", "gpu=h100-80gb", "num_gpus=64", "num_nodes=8", "model.global_batch_size=1024",
+                   *layout_overrides(best))  # fmt: skip
+    assert tokens / float(row["tokens_per_s_per_gpu"]) / 3600.0 == pytest.approx(plan_gpu_hours(cell), rel=1e-6)
+
+
+def test_llama2_7b_tensor_parallel_on_256_a100_costs_the_same_offered_and_planned() -> None:
+    tp2 = planned(*LLAMA2_7B, "gpu=a100-80gb", "num_gpus=256", "num_nodes=32", "method.engine=mesh3d", "method.tp=2",
+                  "method.micro_batch_size=2")  # fmt: skip
+    model, network = tp2.model, network_for(tp2.gpu, tp2.cluster)
+    est = estimate_layout(model, tp2.gpu, Layout(128, 2, 1, 2), model.global_batch_size, network)
+    hours = plan_gpu_hours(tp2)
+    assert est.step_time_s * model.train_steps * 256 / 3600.0 == pytest.approx(hours, rel=1e-6)
+    # the layouts a plan offers beside its cells: each at the GPU-hours `plan` gives its sweep line's cell
+    offered = near_offers(tp2, None)
+    assert offered
+    for offer in offered:
+        cell = planned(*LLAMA2_7B, "gpu=a100-80gb", "num_gpus=256", "num_nodes=32", *offer.overrides)
+        assert offer.gpu_hours == pytest.approx(plan_gpu_hours(cell), rel=1e-6)
