@@ -29,13 +29,15 @@ compute (an upper bound on time); the gradient reduction overlaps the last micro
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 
 from analysis.predict.network import LINK_EFFICIENCY, Network
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.engines.deepspeed.memory import model_state_bytes
 from orchestrator.engines.memory import GIB
-from orchestrator.engines.mesh3d.config import TP_PLANS, end_weight, pipeline_imbalance, stage_sizes
+from orchestrator.engines.mesh3d import config as mesh3d_config
+from orchestrator.engines.mesh3d.config import TP_PLANS, end_weight
 from orchestrator.engines.mesh3d.memory import build_bytes as mesh3d_build_bytes
 from orchestrator.engines.mesh3d.memory import memory_terms as mesh3d_memory_terms
 from orchestrator.engines.mesh3d.memory import rank_parameters, tensor_activation_share
@@ -127,6 +129,19 @@ class LayoutEstimate:
     def fits(self) -> bool:
         """Both the step and the build fit."""
         return max(self.memory_gib, self.build_memory_gib) <= self.usable_memory_gib
+
+
+@lru_cache(maxsize=65536)
+def stage_sizes(num_layers: int, num_stages: int, weight: float) -> tuple[int, ...]:
+    """The engine's split (:func:`orchestrator.engines.mesh3d.config.stage_sizes`), kept per model and pipeline: a
+    planner weighs thousands of layouts of a few dozen models, and each split searches every pair of end sizes."""
+    return tuple(mesh3d_config.stage_sizes(num_layers, num_stages, weight))
+
+
+@lru_cache(maxsize=65536)
+def pipeline_imbalance(num_layers: int, num_stages: int, weight: float) -> float:
+    """The engine's :func:`orchestrator.engines.mesh3d.config.pipeline_imbalance`, kept as :func:`stage_sizes` is."""
+    return mesh3d_config.pipeline_imbalance(num_layers, num_stages, weight)
 
 
 def stage_parameters(model: ModelConfig, pipeline: int) -> float:
