@@ -27,9 +27,16 @@ def lane(nodeid: str) -> str | None:
     return "slurm" if path in SLURM_FILES else "local"
 
 
+def scope(nodeid: str) -> str:
+    """What one xdist worker runs whole: a lane, or a unit test file (so that its module fixtures, some of which
+    compose dozens of configs, are made once rather than on both workers)."""
+    return lane(nodeid) or nodeid.split("::", 1)[0]
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``-n 2``: each lane whole on one worker, its tests one after another, unit tests on either.
+    """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on
+    either (:func:`scope`).
 
     xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,
     and pytest 9.2 builds node ids without it, so grouped tests spread over both workers.
@@ -38,7 +45,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     class LaneScheduling(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return lane(nodeid) or nodeid
+            return scope(nodeid)
 
     return LaneScheduling(config, log)
 

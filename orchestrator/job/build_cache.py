@@ -17,9 +17,10 @@ So, before torch is imported, the probe:
 * resolves every ``sys.path`` entry to its real path, so that torch and DeepSpeed are imported, and their paths
   spelt, the same way however Python was started;
 * sets ``TORCH_EXTENSIONS_DIR`` (unless the user set it) to a fixed per-user folder named after the Python and torch
-  versions, the CPU's instruction set (its architecture and the SIMD and crypto extensions /proc/cpuinfo lists)
-  and, when ``$CXX`` is set, the compiler's real path, so that two compilers or two node types never share a
-  build;
+  versions, the environment (the real paths of the Python, torch and DeepSpeed whose paths the compile command
+  holds), the CPU's instruction set (its architecture and the SIMD and crypto extensions /proc/cpuinfo lists)
+  and, when ``$CXX`` is set, the compiler's real path, so that two environments, two compilers or two node types
+  never share a build: each keeps its own, and none rebuilds the op another's last run replaced;
 * sets ``TORCHINDUCTOR_CACHE_DIR`` (unless set) to a fixed per-user folder, so that compiled kernels and graphs
   (Inductor's FX-graph and AOTAutograd caches) serve every later cell and job of this user, not only this
   machine's ``/tmp``.
@@ -31,11 +32,12 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import importlib.util
 import os
 import platform
 import shutil
 import sys
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from pathlib import Path
 
 CACHE_DIR_ENV = "GPUDAYS_CACHE_DIR"
@@ -73,15 +75,34 @@ def cpu_isa(cpuinfo: str | None = None) -> str:
     return f"{arch}-{hashlib.sha256(' '.join(sorted(flags)).encode()).hexdigest()[:8]}" if flags else arch
 
 
-def extensions_dir_name(environ: MutableMapping[str, str] | None = None, cpuinfo: str | None = None) -> str:
-    """``py311-torch2.13.0+cpu-x86_64-<isa hash>``, and ``-cxx<hash>`` of the compiler's real path when ``$CXX``
-    names one."""
+def environment_id(locations: Sequence[str] | None = None) -> str:
+    """``env<hash>`` of the real paths of Python's installation and of the torch and DeepSpeed packages (found, not
+    imported): the compile command spells them, so two environments never build one op in one folder."""
+    if locations is None:
+        found = []
+        for package in ("torch", "deepspeed"):
+            try:
+                spec = importlib.util.find_spec(package)
+            except (ImportError, ValueError):
+                spec = None
+            found.append(spec.origin if spec is not None and spec.origin else "-")
+        locations = [sys.base_prefix, *found]
+    real = [os.path.realpath(p) if p != "-" else p for p in locations]
+    return "env" + hashlib.sha256("\n".join(real).encode()).hexdigest()[:8]
+
+
+def extensions_dir_name(
+    environ: MutableMapping[str, str] | None = None, cpuinfo: str | None = None, locations: Sequence[str] | None = None
+) -> str:
+    """``py311-torch2.13.0+cpu-env<hash>-x86_64-<isa hash>`` (:func:`environment_id` of ``locations``, by default
+    this environment's), and ``-cxx<hash>`` of the compiler's real path when ``$CXX`` names one."""
     env = os.environ if environ is None else environ
     try:
         torch_version = importlib.metadata.version("torch")
     except importlib.metadata.PackageNotFoundError:
         torch_version = "unknown"
-    name = f"py{sys.version_info.major}{sys.version_info.minor}-torch{torch_version}-{cpu_isa(cpuinfo)}"
+    python = f"py{sys.version_info.major}{sys.version_info.minor}"
+    name = f"{python}-torch{torch_version}-{environment_id(locations)}-{cpu_isa(cpuinfo)}"
     cxx = env.get("CXX")
     if cxx:
         found = shutil.which(cxx.split()[0]) if cxx.split() else None

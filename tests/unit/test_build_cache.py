@@ -10,6 +10,7 @@ from orchestrator.job.build_cache import (
     cache_root,
     canonical_sys_path,
     cpu_isa,
+    environment_id,
     extensions_dir_name,
     pin_build_environment,
 )
@@ -64,3 +65,15 @@ def test_the_extensions_folder_names_the_cpus_instruction_set() -> None:
     graviton = "processor : 0\nFeatures : fp asimd evtstrm aes sve sve2 bf16 i8mm\n"
     assert cpu_isa(graviton) != cpu_isa("processor : 0\nFeatures : fp asimd evtstrm aes\n")
     assert "-" not in cpu_isa(""), "no flags: the architecture alone"
+
+
+def test_two_environments_build_in_two_folders_and_two_spellings_of_one_in_one(tmp_path: Path) -> None:
+    main = [str(tmp_path / "python"), str(tmp_path / "main" / "torch"), str(tmp_path / "main" / "deepspeed")]
+    other = [main[0], str(tmp_path / "ci" / "torch"), str(tmp_path / "ci" / "deepspeed")]
+    (tmp_path / "main").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "main")
+    linked = [main[0], str(tmp_path / "link" / "torch"), str(tmp_path / "link" / "deepspeed")]
+    assert environment_id(main) != environment_id(other), "each environment's compile command names its own paths"
+    assert environment_id(main) == environment_id(linked)
+    assert extensions_dir_name({}, "", main) != extensions_dir_name({}, "", other)
+    assert environment_id() in extensions_dir_name({}), "this environment's folder by default"
