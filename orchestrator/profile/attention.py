@@ -28,27 +28,34 @@ def shape_of(model: ModelConfig, seq_len: int) -> AttentionShape:
     return AttentionShape(seq_len, model.num_heads, model.head_dim or model.hidden_size // model.num_heads)
 
 
+def _both(s: AttentionShape, dtype: str, device: torch.device, min_run_s: float, threads: int) -> list[float]:
+    """The median seconds of the forward and the backward of one shape."""
+    import torch
+    from torch.nn.functional import scaled_dot_product_attention as sdpa
+
+    size = (s.batch, s.heads, s.seq_len, s.head_dim)
+    q, k, v = (torch.randn(size, device=device, dtype=torch_dtype(dtype), requires_grad=True) for _ in "qkv")
+    out = sdpa(q, k, v, is_causal=True)
+    grad = torch.randn_like(out)
+
+    def backward() -> None:
+        out.backward(grad, retain_graph=True)  # type: ignore[no-untyped-call]
+
+    return [
+        median_seconds(lambda: sdpa(q, k, v, is_causal=True), min_run_s, threads),
+        median_seconds(backward, min_run_s, threads),
+    ]
+
+
 def measure(
     shapes: list[AttentionShape], dtypes: list[str], device: torch.device, min_run_s: float, threads: int
 ) -> list[AttentionTime]:
     """Forward and backward of every shape in every precision, the slowest rank's median time of each."""
-    import torch
-    from torch.nn.functional import scaled_dot_product_attention as sdpa
-
-    found: list[tuple[AttentionShape, str]] = []
+    found = [(s, dtype) for dtype in dtypes for s in dict.fromkeys(shapes)]
     seconds: list[float] = []
-    for dtype in dtypes:
+    for s, dtype in found:
         allow_tf32(dtype)
-        for s in dict.fromkeys(shapes):
-            size = (s.batch, s.heads, s.seq_len, s.head_dim)
-            q, k, v = (torch.randn(size, device=device, dtype=torch_dtype(dtype), requires_grad=True) for _ in "qkv")
-            out = sdpa(q, k, v, is_causal=True)
-            grad = torch.randn_like(out)
-            forward = median_seconds(lambda: sdpa(q, k, v, is_causal=True), min_run_s, threads)
-            backward = median_seconds(lambda: out.backward(grad, retain_graph=True), min_run_s, threads)
-            found.append((s, dtype))
-            seconds += [forward, backward]
-            del q, k, v, out, grad
+        seconds += _both(s, dtype, device, min_run_s, threads)
     allow_tf32("fp32")
     times = slowest(seconds, device)
     return [

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 MOST_REPEATS = 1000
 LEAST_REPEATS = 3
+BLOCKS = 3
 ELEMENT_BYTES = 4  # fp32 buffers, as nccl-tests' default
 
 
@@ -99,8 +100,11 @@ def _sync(device: torch.device) -> None:
 
 
 def _seconds(run: Callable[[], object], device: torch.device, target_s: float) -> float:
-    """One call's mean time on this rank, every rank running the same number of calls: a first call estimates how
-    many fill ``target_s``, and every rank takes the fewest any rank asked for."""
+    """One call's time on this rank, the median of three blocks of calls (a block that another process on the
+    machine slowed counts once); every rank runs the same number of calls: a first call estimates how many fill
+    ``target_s``, and every rank takes the fewest any rank asked for."""
+    import statistics
+
     from torch.utils.benchmark import Timer
 
     slowest([0.0], device)  # every rank starts together
@@ -108,9 +112,13 @@ def _seconds(run: Callable[[], object], device: torch.device, target_s: float) -
     run()
     _sync(device)
     once = max(time.perf_counter() - started, 1e-7)
-    repeats = fewest(min(MOST_REPEATS, max(LEAST_REPEATS, math.ceil(target_s / once))), device)
-    slowest([0.0], device)
-    return float(Timer(stmt="run()", globals={"run": run}).timeit(repeats).mean)
+    repeats = fewest(min(MOST_REPEATS, max(LEAST_REPEATS, math.ceil(target_s / once / BLOCKS))), device)
+    timer = Timer(stmt="run()", globals={"run": run})
+    blocks = []
+    for _ in range(BLOCKS):
+        slowest([0.0], device)
+        blocks.append(float(timer.timeit(repeats).mean))
+    return statistics.median(blocks)
 
 
 def _intra_group(layout: Layout) -> ProcessGroup | None:
@@ -119,7 +127,7 @@ def _intra_group(layout: Layout) -> ProcessGroup | None:
 
     if layout.nodes == 1:
         return None
-    group, _ = dist.new_subgroups(group_size=layout.per_node)
+    group: ProcessGroup = dist.new_subgroups(group_size=layout.per_node)[0]  # type: ignore[no-untyped-call]
     return group
 
 

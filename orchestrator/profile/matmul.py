@@ -43,32 +43,38 @@ def unique(shapes: list[LinearShape]) -> list[LinearShape]:
     return list(seen.values())
 
 
+def _three(s: LinearShape, kind: torch.dtype, device: torch.device, min_run_s: float, threads: int) -> list[float]:
+    """The median seconds of the forward and the backward's two products of one layer."""
+    import torch
+
+    x = torch.randn(s.tokens, s.fan_in, device=device, dtype=kind)
+    w = torch.randn(s.fan_out, s.fan_in, device=device, dtype=kind)
+    dy = torch.randn(s.tokens, s.fan_out, device=device, dtype=kind)
+    return [
+        median_seconds(lambda: torch.matmul(x, w.t()), min_run_s, threads),
+        median_seconds(lambda: torch.matmul(dy, w), min_run_s, threads),
+        median_seconds(lambda: torch.matmul(dy.t(), x), min_run_s, threads),
+    ]
+
+
 def measure(
     shapes: list[LinearShape], dtypes: list[str], device: torch.device, min_run_s: float, threads: int
 ) -> list[MatmulTime]:
     """Every product of every shape in every precision, the slowest rank's median time of each."""
-    import torch
-
-    found: list[tuple[LinearShape, str, str, tuple[int, int, int]]] = []
+    found: list[tuple[str, str, str, tuple[int, int, int]]] = []
     seconds: list[float] = []
     for dtype in dtypes:
         allow_tf32(dtype)
-        kind = torch_dtype(dtype)
         for s in shapes:
-            x = torch.randn(s.tokens, s.fan_in, device=device, dtype=kind)
-            w = torch.randn(s.fan_out, s.fan_in, device=device, dtype=kind)
-            dy = torch.randn(s.tokens, s.fan_out, device=device, dtype=kind)
-            runs = {
-                "forward": ((s.tokens, s.fan_in, s.fan_out), lambda: torch.matmul(x, w.t())),
-                "backward_input": ((s.tokens, s.fan_out, s.fan_in), lambda: torch.matmul(dy, w)),
-                "backward_weight": ((s.fan_out, s.tokens, s.fan_in), lambda: torch.matmul(dy.t(), x)),
-            }
-            for step, (mkn, run) in runs.items():
-                found.append((s, dtype, step, mkn))
-                seconds.append(median_seconds(run, min_run_s, threads))
-            del x, w, dy
+            seconds += _three(s, torch_dtype(dtype), device, min_run_s, threads)
+            found += [
+                (s.label, dtype, "forward", (s.tokens, s.fan_in, s.fan_out)),
+                (s.label, dtype, "backward_input", (s.tokens, s.fan_out, s.fan_in)),
+                (s.label, dtype, "backward_weight", (s.fan_out, s.tokens, s.fan_in)),
+            ]
     allow_tf32("fp32")
     times = slowest(seconds, device)
     return [
-        MatmulTime(s.label, step, m, k, n, dtype, t) for (s, dtype, step, (m, k, n)), t in zip(found, times, strict=True)
+        MatmulTime(label, step, m, k, n, dtype, t)
+        for (label, dtype, step, (m, k, n)), t in zip(found, times, strict=True)
     ]

@@ -109,8 +109,8 @@ def _local_rank(rank: int, plan: Plan, world: int, store: str, result: str, back
     import torch.distributed as dist
 
     device = _device(backend, rank)
-    options = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world, **options)
+    bound = device if backend == "nccl" else None
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world, device_id=bound)
     try:
         profile = measure_rank(plan, Layout(rank, world, world), device, backend)
         if profile is not None:
@@ -122,7 +122,7 @@ def _local_rank(rank: int, plan: Plan, world: int, store: str, result: str, back
 def profile_here(plan: Plan, ranks: int, backend: str) -> Profile:
     """A profile of this machine over ``ranks`` processes (``gloo`` on the CPU, ``nccl`` on its GPUs)."""
     import torch
-    import torch.multiprocessing as mp
+    from torch.multiprocessing.spawn import ProcessException, start_processes
 
     if ranks < 1:
         raise ValueError(f"{ranks} ranks: give 1 or more")
@@ -132,8 +132,9 @@ def profile_here(plan: Plan, ranks: int, backend: str) -> Profile:
         store, result = os.path.join(tmp, "store"), os.path.join(tmp, "profile.json")
         method = "spawn" if backend == "nccl" else "fork"
         try:
-            mp.start_processes(_local_rank, (plan, ranks, store, result, backend), ranks, start_method=method)
-        except mp.ProcessException as e:
+            arguments = (plan, ranks, store, result, backend)
+            start_processes(_local_rank, arguments, ranks, start_method=method)  # type: ignore[no-untyped-call]
+        except ProcessException as e:
             lines = [line for line in str(e).splitlines() if line.strip()]
             raise ProfileFailed(f"a rank of the profile failed: {lines[-1] if lines else e}") from e
         return profile_from_json(json.loads(Path(result).read_text()), "the profile just measured")
@@ -153,8 +154,8 @@ def profile_in_job(plan: Plan, backend: str) -> Profile | None:
     if world % per_node:
         raise ValueError(f"WORLD_SIZE {world} is not a whole number of nodes of {per_node} ranks (LOCAL_WORLD_SIZE)")
     device = _device(backend, int(os.environ.get("LOCAL_RANK", rank % per_node)))
-    options = {"device_id": device} if backend == "nccl" else {}
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, **options)
+    bound = device if backend == "nccl" else None
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world, device_id=bound)
     try:
         return measure_rank(plan, Layout(rank, world, per_node), device, backend)
     finally:
