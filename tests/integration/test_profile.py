@@ -82,9 +82,7 @@ def test_one_rank_profiles_without_collectives(tmp_path: Path) -> None:
         (["--ranks", "0"], "--ranks 0: give 1 or more"),
     ],
 )
-def test_bad_flags_are_said(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str
-) -> None:
+def test_bad_flags_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
     assert main(["profile", "--dir", str(tmp_path), "--model", "pythia-tiny", "--device", "cpu", *flags]) == 2
     assert said in capsys.readouterr().err
 
