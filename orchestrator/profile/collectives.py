@@ -46,7 +46,7 @@ def fit(sizes: list[int], seconds: list[float]) -> tuple[float, float | None, fl
     None where time does not grow with size; the latency is never below 0; r² is of the line, at least 0."""
     import numpy as np
 
-    x, y = np.asarray(sizes, dtype=float), np.asarray(seconds, dtype=float)
+    x, y = np.asarray(sizes, dtype=float), np.maximum(np.asarray(seconds, dtype=float), 1e-9)
     if len(x) < 2 or np.ptp(x) == 0:
         return float(y.min()), None, 0.0
     slope, intercept = np.polyfit(x, y, 1, w=1.0 / y)

@@ -1,8 +1,7 @@
 """Starting the ranks of a profile and putting its figures together.
 
-On one machine (``profile_here``) the ranks are this machine's processes: started by
-``torch.multiprocessing`` (forked over gloo, which starts in a fraction of a second; spawned over NCCL, since CUDA
-does not survive a fork), joined through a file store in a temporary folder. In a job that starts the ranks
+On one machine (``profile_here``) the ranks are this machine's processes, started by ``torch.multiprocessing``
+(see :data:`START_METHOD`) and joined through a file store in a temporary folder. In a job that starts the ranks
 itself, ``srun`` or ``torchrun`` across nodes (``profile_in_job``), each rank joins through ``RANK``,
 ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``. Rank 0 returns the profile.
 """
@@ -10,6 +9,7 @@ itself, ``srun`` or ``torchrun`` across nodes (``profile_in_job``), each rank jo
 from __future__ import annotations
 
 import json
+import multiprocessing
 import os
 import tempfile
 import time
@@ -29,6 +29,10 @@ if TYPE_CHECKING:
     import torch
 
 KIB, MIB = 1024, 1024 * 1024
+START_METHOD = "forkserver"
+"""How the ranks on one machine start: forked from a server process that has loaded torch and nothing else. A
+fork of this process could hang (a rank's OpenMP threads after this process used its own) or break CUDA; a
+spawn loads torch once per rank."""
 JOB_ENV = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 """Set by a launcher that starts the ranks itself: then this process is one rank of the profile."""
 
@@ -130,10 +134,10 @@ def profile_here(plan: Plan, ranks: int, backend: str) -> Profile:
         raise ValueError(f"{ranks} ranks over NCCL, but this machine shows {torch.cuda.device_count()} GPU(s)")
     with tempfile.TemporaryDirectory(prefix="gpudays-profile-") as tmp:
         store, result = os.path.join(tmp, "store"), os.path.join(tmp, "profile.json")
-        method = "spawn" if backend == "nccl" else "fork"
+        multiprocessing.get_context(START_METHOD).set_forkserver_preload(["torch", "torch.distributed", __name__])
         try:
             arguments = (plan, ranks, store, result, backend)
-            start_processes(_local_rank, arguments, ranks, start_method=method)  # type: ignore[no-untyped-call]
+            start_processes(_local_rank, arguments, ranks, start_method=START_METHOD)  # type: ignore[no-untyped-call]
         except ProcessException as e:
             lines = [line for line in str(e).splitlines() if line.strip()]
             raise ProfileFailed(f"a rank of the profile failed: {lines[-1] if lines else e}") from e
