@@ -146,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         ranks = args.ranks or (torch.cuda.device_count() if device == "cuda" else 2)
         identity = this_machine(backend, ranks, 1)
         others = [SweepPaths(Path(d)) for d in args.sweeps or []]
+        if missing := [str(o.root) for o in others if not o.root.is_dir()]:
+            raise CommandError(f"--from {', '.join(missing)}: no such sweep folder")
         try:
             found = None if args.again else find_profile([paths, *others], identity)
         except BadProfile as e:

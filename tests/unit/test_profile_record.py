@@ -1,5 +1,5 @@
 """The machine profile's record, lookup and fit, on profiles made up here (no ranks are started: the measured
-profile of this machine is tests/integration/test_profile.py's)."""
+profile of this machine is tests/integration/test_profile_cpu.py's)."""
 
 from __future__ import annotations
 

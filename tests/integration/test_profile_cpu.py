@@ -80,6 +80,7 @@ def test_one_rank_profiles_without_collectives(tmp_path: Path) -> None:
         (["--model", "no-such-model"], "--model no-such-model: no such model"),
         (["--tokens", "0"], "--tokens 0: give the rows"),
         (["--ranks", "0"], "--ranks 0: give 1 or more"),
+        (["--from", "/no/such/sweep"], "--from /no/such/sweep: no such sweep folder"),
     ],
 )
 def test_bad_flags_are_said(tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], said: str) -> None:
