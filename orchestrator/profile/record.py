@@ -226,11 +226,11 @@ def read_profile(path: Path) -> Profile:
     except OSError as e:
         raise BadProfile(f"{path}: cannot be read ({e.strerror or e})") from None
     except UnicodeDecodeError as e:
-        raise BadProfile(f"{path}: not UTF-8 text (byte {e.start}); damaged, measure again (gpudays profile)") from None
+        raise BadProfile(f"{path}: not UTF-8 text (byte {e.start}); damaged") from None
     try:
         data: object = json.loads(text)
     except json.JSONDecodeError as e:
-        raise BadProfile(f"{path}: not valid JSON ({e}); damaged, measure again (gpudays profile)") from None
+        raise BadProfile(f"{path}: not valid JSON ({e}); damaged") from None
     return profile_from_json(data, str(path))
 
 
