@@ -257,6 +257,13 @@ def cmd_budget(args: argparse.Namespace) -> int:
     return budget.run(args)
 
 
+def cmd_profile(args: argparse.Namespace) -> int:
+    """This machine's measured rates, kept in the sweep folder's ``profiles/``."""
+    from orchestrator.cli import profiling
+
+    return profiling.run(args)
+
+
 HANDLERS = {
     "sweep": cmd_sweep,
     "status": cmd_status,
@@ -266,6 +273,7 @@ HANDLERS = {
     "report": cmd_report,
     "cluster": cmd_cluster,
     "budget": cmd_budget,
+    "profile": cmd_profile,
 }
 
 

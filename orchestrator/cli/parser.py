@@ -142,6 +142,7 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     cl.add_argument("cluster_args", nargs=argparse.REMAINDER)
     cl.set_defaults(func=handlers["cluster"])
     _budget_parsers(sub, handlers["budget"])
+    _profile_parser(sub, handlers["profile"])
     return parser
 
 
@@ -219,3 +220,23 @@ def _budget_parsers(subparsers: Any, handler: Handler) -> None:
     sp.add_argument("--max-gpus", type=int, help=f"most GPUs considered (default {HELP_DEFAULTS['max_gpus']})")
     _common(sp)
     sp.set_defaults(func=handler, budget_command="shortest")
+
+
+def _profile_parser(subparsers: Any, handler: Handler) -> None:
+    """The ``profile`` command."""
+    pf = _command(subparsers, "profile", "measure this machine's rates (matrix products, attention, memory, "
+                  "collectives) once per hardware identity, into SWEEP_DIR/profiles/")  # fmt: skip
+    pf.add_argument("--dir", required=True, help="the sweep folder; the profile goes into its profiles/ folder")
+    pf.add_argument("--model", help="conf/model names whose shapes to time, comma-separated (default: the models "
+                    "of the cells already in --dir)")  # fmt: skip
+    pf.add_argument("--precision", help="bf16, fp16, fp32, tf32, comma-separated (default: the cells', else bf16)")
+    pf.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda where torch sees a GPU, else cpu")
+    pf.add_argument("--ranks", type=int, help="processes on this machine (default: every GPU; 2 on the CPU)")
+    pf.add_argument("--tokens", type=int, help="rows of each product (default: the model's sequence, at most 128 "
+                    "on the CPU)")  # fmt: skip
+    pf.add_argument("--max-message", help="largest collective message, from 4K (default 64M on GPUs, 4M on the CPU)")
+    pf.add_argument("--seconds-each", type=float, help="time spent on each figure (default: two minutes in all)")
+    pf.add_argument("--from", dest="sweeps", action="append", metavar="SWEEP_DIR",
+                    help="reuse a profile of this hardware found in this sweep folder (copied into --dir)")  # fmt: skip
+    pf.add_argument("--again", action="store_true", help="measure even where a profile of this hardware exists")
+    pf.set_defaults(func=handler)

@@ -12,6 +12,7 @@ A sweep folder looks like this::
       adaptive.json               an adaptive sweep's goal, rounds and why it stopped (orchestrator/store/adaptive_state.py)
       adaptive-grid.jsonl         an adaptive sweep's every cell, measured or not (a cell gets cells/<id>/ once chosen)
       jobs/<job_id>/              submitit's files for one job: pickles, stdout/stderr of each task
+      profiles/<identity>.json    the machine's measured rates, one per hardware identity (orchestrator/profile/)
       cells.csv, ...              the report's tables (see analysis/)
 
 Nothing else in the toolkit builds a path into a sweep folder by hand.
@@ -66,6 +67,14 @@ class SweepPaths:
     @property
     def lock(self) -> Path:
         return self.root / ".submit.lock"
+
+    @property
+    def profiles_dir(self) -> Path:
+        return self.root / "profiles"
+
+    def profile(self, key: str) -> Path:
+        """The profile of the hardware whose identity has ``key`` (``orchestrator.profile.identity``)."""
+        return self.profiles_dir / f"{key}.json"
 
     def cell_dir(self, cell_id: str) -> Path:
         return self.cells_dir / cell_id

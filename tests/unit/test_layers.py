@@ -42,6 +42,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     _CELLS: {_CONFIG, _MODELS, _ENGINES, _SLURM},  # a cell's checks ask the engines' rules and the site's options
     "orchestrator.planning": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},
     _JOB: {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},  # never the submission side
+    "orchestrator.profile": {_CONFIG, _STORE},  # the machine's measured rates, kept in a sweep folder
     "orchestrator.submission": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM, _JOB},
     _SWEEPS: _ANALYSIS_BASE,  # the analysis never imports the command line
     _PREDICT: _ANALYSIS_BASE | {_SWEEPS},
@@ -179,6 +180,8 @@ def test_every_allowed_exception_is_still_there() -> None:
         ("orchestrator.cli.main", "orchestrator.cli.display.views", True),
         ("orchestrator.cli.flow", "analysis.report.writer", True),
         ("analysis.sweeps.records", "analysis.predict.predictor", False),
+        ("orchestrator.profile.record", "orchestrator.store.paths", True),
+        ("orchestrator.profile.runner", "orchestrator.job.ranks", False),
     ],
 )
 def test_the_rule_reads_as_written(importer: str, imported: str, ok: bool) -> None:

@@ -1,0 +1,77 @@
+"""How every figure of a profile is timed: ``torch.utils.benchmark.Timer``, which synchronises the accelerator
+before reading the clock, and the agreement of the ranks on the slowest of them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+SLOW = 20
+"""A first call this many times the time asked for each figure is taken as the figure (a bf16 product on a CPU
+without bf16 instructions takes minutes)."""
+DTYPES = ("bf16", "fp16", "fp32", "tf32")
+"""The precisions a profile measures; ``tf32`` is fp32 storage with TF32 tensor cores allowed."""
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    import torch
+
+    found = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "tf32": torch.float32}
+    if name not in found:
+        raise ValueError(f"precision {name!r}: use one of {', '.join(DTYPES)}")
+    return found[name]
+
+
+def allow_tf32(name: str) -> None:
+    """TF32 tensor cores on for ``tf32``, off for plain fp32 (the products' precision is what was asked)."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = name == "tf32"
+
+
+def median_seconds(run: Callable[[], object], min_run_s: float, threads: int) -> float:
+    """The median time of one call of ``run`` over at least ``min_run_s`` of calls on ``threads`` CPU threads,
+    after one call to warm up. A call that alone takes ``min_run_s`` (a large product on the CPU) is timed once
+    more, not repeated, and one that takes :data:`SLOW` times it is its own figure: the profile's time stays near
+    its budget."""
+    from torch.utils.benchmark import Timer
+    from torch.utils.benchmark.utils.timer import timer as clock  # Timer's own clock: synchronises the device
+
+    started = clock()
+    run()
+    first = clock() - started
+    if first >= SLOW * min_run_s:  # its one-off costs are lost in it
+        return first
+    if first >= min_run_s:
+        started = clock()
+        run()
+        return clock() - started
+    timer = Timer(stmt="run()", globals={"run": run}, num_threads=threads)
+    return float(timer.blocked_autorange(min_run_time=min_run_s).median)
+
+
+def slowest(values: Sequence[float], device: torch.device) -> list[float]:
+    """Each of ``values`` as the largest any rank measured (every rank passes its own, in the same order)."""
+    import torch
+    import torch.distributed as dist
+
+    if not values:
+        return []
+    held = torch.tensor(list(values), dtype=torch.float64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(held, op=dist.ReduceOp.MAX)
+    return [float(v) for v in held.cpu().tolist()]
+
+
+def fewest(value: int, device: torch.device) -> int:
+    """The smallest ``value`` of any rank: a repeat count every rank then runs."""
+    import torch
+    import torch.distributed as dist
+
+    held = torch.tensor([value], dtype=torch.int64, device=device)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(held, op=dist.ReduceOp.MIN)
+    return int(held.item())
