@@ -5,7 +5,8 @@ FLOPs, recomputation included, over the GPUs' dense peak), nominal seconds of co
 micro-steps (the coefficient is a fixed cost per micro-step). Uncalibrated, the coefficients are
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
-Compute and micro-steps are the same for every engine; the nominal seconds of communication and offload are each
+Compute is the same for every engine, and so are micro-steps but for a pipeline, whose ranks each run a micro-batch
+through their stages only (``micro_step_share``, :func:`analysis.predict.inputs.layout_terms`); the nominal seconds of communication and offload are each
 cell's engine's (``EngineSpec.step_time_terms``, in ``orchestrator/engines/<name>/step_time.py``), given the
 bandwidths below as :class:`orchestrator.engines.spec.Links`.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from analysis.predict.inputs import Inputs
+from analysis.predict.inputs import Inputs, layout_terms
 from orchestrator.engines.registry import by_engine
 from orchestrator.engines.spec import Links
 
@@ -75,4 +76,7 @@ def step_terms(x: Inputs, accum: np.ndarray) -> np.ndarray:
         cpu_adam_params_per_s_per_node=CPU_ADAM_PARAMS_PER_S_PER_NODE,
     )
     engine = by_engine(x.engine, lambda spec: spec.step_time_terms(x, accum, links))
-    return np.column_stack([compute, engine["communication_s"], engine["offload_s"], accum.astype(float)])
+    # A micro-step's fixed cost, for the share of the model one micro-step of the cell's ranks runs (a pipeline
+    # rank runs each of a schedule's micro-batches through its stages only).
+    micro_steps = accum.astype(float) * np.asarray(layout_terms(x)["micro_step_share"], dtype=float)
+    return np.column_stack([compute, engine["communication_s"], engine["offload_s"], micro_steps])

@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 from collections.abc import Callable, Mapping
 from importlib import metadata
-from typing import Any
 
 from orchestrator.cli.errors import EXIT_MEANING, Exit
 
@@ -146,7 +145,9 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
     return parser
 
 
-def _command(subparsers: Any, name: str, help: str) -> argparse.ArgumentParser:
+def _command(
+    subparsers: argparse._SubParsersAction[argparse.ArgumentParser], name: str, help: str
+) -> argparse.ArgumentParser:
     """A command: ``help`` is its line in ``gpudays --help`` and its description, the exit codes its epilog."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
         name, help=help, description=help, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -181,7 +182,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="table: fitted to the terminal; csv or json: every column of every table, on stdout alone")  # fmt: skip
 
 
-def _budget_parsers(subparsers: Any, handler: Handler) -> None:
+def _budget_parsers(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], handler: Handler) -> None:
     """The ``budget`` and ``shortest`` commands."""
     bp = _command(subparsers, "budget", "what a budget (GPU-hours, dollars, GPUs x days) trains, and the "
                   "compute-optimal model for it")  # fmt: skip
@@ -222,7 +223,7 @@ def _budget_parsers(subparsers: Any, handler: Handler) -> None:
     sp.set_defaults(func=handler, budget_command="shortest")
 
 
-def _profile_parser(subparsers: Any, handler: Handler) -> None:
+def _profile_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser], handler: Handler) -> None:
     """The ``profile`` command."""
     pf = _command(subparsers, "profile", "measure this machine's rates (matrix products, attention, memory, "
                   "collectives) once per hardware identity, into SWEEP_DIR/profiles/")  # fmt: skip

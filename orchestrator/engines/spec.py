@@ -153,8 +153,9 @@ class EngineSpec:
     layout_terms: Callable[[CellArrays], Terms] | None = None
     """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what
-    the probe's ``orchestrator.engines.base.batch_split`` says), and ``activation_share``, a rank's activations
-    over those of one whole-model sequence. None: ``num_gpus`` ways, all of them."""
+    the probe's ``orchestrator.engines.base.batch_split`` says), ``activation_share``, a rank's activations
+    over those of one whole-model sequence, and optionally ``micro_step_share``, what one of its micro-steps costs
+    of a whole-model micro-step's fixed cost. None: ``num_gpus`` ways, all of them, a whole micro-step."""
 
     @property
     def identity_if_set(self) -> tuple[str, ...]:

@@ -74,7 +74,10 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
 
 
 def layout_terms(x: CellArrays) -> Terms:
-    """Each cell's batch split (replicas × pipeline micro-batches) and a rank's share of the activations."""
+    """Each cell's batch split (replicas × pipeline micro-batches), a rank's share of the activations, and the
+    micro-steps' share of a schedule: each rank runs the k micro-batches of a schedule through its 1/p of the
+    layers, so a schedule costs k/p of a whole-model micro-step's fixed cost (its kernel launches and
+    memory-bound work, which grow with the layers a micro-batch passes)."""
     import numpy as np
 
     from orchestrator.engines.mesh3d.memory import activation_share, logit_fraction
@@ -87,7 +90,7 @@ def layout_terms(x: CellArrays) -> Terms:
     share = activation_share(
         t, p, k, m["pp_chunks"], logits, m["tp_loss_parallel"], m["tp_sequence_parallel"], m["pp_schedule"]
     )
-    return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float)}
+    return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float), "micro_step_share": k / p}
 
 
 SPEC = EngineSpec(

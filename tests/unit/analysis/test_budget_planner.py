@@ -117,7 +117,10 @@ def test_what_a_budget_trains_for_175b_matches_bloom_in_order() -> None:
     (row,) = tokens_for_budget(model, a100, parse_budget(gpu_hours=1e6), network_for(a100))
     assert 2e11 <= row["tokens"] <= 6e11
     assert row["tokens_vs_compute_optimal"] < 0.2  # far under 20 tokens a parameter
-    assert row["memory_gib"] <= 72.0 and "tp8" in row["layout"]
+    assert row["memory_gib"] <= 72.0
+    # of the kind large runs use: tensor parallelism inside a node, a pipeline across nodes (BLOOM: tp4 pp12 dp8)
+    sizes = {part[:2]: int(part[2:]) for part in row["layout"].split() if part[:2] in ("tp", "pp")}
+    assert sizes["tp"] in (4, 8) and sizes["pp"] >= 8, row["layout"]
     assert row["days"] <= 90.0 and row["num_gpus"] >= 1e6 / (24 * 90)
 
 

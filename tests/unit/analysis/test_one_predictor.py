@@ -83,3 +83,25 @@ def test_llama2_7b_tensor_parallel_on_256_a100_costs_the_same_offered_and_planne
     for offer in offered:
         cell = planned(*LLAMA2_7B, "gpu=a100-80gb", "num_gpus=256", "num_nodes=32", *offer.overrides)
         assert offer.gpu_hours == pytest.approx(plan_gpu_hours(cell), rel=1e-6)
+
+
+def test_a_pipeline_rank_pays_each_micro_batchs_fixed_cost_for_its_stages_only() -> None:
+    """A micro-step's fixed cost (kernel launches, memory-bound work) grows with the layers a micro-batch passes:
+    a pipeline of p stages running k micro-batches a schedule pays k/p of a whole-model micro-step per schedule,
+    not one, so that deep pipelines of one-sequence micro-batches are not cheap by construction."""
+    import pandas as pd
+
+    from analysis.predict.inputs import flat_cell, inputs_from_columns
+    from analysis.predict.step_time import TERMS, step_terms
+
+    common = ("model=pythia-1b", "gpu=h100-80gb", "num_gpus=8", "model.global_batch_size=64", "method.engine=mesh3d")
+    flat = planned(*common, "method.micro_batch_size=1")
+    piped = planned(*common, "method.micro_batch_size=1", "method.pp=4", "method.pp_microbatches=32")
+    rows = pd.DataFrame([flat_cell(flat), flat_cell(piped)])
+    x = inputs_from_columns({c: rows[c] for c in rows.columns}, len(rows))
+    column = TERMS.index("micro_steps")
+    accum = x.per_gpu_batch / 1.0
+    # without a pipeline, 8 sequences a GPU in micro-batches of 1: 8 micro-steps; with 4 stages and 2 replicas,
+    # one schedule of 32 micro-batches, each through a quarter of the layers: 8 whole micro-steps' worth
+    assert list(accum) == [8.0, 1.0]
+    assert list(step_terms(x, accum)[:, column]) == pytest.approx([8.0, 8.0])
