@@ -1,6 +1,7 @@
 """mesh3d across the local SLURM cluster's two nodes, through a real sweep with ``--wait``: two pipeline stages,
 one on each node (the mesh puts the pipeline outermost), with one rank a node, with two data-parallel replicas
-a node, and with a tensor-parallel pair a node."""
+a node, and with a tensor-parallel pair a node; each with the settings of a large run: an uneven split of the
+layers, two stages a rank (interleaved 1F1B) and selective checkpointing."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ def test_pipeline_stages_on_different_nodes(slurm_cluster, tmp_path: Path, capsy
     args = [
         "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu", "probe=quick",
         "cluster.cpus_per_gpu=1", "cluster.time_limit_min=10", "num_gpus=2,4", "num_nodes=2",
-        "method.engine=mesh3d", "method.tp=1,2", "method.pp=2", "method.pp_microbatches=4", "--wait",
+        "method.engine=mesh3d", "method.tp=1,2", "method.pp=2", "method.pp_microbatches=4",
+        # the settings of a large run: an uneven split (stages of 1, 2, 1 and 1 layers, two a rank), an
+        # interleaved schedule and selective checkpointing
+        "model.num_layers=5", "model.num_parameters=null", "method.pp_schedule=interleaved_1f1b",
+        "method.pp_layers=1+2+1+1", "method.activation_checkpointing=true", "method.checkpoint_policy=selective",
+        "--wait",
     ]  # fmt: skip
     code = cli.main(args)
     out = capsys.readouterr().out
@@ -36,3 +42,8 @@ def test_pipeline_stages_on_different_nodes(slurm_cluster, tmp_path: Path, capsy
     for mesh in ((2, 2, 1), (2, 1, 2)):  # each node holds one stage: its replicas or its tensor pair
         assert by_mesh[mesh]["rank_nodes"] == ["node1", "node1", "node2", "node2"]
     assert all(env["mesh3d"]["bubble_measured"] is not None for env in by_mesh.values())
+    for record in records.values():
+        method = record["config"]["method"]
+        assert (method["pp_schedule"], method["pp_layers"], method["checkpoint_policy"]) == (
+            "interleaved_1f1b", "1+2+1+1", "selective"
+        )  # fmt: skip

@@ -119,7 +119,7 @@ def rank_totals(values: list[float], pp: int) -> list[float]:
 def schedule_refusals(cell: Config) -> list[Refusal]:
     """Why the cell's schedule settings cannot run, each naming the key: ``pp_chunks`` off its default where the
     schedule holds one stage a rank, micro-batches torch's interleaved schedules cannot arrange in rounds, a
-    zero-bubble schedule with ``compile``, layers per stage that are not one count a stage summing to the
+    zero-bubble schedule with ``compile`` or selective checkpointing, layers per stage that are not one count a stage summing to the
     model's layers."""
     m, model = cell.method, cell.model
     pp, k, schedule = int(m.pp), int(m.pp_microbatches), str(m.pp_schedule)
@@ -146,6 +146,15 @@ def schedule_refusals(cell: Config) -> list[Refusal]:
                 "method.compile",
                 f"torch splits each backward of {schedule} into its input and weight gradients, which it does not "
                 "run on compiled stages; leave compile false or use interleaved_1f1b",
+            )
+        )
+    if schedule in ZERO_BUBBLE_SHARE and m.activation_checkpointing and m.checkpoint_policy == "selective":
+        out.append(
+            Refusal(
+                "method.checkpoint_policy",
+                f"torch runs each backward of {schedule} twice (input gradients, then weight gradients), and a "
+                "region under selective checkpointing may be backed through once only (torch raises 'Trying to "
+                "backward an extra time'); use checkpoint_policy=full or pp_schedule=interleaved_1f1b",
             )
         )
     if m.pp_layers is not None:
