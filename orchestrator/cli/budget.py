@@ -174,7 +174,7 @@ def _fmt(column: str, value: Any) -> str:
         return f"{value:.1%}"
     if column.endswith("_usd"):
         return f"${value:,.0f}"
-    if column in ("days",):
+    if column in ("days", "wall_clock_days"):
         return f"{value:,.2f}" if value < 10 else f"{value:,.1f}"
     if isinstance(value, float):
         return figure(value)
@@ -226,11 +226,35 @@ def _machine(form: str, tables: dict[str, pd.DataFrame]) -> None:
         sys.stdout.write(json.dumps(out, indent=1) + "\n")
 
 
-def _predictor_note(gpus: list[GpuConfig]) -> str:
+def _predictor_note(gpus: list[GpuConfig], cluster: ClusterConfig | None) -> str:
+    from analysis.predict.estimates import goodput_of
     from analysis.predict.parallelism import PREDICTOR
     from orchestrator.config.prices import cloud_prices, price_note
 
-    return f"predicted rows: the {PREDICTOR}\n" + price_note(cloud_prices(gpus))
+    given = cluster is not None and cluster.goodput is not None
+    whose = "the cluster config's goodput" if given else "cluster.goodput unset: the published figure of large runs"
+    wall = (
+        f"days and gpu_hours: the training steps' (steady state); wall_clock_days and wall_clock_gpu_hours: the "
+        f"whole run's at {goodput_of(cluster.goodput if cluster else None):.0%} goodput ({whose}: restarts, "
+        "evaluations and checkpoints)"
+    )
+    return f"predicted rows: the {PREDICTOR}\n{wall}\n" + price_note(cloud_prices(gpus))
+
+
+def _with_wall_clock(frame: pd.DataFrame, cluster: ClusterConfig | None) -> pd.DataFrame:
+    """``frame`` with ``goodput`` and the whole run's ``wall_clock_days`` and ``wall_clock_gpu_hours`` beside each
+    row's steady-state ``days`` and ``gpu_hours``, as ``plan`` and the report give them."""
+    from analysis.predict.estimates import goodput_of, wall_clock
+
+    if frame.empty or "days" not in frame.columns:
+        return frame
+    goodput = goodput_of(cluster.goodput if cluster else None)
+    days = frame.columns.get_loc("days") + 1
+    out = frame.copy()
+    out.insert(int(days), "wall_clock_days", wall_clock(out["days"].astype(float), goodput))
+    out["goodput"] = goodput
+    out["wall_clock_gpu_hours"] = wall_clock(out["gpu_hours"].astype(float), goodput)
+    return out
 
 
 def _write(frame: pd.DataFrame, out: str | None, name: str, console: Console) -> None:
@@ -284,13 +308,14 @@ def run_budget(args: argparse.Namespace, console: Console) -> int:
             measured = records.measured.get((model.name, gpu.name))
             for row in tokens_for_budget(model, gpu, budget, network, measured, max_days, efficiency):
                 model_rows.append({**row, **tags} if row["source"] == "predicted" else {**row, "network": None})
-    models_frame, optimal_frame = pd.DataFrame(model_rows), pd.DataFrame(optimal_rows)
+    models_frame = _with_wall_clock(pd.DataFrame(model_rows), cluster)
+    optimal_frame = _with_wall_clock(pd.DataFrame(optimal_rows), cluster)
     if args.format != "table":
         _machine(args.format, {"models": models_frame, "optimal": optimal_frame})
     else:
         _print(console, f"What {budget.describe()} trains (a)", models_frame, MODEL_COLUMNS)
         _print(console, f"The compute-optimal model for {budget.describe()} (b)", optimal_frame, OPTIMAL_COLUMNS)
-        console.print(_predictor_note(gpus), highlight=False)
+        console.print(_predictor_note(gpus, cluster), highlight=False)
     _write(models_frame, args.out, "budget_models.csv", console)
     _write(optimal_frame, args.out, "budget_optimal.csv", console)
     return 0
@@ -340,12 +365,12 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
                     "cloud_cost_usd": run.gpu_hours * rate if run.gpu_hours and rate else None, "reason": run.reason,
                     "efficiency": efficiency, "efficiency_source": source,
                 })  # fmt: skip
-    frame = pd.DataFrame(rows).assign(predictor=PREDICTOR) if rows else pd.DataFrame(rows)
+    frame = _with_wall_clock(pd.DataFrame(rows).assign(predictor=PREDICTOR), cluster) if rows else pd.DataFrame(rows)
     if args.format != "table":
         _machine(args.format, {"shortest": frame})
     else:
         _print(console, "The shortest training (predicted)", frame, SHORTEST_COLUMNS)
-        console.print(_predictor_note(gpus), highlight=False)
+        console.print(_predictor_note(gpus, cluster), highlight=False)
     _write(frame, args.out, "shortest.csv", console)
     return 0
 

@@ -132,32 +132,33 @@ STATUS_COLUMNS = (
 MODEL_COLUMNS = (
     Column("model", "model"), Column("gpu", "gpu"), Column("source", "source", drop=3),
     Column("num_gpus", "num_gpus", numeric=True), Column("layout", "layout", drop=4),
-    Column("days", "days", numeric=True), Column("gpu_hours", "gpu_hours", numeric=True),
-    Column("tokens", "tokens", numeric=True, drop=1),
+    Column("days", "days", numeric=True), Column("wall_clock_days", "wall_clock_days", numeric=True, drop=8),
+    Column("gpu_hours", "gpu_hours", numeric=True), Column("tokens", "tokens", numeric=True, drop=1),
     Column("tokens_per_parameter", "tokens_per_parameter", numeric=True, drop=5),
     Column("tokens_vs_compute_optimal", "tokens_vs_compute_optimal", numeric=True, drop=6),
     Column("mfu", "mfu", numeric=True, drop=7), Column("cloud_cost_usd", "cloud_cost_usd", numeric=True),
 )  # fmt: skip
-"""``budget``'s (a) on a terminal; left out for width first: mfu, tokens_vs_compute_optimal, tokens_per_parameter,
+"""``budget``'s (a) on a terminal; left out for width first: wall_clock_days, mfu, tokens_vs_compute_optimal, tokens_per_parameter,
 layout, source, tokens."""
 OPTIMAL_COLUMNS = (
     Column("gpu", "gpu"), Column("choice", "choice"), Column("model", "model"),
     Column("tokens", "tokens", numeric=True, drop=2), Column("num_gpus", "num_gpus", numeric=True),
     Column("layout", "layout", drop=4), Column("memory_gib", "memory_gib", numeric=True, drop=6),
     Column("mfu", "mfu", numeric=True, drop=7), Column("days", "days", numeric=True),
+    Column("wall_clock_days", "wall_clock_days", numeric=True, drop=8),
     Column("gpu_hours", "gpu_hours", numeric=True), Column("budget_used_pct", "budget_used_pct", numeric=True, drop=5),
     Column("cloud_cost_usd", "cloud_cost_usd", numeric=True),
 )  # fmt: skip
-"""``budget``'s (b); left out first: mfu, memory_gib, budget_used_pct, layout, tokens."""
+"""``budget``'s (b); left out first: wall_clock_days, mfu, memory_gib, budget_used_pct, layout, tokens."""
 SHORTEST_COLUMNS = (
     Column("model", "model"), Column("gpu", "gpu"), Column("parallelism", "parallelism"),
     Column("point", "point"), Column("global_batch_size", "global_batch_size", numeric=True, drop=5),
     Column("num_gpus", "num_gpus", numeric=True), Column("layout", "layout", drop=4),
     Column("step_time_s", "step_time_s", numeric=True, drop=3), Column("mfu", "mfu", numeric=True, drop=6),
-    Column("days", "days", numeric=True), Column("gpu_hours", "gpu_hours", numeric=True),
-    Column("cloud_cost_usd", "cloud_cost_usd", numeric=True),
+    Column("days", "days", numeric=True), Column("wall_clock_days", "wall_clock_days", numeric=True, drop=8),
+    Column("gpu_hours", "gpu_hours", numeric=True), Column("cloud_cost_usd", "cloud_cost_usd", numeric=True),
 )  # fmt: skip
-"""``shortest``; left out first: mfu, global_batch_size, layout, step_time_s."""
+"""``shortest``; left out first: wall_clock_days, mfu, global_batch_size, layout, step_time_s."""
 
 
 UNFIXABLE_NOTE = "a rerun cannot fix this; not resubmitted"

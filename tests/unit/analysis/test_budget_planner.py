@@ -199,8 +199,14 @@ def test_budget_shortest_and_plan_each_name_the_one_model_behind_their_gpu_hours
     assert main(argv) == 0
     assert "step-time model (analysis/predict/predictor.py" in capsys.readouterr().out
     assert set(pd.read_csv(tmp_path / "shortest.csv")["predictor"]) == {PREDICTOR}
-    assert main(["budget", "--gpu-hours", "1e4", "--gpu", "a100-80gb", "--model", "pythia-1b", "--width", "400"]) == 0
-    assert "step-time model (analysis/predict/predictor.py" in capsys.readouterr().out
+    budget = ["budget", "--gpu-hours", "1e4", "--gpu", "a100-80gb", "--model", "pythia-1b", "--width", "400"]
+    assert main([*budget, "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "step-time model (analysis/predict/predictor.py" in out
+    assert "wall_clock_days and wall_clock_gpu_hours: the whole run's at 90% goodput" in out
+    for name in ("budget_models.csv", "budget_optimal.csv"):
+        frame = pd.read_csv(tmp_path / name)
+        assert frame["wall_clock_days"].to_numpy() == pytest.approx(frame["days"].to_numpy() / 0.90), name
     assert cli.main(["plan", "model=pythia-1b", "gpu=a100-80gb"]) == 0
     out = capsys.readouterr().out
     assert "predicted by the step-time model (analysis/predict/predictor.py" in out and "layout model" not in out

@@ -93,6 +93,10 @@ def test_shortest_command_writes_csv(tmp_path: Path) -> None:
     frame = pd.read_csv(tmp_path / "shortest.csv")
     assert len(frame) == 4 and set(frame["source"]) == {"predicted"}
     assert (frame["tokens"] == 143_000 * 1024 * 2048).all()  # the model's own run by default
+    # beside the steps' days and GPU-hours, the whole run's at the default goodput (no cluster gives one)
+    assert (frame["goodput"] == 0.90).all()
+    assert frame["wall_clock_days"].to_numpy() == pytest.approx(frame["days"].to_numpy() / 0.90)
+    assert frame["wall_clock_gpu_hours"].to_numpy() == pytest.approx(frame["gpu_hours"].to_numpy() / 0.90)
 
 
 def test_shortest_command_names_a_bad_model(capsys: pytest.CaptureFixture[str]) -> None:
