@@ -5,7 +5,8 @@
    (:mod:`analysis.predict.holdout`); beside them the old leave-one-record-out figure, in-sample: a left-out
    record's twins (the same cell measured again, or at a fixed micro-batch) stay in and tell it the answer.
 2. An adaptive sweep (:func:`analysis.planners.adaptive.decide`, replayed by ``benchmarks/intervals.py``) and as
-   many cells chosen at random, on a grid whose truth the predictor cannot fit by construction
+   many cells chosen at random, on the real CPU grid of ``tests/data/cpu-grid`` (rounds of 5% of it), on a grid
+   whose truth the predictor cannot fit by construction
    (``tests/truth_grid.py``: physics of its own), and, on the same cells, on the old same-form truth
    (``tests/synthetic.py``: the predictor's own terms with perturbed coefficients), an estimator self-test that
    is not evidence. The cells never measured are judged against their truth.
@@ -161,6 +162,27 @@ def unfittable_truths(seeds: int) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
     return truths[0].drop(columns=["status"]), truths
 
 
+CPU_GRID = ROOT / "tests" / "data" / "cpu-grid" / "sweep.tar.gz"
+"""The real CPU grid: one sweep folder of this machine's probes (``tests/data/cpu-grid/README.md`` says how it
+was measured), packed."""
+
+
+def cpu_grid_truths(seeds: int) -> tuple[pd.DataFrame, list[pd.DataFrame]] | None:
+    """The real CPU grid as its sweep folder loads, the truth its own records (the same for every seed: only the
+    random choices differ); None where it is not in the checkout."""
+    import tarfile
+
+    if not CPU_GRID.is_file():
+        return None
+    with tempfile.TemporaryDirectory(prefix="scorecard-cpu-") as tmp:
+        with tarfile.open(CPU_GRID) as packed:
+            packed.extractall(tmp, filter="data")
+        (folder,) = [p for p in Path(tmp).iterdir() if p.is_dir()]
+        loaded = load_cells([folder]).frame
+    truth = loaded[loaded["status"].isin(["ok", "does_not_fit", "oom"])].reset_index(drop=True)
+    return truth.drop(columns=["status"]), [truth] * seeds
+
+
 def same_form_truths(seeds: int) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
     """The same cells, flat as ``tests/synthetic.py``'s grid is, with its perturbed-predictor truth."""
     grid = pd.DataFrame([{**flat_cell(c.config), "cell_id": c.cell_id} for c in truth_grid.cells()])
@@ -233,6 +255,14 @@ def main() -> None:
     print(f"\n2. Adaptive sweeps replayed (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round) and as "
           f"many cells chosen at random, {args.seeds} seeds; only the cells never measured are judged")  # fmt: skip
     grids = {}
+    cpu = cpu_grid_truths(args.seeds)
+    if cpu is None:
+        print(f"\nreal CPU grid: {CPU_GRID.relative_to(ROOT)} is not in this checkout")
+    else:
+        # rounds of 5% of the grid, so that the 5% mark is a round's end
+        small = Goal(goal.target_pct, math.inf, max(1, int(GOAL_SHARE * len(cpu[0]))))
+        name = "real CPU grid (tests/data/cpu-grid: this machine's own probes; evidence)"
+        grids[name] = grid_section(name, *cpu, small)
     name = "unfittable generator (tests/truth_grid.py: physics of its own; evidence)"
     grids[name] = grid_section(name, *unfittable_truths(args.seeds), goal)
     name = "same-form generator (estimator self-test, not evidence: tests/synthetic.py's truth on the same cells)"
