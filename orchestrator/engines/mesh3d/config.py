@@ -17,6 +17,7 @@ splits it ``num_gpus`` ways) and accumulation runs whole schedules, each ending 
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,12 +146,17 @@ def stage_sizes(num_layers: int, num_stages: int, end_weight: float = 0.0) -> li
     The split whose costliest stage costs least (then the most even one); middle stages share what the ends leave,
     the later ones taking the remainder (they keep fewer micro-batches in flight). Layers need not divide evenly:
     BLOOM's 70 layers in 12 stages are 5, ten of 6, 5; Llama 3 405B's 126 in 16 are 7, fourteen of 8, 7."""
+    return list(_balanced_sizes(int(num_layers), int(num_stages), max(0.0, float(end_weight))))
+
+
+@functools.lru_cache(maxsize=65536)
+def _balanced_sizes(num_layers: int, num_stages: int, w: float) -> tuple[int, ...]:
+    """:func:`stage_sizes`, kept per shape: a layout search asks for the same few splits thousands of times."""
     if num_stages <= 1:
-        return [num_layers]
-    w = max(0.0, float(end_weight))
+        return (num_layers,)
     if num_stages == 2:
         first = num_layers // 2
-        return [first, num_layers - first]
+        return (first, num_layers - first)
     middle = num_stages - 2
     best: tuple[tuple[float, float], list[int]] | None = None
     top = min(num_layers - middle - 1, -(-num_layers // num_stages) + 1)
@@ -166,7 +172,7 @@ def stage_sizes(num_layers: int, num_stages: int, end_weight: float = 0.0) -> li
             if best is None or key < best[0]:
                 best = (key, sizes)
     assert best is not None, "num_stages <= num_layers"
-    return best[1]
+    return tuple(best[1])
 
 
 def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0, layers: object = None) -> list[float]:
