@@ -13,7 +13,7 @@ quadrature,
   record is in adds its whole variance (:data:`FAMILY_SD`, :data:`METHOD_SD`); a group some records are in adds
   what its records' leave-one-out residuals leave of it, ``b² + v`` with ``b`` and ``v`` the posterior mean and
   variance of the group's effect (a normal prior of the group's sd, the records' residuals with the
-  neighbourhood's discrepancy as noise): a family whose records were all 20% slow than predicted keeps its cells'
+  neighbourhood's discrepancy as noise): a family whose records were all 20% slower than predicted keeps its cells'
   intervals wide, one whose records were on the mark narrows them.
 
 The share of a cell's time in terms no record constrains (communication where no record had any) is the
