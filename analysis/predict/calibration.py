@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from analysis.predict.discrepancy import positions
 from analysis.predict.inputs import inputs_from_columns, memory_terms
 from analysis.predict.step_time import TERMS, step_terms
 from analysis.predict.uncertainty import Spread, fit_posterior, prior_centre, prior_spread
@@ -138,6 +139,7 @@ def calibrate(records: pd.DataFrame) -> Calibration:
             times[rows],
             prior_centre(str(name), least_squares),
             _memory_loo_errors(predicted_peak[rows], measured_peak[rows]),
+            positions(x, accum).take(rows),
         )
         gcal = GpuCalibration(
             efficiency=1.0 / full[0],

@@ -102,6 +102,9 @@ class Inputs:
     """Every method field's array by the field's name, typed by its kind: numbers as floats, text as objects,
     flags as bools, anything else as the values themselves; the field's default where a cell has none (NaN for a
     number without one). Each engine reads its own fields here (``EngineSpec.memory_terms``)."""
+    family: np.ndarray
+    """The model's family (``gpt_neox``, ``llama``...; empty where unknown), where the discrepancy's random
+    effects group cells (:mod:`analysis.predict.discrepancy`)."""
 
     @property
     def per_gpu_batch(self) -> np.ndarray:
@@ -242,6 +245,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         compile=compiled,
         micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
         method=method,
+        family=np.array([m.family if m is not None else "" for m in models], dtype=object),
     )
 
 

@@ -23,6 +23,7 @@ import pandas as pd
 
 from analysis.predict import estimates as est
 from analysis.predict.calibration import Calibration, GpuCalibration, calibrate
+from analysis.predict.discrepancy import positions
 from analysis.predict.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
@@ -56,6 +57,7 @@ class _Coefficients:
     step_sd: np.ndarray
     memory_sd: np.ndarray
     dof: np.ndarray
+    spreads: dict[str, Spread]
 
 
 def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
@@ -69,6 +71,7 @@ def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
         step_sd=np.zeros(size),
         memory_sd=np.zeros(size),
         dof=np.ones(size),
+        spreads={},
     )
     out.coef[~np.isnan(x.reference_tflops)] = DEFAULT_COEFFICIENTS
     spreads: dict[str, Spread] = {}
@@ -83,7 +86,7 @@ def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
         spread = spreads.get(name) or prior_spread(str(name))
         rows = x.gpu == name
         out.covariance[rows] = spread.covariance
-        out.step_sd[rows] = spread.step_time_sd
+        out.spreads[name] = spread
         out.memory_sd[rows] = spread.memory_sd
         out.dof[rows] = spread.dof
     return out
@@ -126,6 +129,9 @@ def _predict(
     if accum is not None:
         steps = np.where(accum >= 1, accum, steps)
     terms = step_terms(x, steps)
+    where = positions(x, steps)  # the discrepancy grows with the distance to the records (uncertainty.Spread)
+    for name, spread in c.spreads.items():
+        c.step_sd[x.gpu == name] = spread.step_sd_at(where.take(x.gpu == name))
     parts = terms * coef
     step_time = parts.sum(axis=1)
     with np.errstate(divide="ignore", invalid="ignore"):

@@ -11,6 +11,11 @@ Step time is ``Σ coefficient × term`` (:mod:`analysis.predict.step_time`). Its
   fitted to the others, less what the posterior already accounts for, pooled with :data:`PRIOR_RECORDS` records'
   worth of the prior's discrepancy so that three records do not claim a 1% model.
 
+The discrepancy so estimated is the measured neighbourhood's: a cell far from every record (more GPUs or nodes, a
+larger model, more micro-steps, a family or method no record had) gets more, as :mod:`analysis.predict.discrepancy`
+says, and a family or method whose records were predicted badly keeps its cells' intervals wide. Time in a term no
+record exercises is the covariance's part: its coefficient keeps the prior's width.
+
 A cell's predictive relative variance is ``w Σ wᵀ + discrepancy²`` with ``w`` its terms over its central step time
 and ``Σ`` the coefficients' covariance; the interval is the central value times ``exp(± t × sd)``, ``t`` the 95%
 quantile of Student's t with as many degrees of freedom as the discrepancy was estimated from.
@@ -30,6 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
+from analysis.predict.discrepancy import Neighbourhood, Positions, cell_sd
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS
 
 LEVEL = 0.90
@@ -79,6 +85,13 @@ class Spread:
     dof: float
     """Degrees of freedom of the discrepancies: :data:`PRIOR_DOF` plus the records they were estimated on."""
     num_records: int = 0
+    neighbourhood: Neighbourhood | None = None
+    """The records the discrepancy was estimated on, where a cell's distance to them is measured from."""
+
+    def step_sd_at(self, cells: Positions) -> np.ndarray:
+        """The step time's discrepancy at each cell: :attr:`step_time_sd` where records pin it down, growing with
+        the distance to them (:func:`analysis.predict.discrepancy.cell_sd`)."""
+        return cell_sd(self.step_time_sd, cells, self.neighbourhood)
 
 
 def prior_covariance(gpu: str, centre: np.ndarray | None = None) -> np.ndarray:
@@ -95,9 +108,17 @@ def prior_covariance(gpu: str, centre: np.ndarray | None = None) -> np.ndarray:
 
 
 def prior_spread(gpu: str) -> Spread:
-    """An uncalibrated GPU type's spread: the prior alone."""
+    """An uncalibrated GPU type's spread: the prior alone, the same for every cell. Its widths are those of a cell
+    anywhere (the coefficients' priors, the discrepancy doubled off the reference GPU); the discrepancy's growth
+    rates were fitted on calibrated predictions only (:mod:`analysis.predict.discrepancy`), so they are not
+    applied here."""
     factor = 1.0 if gpu == REFERENCE_GPU else OTHER_GPU_FACTOR
-    return Spread(prior_covariance(gpu), STEP_TIME_DISCREPANCY * factor, MEMORY_DISCREPANCY * factor, float(PRIOR_DOF))
+    return Spread(
+        prior_covariance(gpu),
+        STEP_TIME_DISCREPANCY * factor,
+        MEMORY_DISCREPANCY * factor,
+        float(PRIOR_DOF),
+    )
 
 
 def pooled_sd(prior_sd: float, squared_errors: np.ndarray) -> float:
@@ -115,7 +136,12 @@ def prior_centre(gpu: str, least_squares: np.ndarray | None) -> np.ndarray:
 
 
 def fit_posterior(
-    gpu: str, terms: np.ndarray, times: np.ndarray, centre: np.ndarray, memory_errors: np.ndarray
+    gpu: str,
+    terms: np.ndarray,
+    times: np.ndarray,
+    centre: np.ndarray,
+    memory_errors: np.ndarray,
+    where: Positions | None = None,
 ) -> tuple[np.ndarray, Spread]:
     """The coefficients' posterior mean and the spread of a GPU type calibrated on records with step-time
     ``terms`` (one row each) and measured ``times``; ``centre`` is the prior's (:func:`prior_centre`).
@@ -123,7 +149,8 @@ def fit_posterior(
     The discrepancy is the likelihood's noise, and the leave-one-out errors (each record predicted by the
     posterior of the others, less the variance that posterior already accounts for) set it: a few rounds of each
     given the other settle. ``memory_errors`` are the peak memory's leave-one-out log errors, computed by the
-    caller (NaN where unmeasured). A coefficient the posterior puts below zero is taken as zero (compute: a
+    caller (NaN where unmeasured); ``where`` the records' positions, kept with their leave-one-out residuals as
+    the neighbourhood a cell's discrepancy grows away from (:mod:`analysis.predict.discrepancy`). A coefficient the posterior puts below zero is taken as zero (compute: a
     thousandth of the prior's), the posterior being Gaussian where the truth is not.
     """
     prior = prior_spread(gpu)
@@ -140,13 +167,14 @@ def fit_posterior(
     for _ in range(4):
         precision = precision0 + weighted.T @ weighted / sd**2
         rhs = precision0 @ centre + weighted.sum(axis=0) / sd**2
-        errors = np.zeros(n)
+        errors, residuals = np.zeros(n), np.zeros(n)
         for i in range(n):
             w = weighted[i]
             mean_i, cov_i = solve(precision - np.outer(w, w) / sd**2, rhs - w / sd**2)
             predicted = max(float(terms[i] @ mean_i), 1e-3 * times[i])
             v = terms[i] / predicted  # the prediction's own relative variance is v Σ vᵀ
-            errors[i] = np.log(times[i] / predicted) ** 2 - float(v @ cov_i @ v)
+            residuals[i] = np.log(times[i] / predicted)
+            errors[i] = residuals[i] ** 2 - float(v @ cov_i @ v)
         # One record alone has no other to be predicted from: its error is the prior's, not the model's.
         sd = pooled_sd(prior.step_time_sd, errors if n > 1 else errors[:0])
     precision = precision0 + weighted.T @ weighted / sd**2
@@ -155,7 +183,8 @@ def fit_posterior(
     mean[0] = max(mean[0], 1e-3 * centre[0])
     measured_memory = memory_errors[np.isfinite(memory_errors)]
     memory_sd = pooled_sd(prior.memory_sd, measured_memory**2 if len(measured_memory) > 1 else measured_memory[:0])
-    return mean, Spread(covariance, sd, memory_sd, float(PRIOR_DOF + n), n)
+    near = Neighbourhood(where, residuals if n > 1 else None) if where is not None else None
+    return mean, Spread(covariance, sd, memory_sd, float(PRIOR_DOF + n), n, near)
 
 
 def quantile(dof: np.ndarray | float) -> np.ndarray:

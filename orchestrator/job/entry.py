@@ -43,7 +43,16 @@ import submitit
 
 from orchestrator.cells import cell as cells
 from orchestrator.cells.cell import TIME_LIMIT_WARNING_S
-from orchestrator.job.env import node_jobs, node_name, rendezvous, say, scheduler_ids, set_distributed_env
+from orchestrator.job.env import (
+    allocator_settings,
+    node_jobs,
+    node_name,
+    rendezvous,
+    say,
+    scheduler_ids,
+    set_allocator_env,
+    set_distributed_env,
+)
 from orchestrator.job.failures import Ending, Happened, ProbeOutcome, TimeSignal, outcome_of
 from orchestrator.job.recorded import answered, claim_record, keep_earlier_record, superseded
 from orchestrator.slurm import commands as slurm
@@ -150,6 +159,7 @@ def run_cell(
     local_world_size = max(1, world_size // max(1, env.num_nodes))
     addr, port = rendezvous(str(env.job_id), list(env.hostnames))
     set_distributed_env(rank, world_size, local_rank, local_world_size, addr, port)
+    set_allocator_env(typed.gpu.accelerator if typed is not None else "cuda")
     if typed is not None and typed.gpu.accelerator == "cpu":
         # Must precede the first import of deepspeed; one thread per rank unless the scheduler gave more cores.
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -222,6 +232,7 @@ def run_cell(
         if submitted_by is not None:
             environment["gpudays_submitted_by"] = submitted_by
         environment.update(scheduler_ids())
+        environment.update(allocator_settings())
         environment.update(
             {
                 "job_id": str(env.job_id),

@@ -19,6 +19,15 @@ that another job's connection cannot hold the port when rank 0 binds it (EADDRIN
 MAX_NODE_JOBS = 20
 """At most this many of a node's other jobs are listed in a record."""
 
+ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
+"""The caching allocator's settings, as torch reads them: ``PYTORCH_ALLOC_CONF`` first, the older
+``PYTORCH_CUDA_ALLOC_CONF`` where that is not set (``c10/core/AllocatorConfig.h``)."""
+DEFAULT_CUDA_ALLOC_CONF = "expandable_segments:True"
+"""What a CUDA probe's allocator runs with where the user set neither variable: segments that grow in place
+rather than new blocks beside the old, PyTorch's documented remedy for reserved memory lost to fragmentation
+(torch.cuda memory management notes; its out-of-memory message suggests it). Its effect on the reserved peak has
+not been measured on a GPU here: the H100 records of tests/data/gpu-records ran without it."""
+
 
 def say(message: str) -> None:
     """A line in the job's stderr log (signal handlers included: no logging locks)."""
@@ -78,6 +87,18 @@ def set_distributed_env(
             "MASTER_PORT": str(port),
         }
     )
+
+
+def set_allocator_env(accelerator: str) -> None:
+    """On a CUDA device, :data:`DEFAULT_CUDA_ALLOC_CONF` unless the user set either of
+    :data:`ALLOC_CONF_VARIABLES` (theirs wins); before torch is imported, as the allocator reads it once."""
+    if accelerator != "cpu" and not any(os.environ.get(name) for name in ALLOC_CONF_VARIABLES):
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = DEFAULT_CUDA_ALLOC_CONF
+
+
+def allocator_settings() -> dict[str, str | None]:
+    """The allocator's settings the probe ran with, for the record's environment (None where unset)."""
+    return {name.lower(): os.environ.get(name) for name in ALLOC_CONF_VARIABLES}
 
 
 def node_jobs() -> list[str] | None:

@@ -11,8 +11,10 @@ import pandas as pd
 import pytest
 import synthetic
 
+from analysis.predict import discrepancy
 from analysis.predict.calibration import calibrate
-from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame
+from analysis.predict.inputs import inputs_from_columns
+from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame, prediction_detail
 from analysis.predict.uncertainty import bounds, quantile
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("*/*.json"))
@@ -113,3 +115,26 @@ def test_the_interval_is_student_t_on_the_log_scale() -> None:
     assert quantile(1e9) == pytest.approx(1.6449, abs=1e-4)
     assert (low[0], high[0]) == pytest.approx((10.0 / np.exp(0.16449), 10.0 * np.exp(0.16449)), rel=1e-4)
     assert quantile(4.0) == pytest.approx(2.1318, abs=1e-4)
+
+
+def test_a_calibrated_interval_widens_for_a_model_far_from_its_records(
+    grid: pd.DataFrame, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Records of pythia-70m and 410m only: a 410m cell is among them, a 1b cell 2.5 times the nearest size.
+    truth = synthetic.perturbed_truth(grid, seed=3)
+    ok = truth[truth["status"] == "ok"]
+    train = ok[ok["model"].isin(["pythia-70m", "pythia-410m"]) & (ok["gpu"] == "a100-80gb")]
+    test = ok[ok["model"].isin(["pythia-410m", "pythia-1b"]) & (ok["gpu"] == "a100-80gb")]
+    calibration = calibrate(train)
+
+    def variance(rate: float) -> np.ndarray:
+        monkeypatch.setattr(discrepancy, "SIZE_RATE", rate)
+        out: np.ndarray = np.asarray(prediction_detail(test, calibration)["step_time_sd"], dtype=float) ** 2
+        return out
+
+    added = variance(0.2) - variance(0.0)
+    far = (test["model"] == "pythia-1b").to_numpy()
+    params = inputs_from_columns({c: test[c] for c in test.columns}, len(test)).params
+    distance = np.log(params[far].max() / params[~far].max())
+    assert added[~far] == pytest.approx(0.0, abs=1e-12)
+    assert added[far] == pytest.approx((0.2 * distance) ** 2)
