@@ -352,6 +352,15 @@ class ProbeConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """The sweep's own profile of its hardware (``gpudays profile``, run before the cells)."""
+
+    auto: bool = True
+    """Where the sweep folder holds no profile of a GPU type and node layout its cells run on, measure one first
+    (on this machine before the cells; on SLURM as a job of its own ahead of the cells' array); ``false`` never."""
+
+
+@dataclass
 class Config:
     """One cell of the grid: a model on ``num_gpus`` GPUs of one type with one method."""
 
@@ -360,6 +369,7 @@ class Config:
     method: MethodConfig = MISSING
     cluster: ClusterConfig = MISSING
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
     num_gpus: int = field(default=1, metadata=domain(ge=1, integer=True))
     num_nodes: int = field(default=1, metadata=domain(ge=1, integer=True))
     """Nodes the cell's GPUs are spread over; ``num_gpus`` must be a multiple of it."""
@@ -410,7 +420,7 @@ def to_config(composed: Any) -> Config:
         cls = _GROUP_TYPES.get(name)
         values[name] = _section(cls, value, name) if cls is not None else value
     cfg = Config(**values)
-    missing = [name for name in _GROUP_TYPES if name != "probe" and getattr(cfg, name) == MISSING]
+    missing = [name for name in _GROUP_TYPES if name not in ("probe", "profile") and getattr(cfg, name) == MISSING]
     if missing:
         raise ValueError(f"cell config: missing group(s) {', '.join(missing)}")
     return cfg
@@ -435,4 +445,5 @@ _GROUP_TYPES: dict[str, type] = {
     "method": MethodConfig,
     "cluster": ClusterConfig,
     "probe": ProbeConfig,
+    "profile": ProfileConfig,
 }
