@@ -11,7 +11,6 @@ cited defaults.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -85,7 +84,7 @@ def _measure_here(paths: SweepPaths, need: sweep.Need, plan: Plan) -> None:
     local, per_link = plan.figures()
     console.out(f"profiling {need.describe()} on this machine before the cells: {local} products, attention and "
                 f"memory figures, {per_link} collective figures (`profile.auto=false` leaves it out)")  # fmt: skip
-    sweep.log_run(paths, need, "started", where="local", at=_now())
+    sweep.log_run(paths, need, "started", where="local")
     started = time.perf_counter()
     try:
         profile = profile_here(plan, need.gpus_per_node, need.backend)
@@ -107,7 +106,7 @@ def _submit(paths: SweepPaths, need: sweep.Need, cell: Config, plan: Plan) -> No
         job_id = submit_profile(paths, need, cell, plan)
     except Exception as e:  # noqa: BLE001 - any refusal of the profile's job leaves the cells to go on
         said = (getattr(e, "stderr", None) or str(e) or type(e).__name__).strip().splitlines()
-        sweep.log_run(paths, need, "started", where="slurm", job_id=None, at=_now())
+        sweep.log_run(paths, need, "started", where="slurm", job_id=None)
         reason = f"not submitted: {said[-1] if said else e}"
         sweep.log_run(paths, need, "ended", outcome="failed", reason=reason, wall_s=0.0)
         console.note(f"the profile of {need.describe()} could not be submitted ({said[-1] if said else e}); {FALLBACK}")
@@ -151,7 +150,3 @@ def _scheduler_state(job_id: str) -> str | None:
     except (slurm.SlurmUnavailable, ValueError):
         return None
     return None
-
-
-def _now() -> str:
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")

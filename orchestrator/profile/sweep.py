@@ -15,6 +15,7 @@ measured twice, ``gpudays status`` can show it, and an adaptive sweep's budget c
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -182,8 +183,10 @@ def need_of(row: Mapping[str, object]) -> Need | None:
 
 
 def log_run(paths: SweepPaths, need: Need, event: str, **more: object) -> None:
+    """A line of ``profiles/runs.jsonl``: ``need``, the event, when (UTC), and ``more``."""
     paths.profiles_dir.mkdir(parents=True, exist_ok=True)
-    append_jsonl(paths.profiles_dir / "runs.jsonl", {**asdict(need), "event": event, **more})
+    at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    append_jsonl(paths.profiles_dir / "runs.jsonl", {**asdict(need), "event": event, "at": at, **more})
 
 
 def decide(

@@ -81,7 +81,7 @@ def submit_profile(paths: SweepPaths, need: sweep.Need, cell: Config, plan: Plan
     with launch.submission_environment(), contextlib.redirect_stderr(io.StringIO()):
         job = executor.submit(ProfileJob(str(paths.root), need, plan))
     job_id = str(job.job_id)
-    sweep.log_run(paths, need, "started", where="slurm", job_id=job_id, at=_now(), **_plan_size(plan))
+    sweep.log_run(paths, need, "started", where="slurm", job_id=job_id, **_plan_size(plan))
     launch.release_held([slurm.JobId.parse(job_id)])
     return job_id
 
@@ -89,9 +89,3 @@ def submit_profile(paths: SweepPaths, need: sweep.Need, cell: Config, plan: Plan
 def _plan_size(plan: Plan) -> dict[str, int]:
     local, per_link = plan.figures()
     return {"figures": local, "collective_figures": per_link}
-
-
-def _now() -> str:
-    import datetime as dt
-
-    return dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
