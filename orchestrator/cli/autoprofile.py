@@ -1,4 +1,4 @@
-"""A sweep profiles its hardware before its cells (``profile.auto``, on by default).
+"""A sweep profiles its hardware before its cells (``probe.profile``, on by default).
 
 For each GPU type and node layout the cells run on (:func:`orchestrator.profile.sweep.needs`) the folder's
 profile is reused, or one from ``--profile-from`` copied in (refused, with the fields that differ, where it is of
@@ -83,7 +83,7 @@ def _measure_here(paths: SweepPaths, need: sweep.Need, plan: Plan) -> None:
 
     local, per_link = plan.figures()
     console.out(f"profiling {need.describe()} on this machine before the cells: {local} products, attention and "
-                f"memory figures, {per_link} collective figures (`profile.auto=false` leaves it out)")  # fmt: skip
+                f"memory figures, {per_link} collective figures (`probe.profile=false` leaves it out)")  # fmt: skip
     sweep.log_run(paths, need, "started", where="local")
     started = time.perf_counter()
     try:

@@ -65,7 +65,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not plan.cells:
         raise CommandError("no cell of this sweep can run (reasons above); nothing was submitted")
     if goal is not None:
-        return adaptive.start(plan, goal, args.wait, not args.no_report, args.interval, args.profile_from)
+        return adaptive.start(
+            plan,
+            goal,
+            wait=args.wait,
+            report=not args.no_report,
+            interval_s=args.interval,
+            profile_from=args.profile_from,
+        )
     from orchestrator.store.adaptive_state import is_adaptive
     from orchestrator.store.paths import SweepPaths
 
@@ -74,7 +81,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"{plan.sweep_dir} is an adaptive sweep, which chooses the cells it measures: `gpudays resume` goes on "
             "with it; a sweep of every cell goes to a folder of its own (--dir)"
         )
-    return lifecycle.start(plan, args.wait, not args.no_report, args.interval, args.profile_from)
+    return lifecycle.start(
+        plan, wait=args.wait, report=not args.no_report, interval_s=args.interval, profile_from=args.profile_from
+    )
 
 
 def _sweep_dir(given: str | None, overrides: list[str]) -> Path | None:

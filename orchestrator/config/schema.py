@@ -349,15 +349,10 @@ class ProbeConfig:
     """Treat a micro-batch whose peak memory exceeds this (at a trial, the warm-up or the timed steps) as out of
     memory (a limit imposed on the probe)."""
     seed: int = field(default=0, metadata=domain(ge=0, integer=True))
-
-
-@dataclass
-class ProfileConfig:
-    """The sweep's own profile of its hardware (``gpudays profile``, run before the cells)."""
-
-    auto: bool = True
-    """Where the sweep folder holds no profile of a GPU type and node layout its cells run on, measure one first
-    (on this machine before the cells; on SLURM as a job of its own ahead of the cells' array); ``false`` never."""
+    profile: bool = True
+    """Where the sweep folder holds no profile of a GPU type and node layout the cells run on, measure one first
+    (``gpudays profile``: on this machine before the cells, on SLURM as a job of its own ahead of their array);
+    ``false`` never. A sweep of sleep or fail probes measures none."""
 
 
 @dataclass
@@ -369,7 +364,6 @@ class Config:
     method: MethodConfig = MISSING
     cluster: ClusterConfig = MISSING
     probe: ProbeConfig = field(default_factory=ProbeConfig)
-    profile: ProfileConfig = field(default_factory=ProfileConfig)
     num_gpus: int = field(default=1, metadata=domain(ge=1, integer=True))
     num_nodes: int = field(default=1, metadata=domain(ge=1, integer=True))
     """Nodes the cell's GPUs are spread over; ``num_gpus`` must be a multiple of it."""
@@ -420,7 +414,7 @@ def to_config(composed: Any) -> Config:
         cls = _GROUP_TYPES.get(name)
         values[name] = _section(cls, value, name) if cls is not None else value
     cfg = Config(**values)
-    missing = [name for name in _GROUP_TYPES if name not in ("probe", "profile") and getattr(cfg, name) == MISSING]
+    missing = [name for name in _GROUP_TYPES if name != "probe" and getattr(cfg, name) == MISSING]
     if missing:
         raise ValueError(f"cell config: missing group(s) {', '.join(missing)}")
     return cfg
@@ -445,5 +439,4 @@ _GROUP_TYPES: dict[str, type] = {
     "method": MethodConfig,
     "cluster": ClusterConfig,
     "probe": ProbeConfig,
-    "profile": ProfileConfig,
 }

@@ -29,6 +29,8 @@ from orchestrator.store.paths import SweepPaths
 
 BUDGET_S = 120.0
 """The most a profile spends measuring (two GPU-minutes on each of its GPUs)."""
+MEASURING = "deepspeed"
+"""The probe kind that measures (``probe.kind``): a sweep whose cells only sleep or fail needs no profile."""
 GPU_NAMES = "gpus.jsonl"
 """Beside the profiles (a ``.json`` there is a profile): which config GPU name each was measured for."""
 START_S = 60.0
@@ -59,7 +61,8 @@ class Need:
 
 @dataclass(frozen=True)
 class Decision:
-    """What a sweep does about one need: ``measure``, ``reuse`` (``found``), ``off`` (profile.auto false), or
+    """What a sweep does about one need: ``measure``, ``reuse`` (``found``), ``off`` (``probe.profile`` false, or
+    no cell of it measures: ``probe.kind`` sleep or fail), or
     ``started`` (a run of it is already recorded: measured, under way, or failed; never started again)."""
 
     need: Need
@@ -72,7 +75,7 @@ class RefusedProfile(ValueError):
 
 
 def needs(configs: Iterable[Config]) -> dict[Need, list[Config]]:
-    """The hardware the cells run on, each with its cells (``profile.auto`` is read from them)."""
+    """The hardware the cells run on, each with its cells (``probe.profile`` is read from them)."""
     by_gpu: dict[tuple[str, str], list[Config]] = {}
     for cfg in configs:
         by_gpu.setdefault((cfg.gpu.name, cfg.cluster.backend), []).append(cfg)
@@ -202,8 +205,8 @@ def decide(
             raise RefusedProfile(refusal(old, need, here))
         _, profile, _ = max(theirs, key=lambda f: f[1].measured_at)
         return Decision(need, "reuse", keep(paths, profile, need.gpu))
-    if not any(c.profile.auto for c in cells):
-        return Decision(need, "off")
+    if not any(c.probe.profile and c.probe.kind == MEASURING for c in cells):
+        return Decision(need, "off")  # switched off, or the cells only check the plumbing (a sleep or fail probe)
     if any(need_of(r) == need for r in runs(paths)):
         return Decision(need, "started")
     return Decision(need, "measure")

@@ -23,7 +23,7 @@ def test_demo_sweep_measures_four_cells_and_writes_cells_csv(tmp_path: Path, cap
     code = cli.main(["sweep", "--dir", str(sweep_dir)])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert not (sweep_dir / "profiles").exists(), "the demo runs with profile.auto=false, to stay short"
+    assert not (sweep_dir / "profiles").exists(), "the demo runs with probe.profile=false, to stay short"
     # A line per cell with its own wall time, the table, and every file the report wrote.
     assert [line.split()[0] for line in out.splitlines() if " ok, " in line and " s/step in " in line] == [
         "[1/4]",

@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.cli import autoprofile
 from orchestrator.cli.errors import CommandError
-from orchestrator.config.schema import Config, ProfileConfig, to_config
+from orchestrator.config.schema import Config, to_config
 from orchestrator.planning.plan import plan
 from orchestrator.profile import sweep
 from orchestrator.profile.identity import Identity
@@ -32,8 +32,9 @@ def _composed(*overrides: str) -> Config:
     return to_config(cell.config)
 
 
-def cpu(num_gpus: int = 2, auto: bool = True) -> Config:
-    return replace(_composed("model=pythia-tiny"), num_gpus=num_gpus, profile=ProfileConfig(auto))
+def cpu(num_gpus: int = 2, auto: bool = True, kind: str = "deepspeed") -> Config:
+    base = _composed("model=pythia-tiny")
+    return replace(base, num_gpus=num_gpus, probe=replace(base.probe, kind=kind, profile=auto))
 
 
 def h100(num_gpus: int = 8, num_nodes: int = 2) -> Config:
@@ -66,6 +67,7 @@ def test_profile_auto_false_measures_nothing_but_a_profile_there_is_still_used(t
     paths = SweepPaths(tmp_path)
     assert sweep.decide(paths, LOCAL, [cpu(auto=False)], HERE).action == "off"
     assert sweep.decide(paths, LOCAL, [cpu(auto=False), cpu(auto=True)], HERE).action == "measure"
+    assert sweep.decide(paths, LOCAL, [cpu(kind="sleep"), cpu(kind="fail")], HERE).action == "off"
     sweep.keep(paths, made_up(HERE), "cpu")
     assert sweep.decide(paths, LOCAL, [cpu(auto=False)], HERE).action == "reuse"
 
