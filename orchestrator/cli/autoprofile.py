@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from orchestrator.cli.display import console
-from orchestrator.cli.errors import CommandError
+from orchestrator.cli.errors import CommandError, Exit
 from orchestrator.config.schema import Config
 from orchestrator.profile import sweep
-from orchestrator.profile.record import BadProfile
+from orchestrator.profile.record import BadProfile, profiles_in
 from orchestrator.store.paths import SweepPaths
 
 if TYPE_CHECKING:
@@ -135,6 +135,32 @@ def status_lines(paths: SweepPaths) -> list[str]:
             how = f"failed: {ended.get('reason')}; {FALLBACK}"
         lines.append(f"profile of {need.describe()} ({job}): {how}")
     return lines
+
+
+def show(paths: SweepPaths) -> int:
+    """``gpudays show SWEEP profile``: each profile run's line, and its SLURM job's log files (a failed run's error
+    log's last lines too)."""
+    lines = status_lines(paths)
+    if not lines:
+        console.out(f"{paths.root} has started no profile run (its profiles: {len(profiles_in(paths))})")
+        return Exit.OK
+    for line, row in zip(lines, [r for r in sweep.runs(paths) if r.get("event") == "started"], strict=False):
+        console.out(line)
+        job_id = row.get("job_id")
+        logs = sorted(paths.job_dir(str(job_id)).glob("*_log.*")) if job_id else []
+        for log in logs:
+            console.out(f"  {log}")
+        if logs and ": ok, " not in line:
+            tail = log_tail(logs[0])
+            console.out("\n".join(f"    {t}" for t in tail))
+    return Exit.OK
+
+
+def log_tail(path: Path, lines: int = 10) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def _scheduler_state(job_id: str) -> str | None:

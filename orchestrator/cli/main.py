@@ -166,6 +166,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     if not args.cell.strip():
         raise CommandError("give a cell id (or its first characters), as `gpudays status` lists them")
+    if args.cell.strip() == "profile":  # no cell id (hexadecimal) starts so
+        from orchestrator.cli import autoprofile
+
+        return autoprofile.show(folder.sweep_folder(args.sweep_dir))
     return folder.show_cell(folder.sweep_folder(args.sweep_dir), args.cell)
 
 

@@ -107,7 +107,8 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
 
     sh = command("show", "one cell: state, reason, attempts, log files, the tail of its traceback")
     sh.add_argument("sweep_dir")
-    sh.add_argument("cell", help="the cell's id (or the start of it), as `gpudays status` lists it")
+    sh.add_argument("cell", help="the cell's id (or the start of it), as `gpudays status` lists it; `profile`: the "
+                    "sweep's profile runs and their jobs' logs")  # fmt: skip
     sh.set_defaults(func=handlers["show"])
 
     rs = command("resume", "resubmit only the cells that need it (failed, timed out, lost, ...)")

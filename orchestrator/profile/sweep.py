@@ -33,7 +33,7 @@ MEASURING = "deepspeed"
 """The probe kind that measures (``probe.kind``): a sweep whose cells only sleep or fail needs no profile."""
 GPU_NAMES = "gpus.jsonl"
 """Beside the profiles (a ``.json`` there is a profile): which config GPU name each was measured for."""
-START_S = 60.0
+START_S = 120.0
 """What a profile's job adds to that (start-up, imports); a job's limit is BUDGET_S + START_S, rounded up."""
 
 

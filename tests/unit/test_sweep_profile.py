@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.cells.cell import cell_id
 from orchestrator.cli import autoprofile
+from orchestrator.cli import main as cli
 from orchestrator.cli.errors import CommandError
 from orchestrator.config.schema import Config, to_config
 from orchestrator.planning.plan import plan
@@ -20,6 +22,7 @@ from orchestrator.profile.identity import Identity
 from orchestrator.profile.record import write_profile
 from orchestrator.profile.runner import ProfileFailed
 from orchestrator.store.paths import SweepPaths
+from orchestrator.submission.launch import write_cell
 from tests.unit.test_profile_record import made_up
 
 HERE = Identity("cpu", 2, 1, "AMD EPYC", "2.13.0+cpu", "gloo")
@@ -167,3 +170,18 @@ def test_a_damaged_gpu_index_is_named(tmp_path: Path) -> None:
     (paths.profiles_dir / "gpus.jsonl").write_text(json.dumps(["h100"]) + "\n")
     with pytest.raises(CommandError, match=r"gpus.jsonl: line 1: expected"):
         autoprofile.decisions(paths, {"a": h100()}, [])
+
+
+def test_show_profile_lists_each_run_and_a_failed_jobs_log(tmp_path: Path, capsys) -> None:
+    paths = SweepPaths(tmp_path)
+    write_cell(paths, cell_id(cpu()), cpu())
+    assert cli.main(["show", str(tmp_path), "profile"]) == 0
+    assert "has started no profile run" in capsys.readouterr().out
+    sweep.log_run(paths, SLURM, "started", where="slurm", job_id="41")
+    sweep.log_run(paths, SLURM, "ended", outcome="failed", reason="RuntimeError: NCCL timeout", wall_s=9.0)
+    paths.job_dir("41").mkdir(parents=True)
+    (paths.job_dir("41") / "41_0_log.err").write_text("Traceback ...\nRuntimeError: NCCL timeout\n")
+    assert cli.main(["show", str(tmp_path), "profile"]) == 0
+    out = capsys.readouterr().out
+    assert "profile of 4 x h100-80gb on 2 nodes (job 41): failed: RuntimeError: NCCL timeout" in out
+    assert "41_0_log.err" in out and "    RuntimeError: NCCL timeout" in out
