@@ -196,13 +196,13 @@ def decide(
     paths: SweepPaths, need: Need, cells: Sequence[Config], here: Identity | None, older: Sequence[SweepPaths] = ()
 ) -> Decision:
     """What the sweep does about ``need`` (see :class:`Decision`). ``older``: ``--profile-from`` folders, whose
-    fitting profile is copied in; RefusedProfile where one holds none that fits. BadProfile: a damaged file."""
+    newest fitting profile is copied in; RefusedProfile where none of them holds one. BadProfile: a damaged file."""
     if mine := _found(paths, need, here):
         return Decision(need, "reuse", max(mine, key=lambda f: f[1].measured_at)[0])
-    for old in older:
-        theirs = _found(old, need, here)
+    if older:
+        theirs = [found for old in older for found in _found(old, need, here)]
         if not theirs:
-            raise RefusedProfile(refusal(old, need, here))
+            raise RefusedProfile("; ".join(refusal(old, need, here) for old in older))
         _, profile, _ = max(theirs, key=lambda f: f[1].measured_at)
         return Decision(need, "reuse", keep(paths, profile, need.gpu))
     if not any(c.probe.profile and c.probe.kind == MEASURING for c in cells):

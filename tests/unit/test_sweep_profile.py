@@ -99,6 +99,10 @@ def test_profile_from_copies_a_fitting_profile_in_and_refuses_other_hardware(tmp
     decided = sweep.decide(new, SLURM, [h100()], None, [old])
     assert decided.action == "reuse" and decided.found is not None and decided.found.parent == new.profiles_dir
     assert sweep.profiles_for(new.root)["h100-80gb"].identity == H100
+    # Of several folders, the one that holds this hardware's profile is used.
+    other = SweepPaths(tmp_path / "other")
+    sweep.keep(other, made_up(replace(H100, gpus_per_node=8)), "h100-80gb")
+    assert sweep.decide(SweepPaths(tmp_path / "fourth"), SLURM, [h100()], None, [other, old]).action == "reuse"
     with pytest.raises(sweep.RefusedProfile, match=r"gpus_per_node: 4 != 8") as refused:
         sweep.decide(SweepPaths(tmp_path / "third"), replace(SLURM, gpus_per_node=8), [h100()], None, [old])
     assert str(old.root) in str(refused.value) and "nodes" not in str(refused.value).split("(", 1)[1].replace(
