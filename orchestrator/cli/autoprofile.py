@@ -43,6 +43,9 @@ def decisions(paths: SweepPaths, configs: Mapping[str, Config], older: Sequence[
 
     out = []
     for need, cells in sweep.needs(configs.values()).items():
+        if not older and not sweep.measuring(cells):
+            out.append(sweep.Decision(need, "off"))  # this machine's identity (torch's import) is not asked for
+            continue
         here = this_machine(need.backend, need.gpus_per_node, 1) if need.cluster == "local" else None
         try:
             out.append(sweep.decide(paths, need, cells, here, older))
@@ -54,8 +57,8 @@ def decisions(paths: SweepPaths, configs: Mapping[str, Config], older: Sequence[
 
 
 def ensure(paths: SweepPaths, configs: Mapping[str, Config], older: Sequence[SweepPaths] = ()) -> None:
-    """Reuse, copy in or measure the profile of each need of ``configs`` (inside the sweep's lock, once the cells
-    are written: the profile measures their models' shapes)."""
+    """Reuse, copy in or measure the profile of each need of ``configs`` (inside the sweep's lock, before the cells
+    are submitted); the profile measures the shapes of their models."""
     if not configs:
         return
     cells = sweep.needs(configs.values())

@@ -192,6 +192,12 @@ def log_run(paths: SweepPaths, need: Need, event: str, **more: object) -> None:
     append_jsonl(paths.profiles_dir / "runs.jsonl", {**asdict(need), "event": event, "at": at, **more})
 
 
+def measuring(cells: Sequence[Config]) -> bool:
+    """Whether a profile is wanted for these cells: ``probe.profile`` is on for one that measures (a sweep of
+    sleep or fail probes only checks the plumbing)."""
+    return any(c.probe.profile and c.probe.kind == MEASURING for c in cells)
+
+
 def decide(
     paths: SweepPaths, need: Need, cells: Sequence[Config], here: Identity | None, older: Sequence[SweepPaths] = ()
 ) -> Decision:
@@ -205,8 +211,8 @@ def decide(
             raise RefusedProfile("; ".join(refusal(old, need, here) for old in older))
         _, profile, _ = max(theirs, key=lambda f: f[1].measured_at)
         return Decision(need, "reuse", keep(paths, profile, need.gpu))
-    if not any(c.probe.profile and c.probe.kind == MEASURING for c in cells):
-        return Decision(need, "off")  # switched off, or the cells only check the plumbing (a sleep or fail probe)
+    if not measuring(cells):
+        return Decision(need, "off")
     if any(need_of(r) == need for r in runs(paths)):
         return Decision(need, "started")
     return Decision(need, "measure")
