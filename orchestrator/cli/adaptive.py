@@ -23,12 +23,13 @@ from analysis.planners.adaptive import STOP_REASONS, Decision, Goal, decide
 from analysis.planners.selection import ProbeSteps
 from analysis.predict.inputs import flat_cell
 from analysis.sweeps.records import UNMEASURED, load_cells
+from orchestrator.cli import autoprofile, folder
 from orchestrator.cli import flow as lifecycle
-from orchestrator.cli import folder
 from orchestrator.cli.display import console
 from orchestrator.cli.display.figures import figure
 from orchestrator.cli.errors import CommandError, Exit
 from orchestrator.config.schema import to_config
+from orchestrator.profile import sweep as profile_sweep
 from orchestrator.store.adaptive_state import (
     MAX_ATTEMPTS,
     AdaptiveState,
@@ -67,10 +68,14 @@ def goal_from_flags(
     )
 
 
-def start(plan: Plan, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
-    """``gpudays sweep --adaptive``: write the grid into a new folder, then run (or submit) the first round."""
+def start(
+    plan: Plan, goal: Goal, wait: bool, report: bool, interval_s: float = 5.0, profile_from: Sequence[str] | None = None
+) -> Exit:
+    """``gpudays sweep --adaptive``: write the grid into a new folder, then run (or submit) the first round; the
+    sweep's profile goes first, with the first round, and its GPU time counts in the budget."""
     paths = SweepPaths(plan.sweep_dir)
     lifecycle.check({c.cell_id: c.typed for c in plan.cells})
+    older = autoprofile.older_folders(profile_from)
     paths.root.mkdir(parents=True, exist_ok=True)
     with intents.sweep_lock(paths):
         if is_adaptive(paths) or paths.cell_ids():
@@ -89,6 +94,7 @@ def start(plan: Plan, goal: Goal, wait: bool, report: bool, interval_s: float = 
                                          "reasons": reasons})  # fmt: skip
         write_grid(paths, [(c.cell_id, c.config) for c in plan.cells])
         write_state(paths, AdaptiveState(goal.target_pct, goal.budget_gpu_hours, goal.round_cells))
+        autoprofile.ensure(paths, {c.cell_id: c.typed for c in plan.cells}, older)  # the grid's every GPU and layout
     console.out(
         f"adaptive sweep of {len(plan.cells)} cell(s): rounds of up to {goal.round_cells}, until every unmeasured "
         f"cell's 90% interval is within ±{goal.target_pct:g}% or {folder.budget_text(goal.budget_gpu_hours)} is spent"
@@ -174,7 +180,8 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
     first = to_config(grid_cells[0][1]).probe
     probe = ProbeSteps(first.warmup_steps, first.max_steps, first.time_budget_s)
     history = [r.widest_pct for r in state.rounds]
-    decision = decide(grid, measured, goal, _spent_gpu_s(measured, probe, paths), probe, blocked=given_up, history=history)
+    spent = _spent_gpu_s(measured, probe, paths) + profile_sweep.spent_gpu_s(paths)
+    decision = decide(grid, measured, goal, spent, probe, blocked=given_up, history=history)
     for cid in given_up:
         console.out(f"  {cid} failed {MAX_ATTEMPTS} times: left to its prediction; others are chosen in its place")
     if decision.stop is not None:

@@ -119,10 +119,16 @@ def _follow(paths: SweepPaths, waves: quota.Waves, wait: bool, report: bool, int
     return finish(paths, report)
 
 
-def start(plan: Plan, wait: bool, report: bool, interval_s: float = 5.0) -> Exit:
-    """``gpudays sweep``: write the plan's cells into its folder, submit those that are new, and follow them."""
+def start(
+    plan: Plan, wait: bool, report: bool, interval_s: float = 5.0, profile_from: Sequence[str] | None = None
+) -> Exit:
+    """``gpudays sweep``: write the plan's cells into its folder, profile its hardware where the folder has no
+    profile of it (``orchestrator.cli.autoprofile``), submit the cells that are new, and follow them."""
+    from orchestrator.cli import autoprofile
+
     paths = SweepPaths(plan.sweep_dir)
     check({c.cell_id: c.typed for c in plan.cells})
+    older = autoprofile.older_folders(profile_from)
     with intents.sweep_lock(paths, on_wait=lambda who: _say_waiting(paths, who)):
         append_jsonl(
             paths.sweep_log,
@@ -158,6 +164,7 @@ def start(plan: Plan, wait: bool, report: bool, interval_s: float = 5.0) -> Exit
             console.out(
                 f"{known} cell(s) already in this sweep: not submitted again (`gpudays resume` reruns failures)"
             )
+        autoprofile.ensure(paths, new, older)
         waves = submit_cells(paths, new)
     return _follow(paths, waves, wait, report, interval_s)
 
@@ -203,9 +210,7 @@ def resume(
     return _follow(paths, waves, wait, True, interval_s)
 
 
-def rerun_config(
-    paths: SweepPaths, s: status.CellState, time_limit: int | None, time_factor: float | None
-) -> Config:
+def rerun_config(paths: SweepPaths, s: status.CellState, time_limit: int | None, time_factor: float | None) -> Config:
     """The cell's config for its next attempt: a cell that timed out gets the new limit, if one was given.
 
     ``cell.yaml`` is read back as the typed cell and judged again, so an edited file with a value outside its

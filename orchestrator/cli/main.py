@@ -65,7 +65,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not plan.cells:
         raise CommandError("no cell of this sweep can run (reasons above); nothing was submitted")
     if goal is not None:
-        return adaptive.start(plan, goal, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+        return adaptive.start(
+            plan,
+            goal,
+            wait=args.wait,
+            report=not args.no_report,
+            interval_s=args.interval,
+            profile_from=args.profile_from,
+        )
     from orchestrator.store.adaptive_state import is_adaptive
     from orchestrator.store.paths import SweepPaths
 
@@ -74,7 +81,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             f"{plan.sweep_dir} is an adaptive sweep, which chooses the cells it measures: `gpudays resume` goes on "
             "with it; a sweep of every cell goes to a folder of its own (--dir)"
         )
-    return lifecycle.start(plan, wait=args.wait, report=not args.no_report, interval_s=args.interval)
+    return lifecycle.start(
+        plan, wait=args.wait, report=not args.no_report, interval_s=args.interval, profile_from=args.profile_from
+    )
 
 
 def _sweep_dir(given: str | None, overrides: list[str]) -> Path | None:
@@ -140,6 +149,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     paths = folder.sweep_folder(args.sweep_dir)
     if line := folder.describe(paths):
         console.out(line)
+    if args.format == "table":
+        from orchestrator.cli.autoprofile import status_lines
+
+        for line in status_lines(paths):
+            console.out(line)
     code = folder.show_status(paths, only, args.summary, args.watch, interval, args.check)
     if args.check and code == Exit.OK and folder.rounds_to_go(paths):
         return Exit.ACTIVE  # an adaptive sweep with rounds to go is not done
@@ -152,6 +166,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
     if not args.cell.strip():
         raise CommandError("give a cell id (or its first characters), as `gpudays status` lists them")
+    if args.cell.strip() == "profile":  # no cell id (hexadecimal) starts so
+        from orchestrator.cli import autoprofile
+
+        return autoprofile.show(folder.sweep_folder(args.sweep_dir))
     return folder.show_cell(folder.sweep_folder(args.sweep_dir), args.cell)
 
 

@@ -91,6 +91,8 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
                     "interval of step time is within +- this %% (default 10)")  # fmt: skip
     sw.add_argument("--budget-gpu-hours", type=float, help="with --adaptive: stop before spending more (default: none)")
     sw.add_argument("--round-cells", type=int, help="with --adaptive: cells per round (default 1%% of the grid, >= 2)")
+    sw.add_argument("--profile-from", action="append", metavar="SWEEP_DIR",
+                    help="reuse this sweep's profile of the same hardware instead of measuring one (copied in)")  # fmt: skip
     sw.set_defaults(func=handlers["sweep"], planning=False, format="table")
 
     st = command("status", "state of every cell of a sweep (one sacct call); --check: exit 1 if any needs a rerun")
@@ -105,7 +107,8 @@ def build_parser(handlers: Mapping[str, Handler]) -> argparse.ArgumentParser:
 
     sh = command("show", "one cell: state, reason, attempts, log files, the tail of its traceback")
     sh.add_argument("sweep_dir")
-    sh.add_argument("cell", help="the cell's id (or the start of it), as `gpudays status` lists it")
+    sh.add_argument("cell", help="the cell's id (or the start of it), as `gpudays status` lists it; `profile`: the "
+                    "sweep's profile runs and their jobs' logs")  # fmt: skip
     sh.set_defaults(func=handlers["show"])
 
     rs = command("resume", "resubmit only the cells that need it (failed, timed out, lost, ...)")

@@ -82,10 +82,6 @@ def _from_cells(paths: SweepPaths) -> tuple[list[ModelConfig], list[str]]:
 
 def plan_of(args: argparse.Namespace, paths: SweepPaths, device: str) -> Plan:
     """What to measure: the shapes of the models named (or of the folder's cells), in the precisions asked."""
-    from orchestrator.profile import attention, matmul
-    from orchestrator.profile.runner import Plan, message_sizes
-    from orchestrator.profile.timing import DTYPES
-
     models, precisions = _from_cells(paths)
     if args.model:
         models = _conf_models(_names(args.model))
@@ -94,6 +90,18 @@ def plan_of(args: argparse.Namespace, paths: SweepPaths, device: str) -> Plan:
             f"{paths.root} holds no cells to take model shapes from: name the models with --model "
             "(conf/model names, comma-separated), e.g. --model pythia-160m"
         )
+    return plan_for(models, precisions, device, args)
+
+
+def plan_for(models: list[ModelConfig], precisions: list[str], device: str, args: argparse.Namespace) -> Plan:
+    """What to measure for these models (each once), in ``--precision``'s precisions or else these (bf16 where
+    none is given), with ``args``' ``tokens``, ``max_message`` and ``seconds_each`` where set (each may be None)."""
+    from orchestrator.profile import attention, matmul
+    from orchestrator.profile.runner import Plan, message_sizes
+    from orchestrator.profile.timing import DTYPES
+
+    models = list({m.name: m for m in models}.values())
+    precisions = list(dict.fromkeys(precisions))
     dtypes = _names(args.precision) or precisions or ["bf16"]
     if unknown := [d for d in dtypes if d not in DTYPES]:
         raise CommandError(f"--precision {args.precision}: unknown {', '.join(unknown)}; use {', '.join(DTYPES)}")

@@ -349,6 +349,10 @@ class ProbeConfig:
     """Treat a micro-batch whose peak memory exceeds this (at a trial, the warm-up or the timed steps) as out of
     memory (a limit imposed on the probe)."""
     seed: int = field(default=0, metadata=domain(ge=0, integer=True))
+    profile: bool = True
+    """Where the sweep folder holds no profile of a GPU type and node layout the cells run on, measure one first
+    (``gpudays profile``: on this machine before the cells, on SLURM as a job of its own ahead of their array);
+    ``false`` never. A sweep of sleep or fail probes measures none."""
 
 
 @dataclass

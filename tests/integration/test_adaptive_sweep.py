@@ -23,6 +23,7 @@ GRID = [
     "num_gpus=1,2",
     "method.zero_stage=0,1,2",
     "method.activation_checkpointing=false,true",
+    "probe.profile=false",  # the sweep's profile is tests/integration/test_local_sweep.py's
 ]
 """8 cells (ZeRO 1 and 2 on one rank are refused): 2 of one rank, 6 of two."""
 ADAPTIVE = ["--adaptive", "--target-pct", "10000", "--round-cells", "2"]

@@ -44,7 +44,7 @@ FAULTS: dict[str, list[str]] = {
     # would make the cell a timeout (the build dies of the signal), so this cell gets room to reach its fault.
     "failed": [
         "probe=quick", "method.micro_batch_size=4", "+cluster.env.TORCH_DISTRIBUTED_DEBUG=bogus",
-        "cluster.time_limit_min=20",
+        "cluster.time_limit_min=20", "probe.profile=false",
     ],  # fmt: skip
 }
 FIXES: dict[str, list[str]] = {
@@ -53,7 +53,7 @@ FIXES: dict[str, list[str]] = {
     "timeout": [*FAULTS["timeout"][:-2], "probe.sleep_s=1", "cluster.time_limit_min=1"],
     "requeued": FAULTS["requeued"],
     "corrupt": FAULTS["corrupt"],
-    "failed": ["probe=quick", "method.micro_batch_size=4", "cluster.time_limit_min=20"],
+    "failed": ["probe=quick", "method.micro_batch_size=4", "cluster.time_limit_min=20", "probe.profile=false"],
 }
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pandas as pd
 import pytest
 
 from orchestrator.cli import main as cli
+from orchestrator.profile import sweep
+from orchestrator.profile.record import profiles_in, read_profile
 from orchestrator.store.attempts import read_attempts
 from orchestrator.store.paths import SweepPaths
 
@@ -20,6 +23,7 @@ def test_demo_sweep_measures_four_cells_and_writes_cells_csv(tmp_path: Path, cap
     code = cli.main(["sweep", "--dir", str(sweep_dir)])
     out = capsys.readouterr().out
     assert code == 0, out
+    assert not (sweep_dir / "profiles").exists(), "the demo runs with probe.profile=false, to stay short"
     # A line per cell with its own wall time, the table, and every file the report wrote.
     assert [line.split()[0] for line in out.splitlines() if " ok, " in line and " s/step in " in line] == [
         "[1/4]",
@@ -51,15 +55,28 @@ def test_demo_sweep_measures_four_cells_and_writes_cells_csv(tmp_path: Path, cap
 
 def test_a_second_run_into_the_same_folder_submits_only_new_cells(tmp_path: Path, capsys) -> None:
     sweep_dir = tmp_path / "grow"
-    args = ["sweep", "--dir", str(sweep_dir), "probe=quick", "model=pythia-tiny", "gpu=cpu"]
-    assert cli.main([*args, "num_gpus=1"]) == 0
+    args = ["sweep", "--dir", str(sweep_dir), "probe=quick", "model=pythia-tiny", "gpu=cpu", "num_gpus=1"]
+    assert cli.main(args) == 0
     paths = SweepPaths(sweep_dir)
     (first,) = paths.cell_ids()
     first_record = paths.record(first).read_text()
+    # The sweep profiled this machine (one rank, as its cell) before the cell started.
+    (profile,) = profiles_in(paths)
+    assert read_profile(profile).identity.gpus_per_node == 1
+    ended = [r for r in sweep.runs(paths) if r["event"] == "ended"]
+    assert [r["outcome"] for r in ended] == ["ok"]
+    assert _at(ended[0]["at"]) <= _at(read_attempts(paths, first)[0].submitted_at)
+    assert set(sweep.profiles_for(sweep_dir)) == {"cpu"}
     capsys.readouterr()
-    assert cli.main([*args, "num_gpus=1,2"]) == 0
+    assert cli.main([*args, "method.activation_checkpointing=false,true"]) == 0
     out = capsys.readouterr().out
     assert "1 cell(s) already in this sweep" in out
+    assert "(reused, not measured again)" in out, out
+    assert len(sweep.runs(paths)) == 2 and profiles_in(paths) == [profile]
     assert len(paths.cell_ids()) == 2
     assert paths.record(first).read_text() == first_record, "the measured cell was run again"
     assert len(read_attempts(paths, first)) == 1
+
+
+def _at(text: str) -> dt.datetime:
+    return dt.datetime.fromisoformat(text)

@@ -21,7 +21,7 @@ def test_pipeline_stages_on_different_nodes(slurm_cluster, tmp_path: Path, capsy
     args = [
         "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu", "probe=quick",
         "cluster.cpus_per_gpu=1", "cluster.time_limit_min=10", "num_gpus=2,4", "num_nodes=2",
-        "method.engine=mesh3d", "method.tp=1,2", "method.pp=2", "method.pp_microbatches=4",
+        "method.engine=mesh3d", "probe.profile=false", "method.tp=1,2", "method.pp=2", "method.pp_microbatches=4",
         # the settings of a large run: an uneven split (stages of 1, 2, 1 and 1 layers, two a rank), an
         # interleaved schedule and selective checkpointing
         "model.num_layers=5", "model.num_parameters=null", "method.pp_schedule=interleaved_1f1b",

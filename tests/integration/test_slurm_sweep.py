@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
 from orchestrator.cli import main as cli
+from orchestrator.profile import sweep
+from orchestrator.store.attempts import read_attempts
 from orchestrator.store.paths import SweepPaths
 
 pytestmark = [pytest.mark.slurm, pytest.mark.deepspeed]
@@ -69,3 +72,23 @@ def test_sweep_of_five_cells_with_a_two_node_cell(slurm_cluster, tmp_path: Path,
         steps = rec["config"]["model"]["train_steps"]
         assert row["time_to_train_days"] == pytest.approx(steps * rec["metrics"]["step_time_s"] / 86400)
         assert row["gpu_hours"] == pytest.approx(row["time_to_train_days"] * 24 * rec["settings"]["num_gpus"])
+
+    # The sweep's profiles: a job ahead of each submission's cells, one node for the first, two for the 2-node
+    # cell (the inter-node link); each ends on its own, whatever --wait waited for.
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline and len([r for r in sweep.runs(paths) if r["event"] == "ended"]) < 2:
+        time.sleep(2)
+    runs = sweep.runs(paths)
+    started = [r for r in runs if r["event"] == "started"]
+    assert [(r["nodes"], r["where"]) for r in started] == [(1, "slurm"), (2, "slurm")], runs
+    assert [r["outcome"] for r in runs if r["event"] == "ended"] == ["ok", "ok"], runs
+    cell_jobs = {cid: int(read_attempts(paths, cid)[0].job_id.split("_")[0]) for cid in paths.cell_ids()}
+    two_node_id = next(cid for cid, r in records.items() if r["settings"]["num_nodes"] == 2)
+    assert int(started[0]["job_id"]) < min(j for c, j in cell_jobs.items() if c != two_node_id)
+    assert int(started[0]["job_id"]) < int(started[1]["job_id"]) < cell_jobs[two_node_id]
+    profile = sweep.profiles_for(sweep_dir)["cpu"]
+    assert profile.identity.nodes == 2 and "inter" in {c.link for c in profile.collectives}, profile.collectives
+    capsys.readouterr()
+    assert cli.main(["status", str(sweep_dir)]) == 0
+    out = capsys.readouterr().out
+    assert f"profile of 1 x cpu on 2 nodes (job {started[1]['job_id']}): ok" in out, out

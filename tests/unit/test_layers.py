@@ -43,7 +43,8 @@ MAY_IMPORT: dict[str, set[str]] = {
     "orchestrator.planning": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},
     _JOB: {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM},  # never the submission side
     "orchestrator.profile": {_CONFIG, _STORE},  # the machine's measured rates, kept in a sweep folder
-    "orchestrator.submission": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM, _JOB},
+    # ... and a sweep's profile job (orchestrator.submission.profile_job) runs the profile's ranks
+    "orchestrator.submission": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM, _JOB, "orchestrator.profile"},
     _SWEEPS: _ANALYSIS_BASE,  # the analysis never imports the command line
     _PREDICT: _ANALYSIS_BASE | {_SWEEPS},
     "analysis.planners": _ANALYSIS_BASE | {_SWEEPS, _PREDICT},
