@@ -11,6 +11,7 @@ coefficients, so a term no record exercises keeps its nominal coefficient. On a 
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import pandas as pd
 
 from analysis.predict.discrepancy import positions
 from analysis.predict.inputs import inputs_from_columns, memory_terms
+from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import TERMS, step_terms
 from analysis.predict.uncertainty import Spread, fit_posterior, prior_centre, prior_spread
 from analysis.sweeps.records import MEASURED_FITS
@@ -64,6 +66,10 @@ class Calibration:
     """Calibrations by GPU config name (``a100-80gb``, ``cpu``...)."""
 
     by_gpu: dict[str, GpuCalibration] = field(default_factory=dict)
+    profiles: Mapping[str, MeasuredProfile] | None = None
+    """The measured profiles, by GPU name, whose links the coefficients were fitted with
+    (:func:`analysis.predict.network.links_for`): a prediction with this calibration uses them too, unless it is
+    given its own. None: the cited defaults."""
 
     def for_gpu(self, name: str | None) -> GpuCalibration | None:
         return self.by_gpu.get(name or "")
@@ -95,12 +101,13 @@ def _fit_coefficients(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, tuple[i
     return None if best is None else (best[2], best[3])
 
 
-def calibrate(records: pd.DataFrame) -> Calibration:
+def calibrate(records: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | None = None) -> Calibration:
     """Fit a :class:`GpuCalibration` per GPU type from measured cells.
 
     ``records`` is the cells table of :func:`analysis.sweeps.records.load_cells` (or ``Report.cells``): rows with status
     ``ok``, a ``step_time_s`` and a complete model shape count, at their measured micro-batch and accumulation,
-    so that the fit compares like with like. A term no record exercises (communication when every cell had one
+    so that the fit compares like with like; ``profiles`` (a measured profile by GPU name) sets the links of those
+    GPUs' communication terms, as it will for the predictions made with the result. A term no record exercises (communication when every cell had one
     GPU) keeps its nominal coefficient; GPU types without such rows are left uncalibrated.
     """
     needed = {"status", "gpu", "step_time_s", "model_num_layers", "num_gpus"}
@@ -111,7 +118,7 @@ def calibrate(records: pd.DataFrame) -> Calibration:
         )
     step = pd.to_numeric(records["step_time_s"], errors="coerce")
     measured = records[records["status"].isin(MEASURED_FITS) & step.gt(0)]
-    out = Calibration()
+    out = Calibration(profiles=profiles)
     if measured.empty:
         return out
     x = inputs_from_columns({c: measured[c] for c in measured.columns}, len(measured))
@@ -119,7 +126,7 @@ def calibrate(records: pd.DataFrame) -> Calibration:
     accum = _column(measured, "grad_accum_steps")
     micro = np.where(micro >= 1, micro, np.nan)
     accum = np.where(accum >= 1, accum, np.maximum(np.floor(x.per_gpu_batch / np.where(micro >= 1, micro, 1.0)), 1.0))
-    terms = step_terms(x, accum)
+    terms = step_terms(x, accum, profiles)
     mem = memory_terms(x)
     allocated = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
     predicted_peak = allocator_overhead(x.accelerator) * allocated / GIB

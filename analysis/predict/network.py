@@ -8,15 +8,24 @@ design gives a node of that GPU generation (:data:`DEFAULT_INTER_NODE_GBITS_S`).
 
 Inside a node: the GPU's NVLink, else its PCIe link (conf/gpu); datasheets quote both directions together, one
 direction is half.
+
+The step-time model's links (:func:`links_for`, an :class:`orchestrator.engines.spec.Links` per table of cells):
+for each link kind, inside a node, across nodes and to the host, a collective's fixed time and its bus bandwidth,
+from the cited defaults below, or from a measured profile of the machine (``gpudays profile``;
+:func:`measured_links`) where one is given for the cell's GPU.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from orchestrator.config.schema import ClusterConfig, GpuConfig
+from orchestrator.engines.spec import Links
 
 LINK_EFFICIENCY = 0.75
 """Achieved share of a link's one-way rate in large collectives: nccl-tests reach about 230 GB/s bus bandwidth on
@@ -35,6 +44,9 @@ InfiniBand HDR port of 200 Gb/s assumed."""
 CPU_INTER_NODE_GBYTES_S_PER_RANK = 12.0
 """gloo between the processes of CPU "nodes" (the local cluster's nodes share one machine): a nominal 12 GB/s a
 rank, which calibration rescales."""
+CPU_ADAM_PARAMS_PER_S_PER_NODE = 1e9
+"""Parameters a node's CPU-Adam updates per second (DeepSpeed CPU-Adam, order of magnitude; FSDP's offloaded
+AdamW is taken to run as fast)."""
 FALLBACK_INTRA_NODE_GBYTES_S = 32.0
 """Both directions of PCIe gen 3 x16, for a GPU config that gives neither NVLink nor PCIe figures."""
 
@@ -98,3 +110,127 @@ def network_for(gpu: GpuConfig, cluster: ClusterConfig | None = None) -> Network
     gbits = cluster.inter_node_gbits_s if cluster is not None else None
     inter, inter_src = inter_node_gbytes_s_per_gpu(gpu.architecture, bool(gpu.nvlink_gbytes_s), gbits, per_node)
     return Network(intra, inter, per_node, f"{intra_src}; {inter_src}")
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The step-time model's links: a latency and a bus bandwidth per link kind
+# --------------------------------------------------------------------------------------------------------------
+
+INTRA_NODE_BUSBW_GBPS: dict[str, float] = {
+    "v100-32gb": 130.0,  # NVLink 2 (DGX-1/SXM2): nccl-tests all_reduce_perf bus bandwidth, 8 GPUs, large messages
+    "a100-40gb": 230.0,  # NVLink 3 (DGX A100): about 230 GB/s in nccl-tests (see LINK_EFFICIENCY)
+    "a100-80gb": 230.0,
+    "h100-80gb": 360.0,  # NVLink 4 (DGX H100): about 360 GB/s in nccl-tests, 8 GPUs
+    "h200": 360.0,
+    "rtx3090": 12.0,  # PCIe 4.0 through the host, no NVLink assumed
+    "a6000": 12.0,
+    "l40s": 12.0,
+    "a40": 12.0,
+    "l40": 12.0,
+}
+"""All-reduce bus bandwidth inside a node (GB/s), by GPU name, as nccl-tests report it (``busbw``; NVIDIA's
+nccl-tests README defines it as the algorithm bandwidth times ``2(n-1)/n``)."""
+DEFAULT_INTRA_NODE_BUSBW_GBPS = 12.0
+"""A GPU not named above: PCIe through the host."""
+NVLINK_LATENCY_S = 15e-6
+"""A small collective inside an NVLink node: nccl-tests' all_reduce_perf times of a few-KiB message on 8 GPUs of
+a DGX A100 or H100 are 10-20 us (the LL protocol); NCCL's documentation puts the latency-bound regime there."""
+PCIE_LATENCY_S = 25e-6
+"""A small collective between PCIe GPUs of one node (through the host bridge): nccl-tests' small-message times
+on PCIe 4 machines, 20-30 us."""
+INTER_NODE_LATENCY_S = 30e-6
+"""A small collective across nodes over InfiniBand: nccl-tests' all_reduce_perf on two or more HDR/NDR nodes,
+ring, a few KiB, 20-40 us (the network's few microseconds plus NCCL's proxy and the intra-node steps)."""
+HOST_LINK_GBPS: dict[str, float] = {"volta": 12.0, "ampere": 20.0, "ada": 20.0, "hopper": 40.0, "cpu": 10.0}
+"""One GPU's copies to and from pinned host memory (GB/s, one direction), by generation: PCIe 3 / 4 / 5 x16 as
+``bandwidthTest`` measures them."""
+DEFAULT_HOST_LINK_GBPS = 12.0
+HOST_LATENCY_S = 10e-6
+"""A copy to or from the host: a ``cudaMemcpyAsync`` of a small pinned buffer, about 10 us."""
+CPU_GLOO_BUSBW_GBPS = 0.27
+CPU_GLOO_LATENCY_S = 1.51e-3
+"""gloo between the processes of the CPU "nodes" (they share one machine): the median over the collectives of
+``gpudays profile --device cpu --ranks 2`` on the 2-core machine of tests/data/cpu-grid
+(``tests/data/cpu-grid/profile.json``)."""
+
+
+class CollectiveFigure(Protocol):
+    """One collective's fitted line in a profile (``orchestrator.profile.record.CollectiveFit``)."""
+
+    @property
+    def op(self) -> str: ...
+    @property
+    def link(self) -> str: ...
+    @property
+    def latency_s(self) -> float: ...
+    @property
+    def bus_gbytes_s(self) -> float | None: ...
+
+
+class MeasuredProfile(Protocol):
+    """What the predictor reads of a profile (``orchestrator.profile.record.Profile``): its collectives."""
+
+    @property
+    def collectives(self) -> Sequence[CollectiveFigure]: ...
+
+
+@dataclass(frozen=True)
+class LinkFigures:
+    """One link kind: a collective's fixed time (s) and bus bandwidth (bytes/s)."""
+
+    latency_s: float
+    bus_bytes_s: float
+    source: str
+
+
+def measured_links(profile: MeasuredProfile) -> dict[str, LinkFigures]:
+    """The links of a profile by kind (``intra``, ``inter``): the median latency and median bus bandwidth over its
+    collectives on that link (all-reduce, all-gather, reduce-scatter, send/recv, all-to-all; the median, as one
+    noisy fit on a loaded machine should not set the figure). A link the profile did not measure, or whose rates
+    it could not read, is absent (the defaults stay)."""
+    out = {}
+    for kind in ("intra", "inter"):
+        fits = [c for c in profile.collectives if c.link == kind]
+        rates = [c.bus_gbytes_s for c in fits if c.bus_gbytes_s]
+        if rates:
+            latency = statistics.median(c.latency_s for c in fits)
+            out[kind] = LinkFigures(latency, statistics.median(rates) * 1e9, f"profile: {len(fits)} collectives")
+    return out
+
+
+def links_for(
+    gpu: np.ndarray,
+    arch: np.ndarray,
+    inter_node_bytes_s: np.ndarray,
+    profiles: Mapping[str, MeasuredProfile] | None = None,
+) -> Links:
+    """The links of every cell: the cited defaults by GPU name and generation (the network between nodes as
+    :func:`inter_node_bytes_s` gives it), replaced, for a GPU that ``profiles`` names, by what its profile measured
+    (:func:`measured_links`)."""
+    cpu = np.asarray(arch == "cpu", dtype=bool)
+    names = [str(g) for g in gpu]
+    intra_bw = np.array([INTRA_NODE_BUSBW_GBPS.get(g, DEFAULT_INTRA_NODE_BUSBW_GBPS) * 1e9 for g in names])
+    nvlink = np.array([INTRA_NODE_BUSBW_GBPS.get(g, 0.0) >= 100.0 for g in names], dtype=bool)
+    intra_bw = np.where(cpu, CPU_GLOO_BUSBW_GBPS * 1e9, intra_bw)
+    intra_lat = np.where(cpu, CPU_GLOO_LATENCY_S, np.where(nvlink, NVLINK_LATENCY_S, PCIE_LATENCY_S))
+    inter_bw = np.asarray(inter_node_bytes_s, dtype=float).copy()
+    inter_lat = np.where(cpu, CPU_GLOO_LATENCY_S, INTER_NODE_LATENCY_S)
+    host = np.array([HOST_LINK_GBPS.get(str(a), DEFAULT_HOST_LINK_GBPS) * 1e9 for a in arch])
+    for name, profile in (profiles or {}).items():
+        rows = np.array([g == name for g in names], dtype=bool)
+        measured = measured_links(profile)
+        if "intra" in measured:
+            intra_bw = np.where(rows, measured["intra"].bus_bytes_s, intra_bw)
+            intra_lat = np.where(rows, measured["intra"].latency_s, intra_lat)
+        if "inter" in measured:
+            inter_bw = np.where(rows, measured["inter"].bus_bytes_s, inter_bw)
+            inter_lat = np.where(rows, measured["inter"].latency_s, inter_lat)
+    return Links(
+        intra_node=intra_bw,
+        inter_node=inter_bw,
+        host=host,
+        cpu_adam_params_per_s_per_node=CPU_ADAM_PARAMS_PER_S_PER_NODE,
+        intra_node_latency_s=intra_lat,
+        inter_node_latency_s=inter_lat,
+        host_latency_s=np.full(len(names), HOST_LATENCY_S),
+    )

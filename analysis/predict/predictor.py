@@ -25,6 +25,7 @@ from analysis.predict import estimates as est
 from analysis.predict.calibration import Calibration, GpuCalibration, calibrate
 from analysis.predict.discrepancy import positions
 from analysis.predict.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
+from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
 from orchestrator.config.schema import Config
@@ -37,6 +38,11 @@ PREDICTOR = (
 )
 """What ``plan``, ``sweep`` and ``report`` predict with, named beside their figures (``budget``, ``shortest`` and
 the offered layouts predict each layout as its cell, with this model: :mod:`analysis.predict.parallelism`)."""
+
+Profiles = Mapping[str, MeasuredProfile] | None
+"""A measured profile (``gpudays profile``; ``orchestrator.profile.record.Profile``) by GPU name: the links of
+those GPUs' cells are the profile's (:func:`analysis.predict.network.measured_links`); None, or a GPU it does not
+name, the cited defaults of :mod:`analysis.predict.network`."""
 
 __all__ = [
     "DEFAULT_MARGIN", "PLAN_COLUMNS", "PREDICTION_COLUMNS", "Calibration", "GpuCalibration", "Prediction",
@@ -98,8 +104,10 @@ def _predict(
     margin: float,
     micro: np.ndarray | None = None,
     accum: np.ndarray | None = None,
+    profiles: Profiles = None,
 ) -> dict[str, np.ndarray]:
-    """Predictions for every cell of ``x``; ``micro`` and ``accum`` (NaN where not given) force those values."""
+    """Predictions for every cell of ``x``; ``micro`` and ``accum`` (NaN where not given) force those values;
+    ``profiles``: the measured links by GPU name (else the calibration's, else the cited defaults)."""
     size = len(x.gpu)
     c = _coefficients(x, calibration)
     coef, mem_scale, mem_offset = c.coef, c.scale, c.offset
@@ -128,7 +136,9 @@ def _predict(
     steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
     if accum is not None:
         steps = np.where(accum >= 1, accum, steps)
-    terms = step_terms(x, steps)
+    if profiles is None and calibration is not None:
+        profiles = calibration.profiles
+    terms = step_terms(x, steps, profiles)
     where = positions(x, steps)  # the discrepancy grows with the distance to the records (uncertainty.Spread)
     for name, spread in c.spreads.items():
         c.step_sd[x.gpu == name] = spread.step_sd_at(where.take(x.gpu == name))
@@ -174,11 +184,14 @@ def _predict(
     return out
 
 
-def prediction_detail(cells: pd.DataFrame, calibration: Calibration | None = None) -> dict[str, np.ndarray]:
+def prediction_detail(
+    cells: pd.DataFrame, calibration: Calibration | None = None, profiles: Profiles = None
+) -> dict[str, np.ndarray]:
     """The predictor's arrays for every row of a cells table: each figure of :class:`Prediction` by name, the
-    step-time ``terms`` (one row per cell, columns :data:`analysis.predict.step_time.TERMS`) and each cell's ``gpu``."""
+    step-time ``terms`` (one row per cell, columns :data:`analysis.predict.step_time.TERMS`) and each cell's ``gpu``;
+    ``profiles``: a measured profile by GPU name (``gpudays profile``) whose links replace the cited defaults."""
     x = inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
-    out = _predict(x, calibration, DEFAULT_MARGIN)
+    out = _predict(x, calibration, DEFAULT_MARGIN, profiles=profiles)
     out["gpu"] = x.gpu
     return out
 
@@ -197,6 +210,7 @@ def predict_frame(
     margin: float = DEFAULT_MARGIN,
     micro_batch_size: pd.Series | None = None,
     grad_accum_steps: pd.Series | None = None,
+    profiles: Profiles = None,
 ) -> pd.DataFrame:
     """:func:`predict_cell` for every row of a cells table at once (columns: :data:`PREDICTION_COLUMNS`)."""
     x = inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
@@ -207,7 +221,7 @@ def predict_frame(
         out: np.ndarray = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
         return out
 
-    pred = _predict(x, calibration, margin, forced(micro_batch_size), forced(grad_accum_steps))
+    pred = _predict(x, calibration, margin, forced(micro_batch_size), forced(grad_accum_steps), profiles)
     return pd.DataFrame(
         {
             "predicted_fits": pd.array(np.where(x.known, pred["fits"], True), dtype="boolean"),
@@ -241,7 +255,10 @@ and ``predicted_build_peak_gib`` what building its model takes per GPU (a cell f
 
 
 def plan(
-    cells: Sequence[Config | Mapping[str, Any]], calibration: Calibration | None = None, margin: float = DEFAULT_MARGIN
+    cells: Sequence[Config | Mapping[str, Any]],
+    calibration: Calibration | None = None,
+    margin: float = DEFAULT_MARGIN,
+    profiles: Profiles = None,
 ) -> pd.DataFrame:
     """Predictions for cells about to be submitted (typed, or their resolved configs), one row each (columns
     :data:`PLAN_COLUMNS`), in order.
@@ -251,18 +268,18 @@ def plan(
     renting (``gpu.cloud_usd_per_gpu_hour``) and buying (the hardware written off over five years, as the report
     does), and the GPUs' energy at board power: the training steps' figures (steady state); ``goodput`` (the
     cluster's, or :data:`~analysis.predict.estimates.DEFAULT_GOODPUT`) and the run's wall-clock days and GPU-hours
-    beside them.
+    beside them. ``profiles``: measured links by GPU name (:data:`Profiles`).
     """
     frame = pd.DataFrame([flat_cell(cell) for cell in cells])
     if frame.empty:
         return pd.DataFrame(columns=list(PLAN_COLUMNS))
-    out = frame.join(predict_frame(frame, calibration, margin))
+    out = frame.join(predict_frame(frame, calibration, margin, profiles=profiles))
     one = pd.Series(1.0, index=frame.index)
-    out["predicted_fits_at_micro_batch_1"] = predict_frame(frame, calibration, margin, micro_batch_size=one)[
-        "predicted_fits"
-    ]
+    out["predicted_fits_at_micro_batch_1"] = predict_frame(
+        frame, calibration, margin, micro_batch_size=one, profiles=profiles
+    )["predicted_fits"]
     x = inputs_from_columns({c: frame[c] for c in frame.columns}, len(frame))
-    out["predicted_build_peak_gib"] = _predict(x, calibration, margin)["build_peak_gib"]
+    out["predicted_build_peak_gib"] = _predict(x, calibration, margin, profiles=profiles)["build_peak_gib"]
     steps = pd.to_numeric(out["model_train_steps"], errors="coerce")
     step_s = out["predicted_step_time_s"]
     gpus = pd.to_numeric(out["num_gpus"], errors="coerce").fillna(1.0)
@@ -340,6 +357,7 @@ def predict_cell(
     margin: float = DEFAULT_MARGIN,
     micro_batch_size: int | None = None,
     grad_accum_steps: int | None = None,
+    profiles: Profiles = None,
 ) -> Prediction:
     """Predict peak memory per GPU and step time of one cell (typed, or its resolved config, as in ``cell.yaml``).
 
@@ -353,7 +371,7 @@ def predict_cell(
     x = inputs_from_columns({k: [v] for k, v in row.items()}, 1)
     forced_micro = np.array([float(micro_batch_size)]) if micro_batch_size else None
     forced_accum = np.array([float(grad_accum_steps)]) if grad_accum_steps else None
-    p = {k: v[0] for k, v in _predict(x, calibration, margin, forced_micro, forced_accum).items()}
+    p = {k: v[0] for k, v in _predict(x, calibration, margin, forced_micro, forced_accum, profiles).items()}
     if not p["known"]:
         fields = {name: None for name in Prediction.__dataclass_fields__ if name not in _VERDICT}
         reason = f"model {row.get('model')!r} has no complete shape (layers, hidden size, heads, vocabulary, ...)"

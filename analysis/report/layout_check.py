@@ -10,7 +10,7 @@ model's compute rate (efficiency × peak) is their achieved hardware TFLOP/s per
 beyond the model (the runtime, the communication buffers: the predictor's calibrated memory offset) is their
 measured peak less the predicted one. Where there is no such cell, the device's dense peak at the uncalibrated
 efficiency and no offset. On the CPU (no peak) the links are gloo's over shared memory
-(``analysis.predict.step_time``'s nominal figure).
+(``analysis.predict.network``'s measured figure).
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from analysis.predict.network import Network, network_for
+from analysis.predict.network import CPU_GLOO_BUSBW_GBPS, Network, network_for
 from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
-from analysis.predict.step_time import DEFAULT_EFFICIENCY, INTRA_NODE_BUSBW_GBPS
+from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Row
 from orchestrator.engines.mesh3d.pipeline import stages_per_rank
@@ -103,7 +103,7 @@ def memory_offset_gib(records: Sequence[Record], rate: float | None) -> float:
 def _network(cfg: Config) -> Network:
     net = network_for(cfg.gpu, cfg.cluster)
     per_node = max(1, cfg.num_gpus // max(cfg.num_nodes, 1))
-    intra = INTRA_NODE_BUSBW_GBPS["cpu"] if cfg.gpu.accelerator == "cpu" else net.intra_node_gbytes_s
+    intra = CPU_GLOO_BUSBW_GBPS if cfg.gpu.accelerator == "cpu" else net.intra_node_gbytes_s
     return Network(intra, net.inter_node_gbytes_s_per_gpu, per_node, net.source)
 
 

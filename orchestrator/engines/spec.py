@@ -24,9 +24,13 @@ if TYPE_CHECKING:
 MEMORY_HOLDERS = ("params", "grads", "optimizer", "buffers", "offloaded")
 """The keys of an engine's memory terms: bytes per GPU of the parameters, gradients, optimizer states and
 buffers, and of what offload keeps on the host instead (not part of the peak)."""
-STEP_TIME_TERMS = ("communication_s", "offload_s")
-"""The keys of an engine's step-time terms: nominal seconds of one optimizer step's communication and of its
-offload (the copies to and from the host and the optimizer step on the CPU)."""
+STEP_TIME_TERMS = ("communication_s", "overlappable_s", "overlap_floor_s", "offload_s")
+"""The keys of an engine's step-time terms, nominal seconds of one optimizer step: ``communication_s``, what the
+step waits for whatever it computes (a blocking reduction, tensor parallelism, the pipeline's sends and bubble);
+``overlappable_s``, communication the engine issues beside its compute (prefetched gathers, asynchronous
+reductions), of which at least ``overlap_floor_s`` stays exposed (the first gather, the last bucket); and
+``offload_s``, the copies to and from the host and the optimizer step on the CPU. ``analysis/predict/step_time.py``
+decides how much of ``overlappable_s`` the compute hides."""
 
 
 Terms: TypeAlias = "dict[str, np.ndarray]"
@@ -66,16 +70,37 @@ class CellArrays(Protocol):
 
 @dataclass(frozen=True)
 class Links:
-    """The bandwidths the step-time model assumes for each cell (``analysis/predict/step_time.py``), in bytes per second."""
+    """The links the step-time model assumes for each cell (``analysis/predict/network.py`` builds them): for each
+    link kind, a collective's fixed time (seconds) and its bus bandwidth (bytes/s, as nccl-tests count it: the
+    bytes a rank sends of an all-reduce are ``2(n-1)/n`` of the buffer, of an all-gather or reduce-scatter
+    ``(n-1)/n``). A collective of ``b`` such bytes takes ``latency + b / bandwidth``."""
 
     intra_node: Any
-    """All-reduce bus bandwidth between the GPUs of one node, per cell."""
+    """Bus bandwidth between the GPUs of one node, per cell."""
     inter_node: Any
-    """All-reduce bus bandwidth across nodes."""
+    """Bus bandwidth across nodes (one GPU's share of its node's network)."""
     host: Any
     """One GPU's link to host memory, per cell."""
     cpu_adam_params_per_s_per_node: float
     """Parameters a node's CPUs update per second with Adam (offloaded optimizer steps)."""
+    intra_node_latency_s: np.ndarray | float = 0.0
+    """Seconds a collective inside a node takes whatever its size (0: bytes over bandwidth only)."""
+    inter_node_latency_s: np.ndarray | float = 0.0
+    """Seconds a collective across nodes takes whatever its size."""
+    host_latency_s: np.ndarray | float = 0.0
+    """Seconds a copy to or from the host takes whatever its size."""
+
+    def collectives(
+        self, count: np.ndarray | float, bus_bytes: np.ndarray | float, across: np.ndarray | bool
+    ) -> np.ndarray:
+        """Seconds of ``count`` collectives that send ``bus_bytes`` per rank in all, across nodes where ``across``
+        is true and inside a node elsewhere (element-wise)."""
+        import numpy as np
+
+        latency = np.where(across, self.inter_node_latency_s, self.intra_node_latency_s)
+        bandwidth = np.where(across, self.inter_node, self.intra_node)
+        out: np.ndarray = count * latency + bus_bytes / bandwidth
+        return out
 
 
 def per_gpu_batch(cell: Config) -> list[Refusal]:

@@ -1,21 +1,27 @@
 """mesh3d's share of a step's time as the predictor models it (``analysis/predict/step_time.py``): nominal seconds of
 communication for one optimizer step, element-wise over the predictor's arrays, with the pipeline's idle time.
 
-Per optimizer step each replica runs B/d sequences (B the global batch), whatever the micro-batch:
+Per optimizer step each replica runs B/d sequences (B the global batch), whatever the micro-batch, in ``accum``
+schedules of k micro-batches (k = ``pp_microbatches`` with a pipeline, else 1); each collective costs its count ×
+the link's latency + its bytes / the link's bus bandwidth (``Links.collectives``):
 
 - tensor parallelism all-reduces a layer's ``s·h`` activations per sequence twice forward and twice backward
   (Shoeybi et al. 2019), 2(t − 1)/t of the bytes per rank, inside a node, for the L/p layers of the rank; with
   ``tp_loss_parallel``, one more forward (the row-parallel embedding's) and one more backward (the
   column-parallel output layer's input gradient), the loss's all-reduces of one number a token left out; with
   ``tp_sequence_parallel`` each all-reduce is an all-gather and a reduce-scatter, the same bytes, and the
-  embedding and output layer split as with ``tp_loss_parallel``;
+  embedding and output layer split as with ``tp_loss_parallel``; each of them for every micro-batch (the count,
+  whose latency dominates a small model's);
 - the pipeline sends each sequence's activations forward and its gradients back across each stage boundary, v
   times a rank where it holds v stages (interleaved, Narayanan et al. 2021 §2.2),
-  across nodes where the stages are on different nodes;
+  across nodes where the stages are on different nodes: a send/recv each way per micro-batch and boundary;
 - FSDP2 gathers the rank's share for each schedule and reduce-scatters its gradients after each schedule (the
   pipeline reduces at the end of every schedule), over the d replicas; with HSDP (``dp_replicate``) over the
   d/r of a replica group, inside a node where they fit, and all-reduces each shard's gradients across the r
-  groups (``fsdp_sharding=hybrid``'s terms);
+  groups (``fsdp_sharding=hybrid``'s terms); one collective of each a unit (a layer of the rank, and its root).
+  Those are issued beside the compute (FSDP2's prefetch and asynchronous reductions): ``overlappable_s``, one
+  unit's gather and reduction of each schedule left exposed (``overlap_floor_s``); the tensor-parallel and
+  pipeline collectives sit on the path of the compute (``communication_s``);
 - selective checkpointing reruns no matrix product, so its hardware FLOPs are the unchecked step's (the
   predictor's ``flops_per_sample``), where full checkpointing reruns each layer's forward;
 - the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), a
@@ -74,36 +80,48 @@ def imbalance(
 
 
 def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
-    """Nominal seconds of communication (``communication_s``, the bubble's wait included) and offload
-    (``offload_s``: none) of one step of ``accum`` schedules, for every cell of ``x``."""
+    """Nominal seconds of communication (``communication_s``, the bubble's wait included; ``overlappable_s`` and
+    ``overlap_floor_s``, the data-parallel part) and offload (``offload_s``: none) of one step of ``accum``
+    schedules, for every cell of ``x``."""
     m = x.method
     t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
     n, nodes = np.asarray(x.num_gpus, dtype=float), np.asarray(x.num_nodes, dtype=float)
+    accum = np.asarray(accum, dtype=float)
     d = np.maximum(n / (t * p), 1.0)
     pb = np.asarray(precision_bytes(x.precision), dtype=float)
     tokens = np.asarray(x.batch, dtype=float) / d * np.asarray(x.seq, dtype=float)
     activation = tokens * np.asarray(x.hidden, dtype=float) * pb
+    micro_batches = accum * np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
     rank_layers = np.asarray(x.layers, dtype=float) / p
     vocab_split = vocab_split_of(m)
     reduces = rank_layers * 4.0 + np.where(vocab_split, 2.0, 0.0)
-    tensor_s = reduces * 2.0 * (t - 1.0) / t * activation / links.intra_node
-    pipeline_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
+    inside = np.zeros_like(n, dtype=bool)
+    tensor_s = np.where(
+        t > 1, links.collectives(micro_batches * reduces, reduces * 2.0 * (t - 1.0) / t * activation, inside), 0.0
+    )
     v = np.vectorize(stages_per_rank, otypes=[float])(np.asarray(m["pp_schedule"], dtype=object), m["pp_chunks"])
-    pipeline_s = np.where(p > 1, 2.0 * v * activation / t / pipeline_bw, 0.0)
+    sends = 2.0 * v * micro_batches
+    pipeline_s = np.where(p > 1, links.collectives(sends, 2.0 * v * activation / t, nodes > 1), 0.0)
     share = np.asarray(rank_parameters(x.params, x.vocab * x.hidden, t, p, x.layers, vocab_split), dtype=float)
     r = np.maximum(np.asarray(m["dp_replicate"], dtype=float), 1.0)
     shards = np.maximum(d / r, 1.0)
+    units = np.maximum(rank_layers, 1.0) + 1.0
     # A shard group of HSDP spans shards·t ranks: inside a node where they fit; one replica group's shards are
     # all-reduced across the groups, across nodes on several.
     across = np.where(r > 1, shards * t > n / np.maximum(nodes, 1.0), nodes > 1)
-    shard_bw = np.where(across, links.inter_node, links.intra_node)
-    replica_bw = np.where(nodes > 1, links.inter_node, links.intra_node)
-    scatter_s = (shards - 1.0) / shards * share * (pb + REDUCE_BYTES) / shard_bw
-    replicate_s = 2.0 * (r - 1.0) / r * share / shards * REDUCE_BYTES / replica_bw
-    data_s = np.asarray(accum, dtype=float) * (scatter_s + replicate_s)
+    gather_one = links.collectives(1.0, (shards - 1.0) / shards * share / units * pb, across)
+    scatter_one = links.collectives(1.0, (shards - 1.0) / shards * share / units * REDUCE_BYTES, across)
+    replicate_one = links.collectives(1.0, 2.0 * (r - 1.0) / r * share / shards / units * REDUCE_BYTES, nodes > 1)
+    per_schedule = np.where(shards > 1, gather_one + scatter_one, 0.0) + np.where(r > 1, replicate_one, 0.0)
+    data_s = accum * units * per_schedule
     reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
     compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
     idle = bubble(p, m["pp_microbatches"], m["pp_schedule"], m["pp_chunks"])
     pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p, (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]))
     wait_s = compute_s * (pace / (1.0 - idle) - 1.0)
-    return {"communication_s": tensor_s + pipeline_s + data_s + wait_s, "offload_s": np.zeros_like(tensor_s)}
+    return {
+        "communication_s": np.asarray(tensor_s + pipeline_s + wait_s, dtype=float),
+        "overlappable_s": np.asarray(data_s, dtype=float),
+        "overlap_floor_s": np.asarray(accum * per_schedule, dtype=float),
+        "offload_s": np.zeros_like(n, dtype=float),
+    }

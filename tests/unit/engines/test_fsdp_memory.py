@@ -10,6 +10,7 @@ import pytest
 import synthetic
 
 from analysis.predict.inputs import inputs_from_columns
+from analysis.predict.network import links_for
 from analysis.predict.predictor import plan, predict_cell
 from analysis.predict.step_time import step_terms
 from analysis.sweeps.records import Catalog
@@ -24,6 +25,7 @@ from orchestrator.engines.fsdp.memory import (
     model_state_bytes,
     shard_group_size,
 )
+from orchestrator.engines.fsdp.step_time import step_time_terms as fsdp_step_time_terms
 from orchestrator.models import num_parameters
 
 PSI = 1e9
@@ -116,10 +118,18 @@ def test_step_time_terms_follow_the_gathers_and_the_one_reduction(catalog: Catal
     cells.append(_fsdp(catalog, 16, 2, fsdp_sharding="full"))
     rows = [{k: v for k, v in synthetic_row(c).items()} for c in cells]
     x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
-    comm = step_terms(x, np.full(len(rows), 4.0))[:, 1]
-    full, grad_op, none, hybrid, full_2 = comm
-    assert full > grad_op > none > 0  # two gathers a micro-step, one, none
+    accum = np.full(len(rows), 4.0)
+    links = links_for(x.gpu, x.arch, x.inter_node_bytes_s)
+    terms = fsdp_step_time_terms(x, accum, links)
+    full, grad_op, none, hybrid, full_2 = terms["communication_s"] + terms["overlappable_s"]
+    assert full > grad_op > 0  # two gathers a micro-step, one
+    # none gathers nothing but all-reduces every micro-step (2(n-1)/n of the fp32 gradients; grad_op's gather and
+    # reduce-scatter send (n-1)/n of bf16 and fp32 each).
+    assert none > grad_op
     assert hybrid < full_2  # hybrid gathers inside the node; full over two nodes gathers across them
+    # What the step waits for: at least the floor (a unit's first gather and last reduction), at most all of it.
+    exposed = step_terms(x, accum)[:, 1]
+    assert np.all(exposed >= terms["overlap_floor_s"]) and np.all(exposed <= terms["overlappable_s"])
 
 
 def synthetic_row(cell: dict) -> dict:
