@@ -36,7 +36,7 @@ prefetched gathers, asynchronous gradient reductions) can hide behind, on a GPU.
 published pre-training runs (``benchmarks/published_runs.toml``, the scorecard's third part), since none of the
 committed GPU records has more than one GPU: the published layouts the planner expresses are predicted with a
 median error of 64% with no overlap, 54% at 0.5 and 34% at 0.8, the fastest settings' within ±30% 53%, 68% and
-68%; not 1, as NCCL's kernels share the SMs and memory with the compute they overlap. The synthetic truth of
+68%: the published runs' figures are therefore not independent evidence of this value. Not 1, as NCCL's kernels share the SMs and memory with the compute they overlap. The synthetic truth of
 ``tests/truth_grid.py``, whose own overlap leaves 30% of the communication exposed, prefers none (its adaptive
 sweep's median error at 5% measured: 9.0% with none, 9.7% at 0.5, 9.5% at 0.8). Calibration leaves it alone (it
 fits a coefficient on the exposed communication). What stays exposed is never below the engine's

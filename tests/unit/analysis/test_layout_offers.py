@@ -39,7 +39,9 @@ def test_a_70b_model_on_1024_a100s_is_offered_a_3d_layout_cheaper_than_zero3() -
     lay = found.estimate.layout
     assert lay.tensor > 1 and lay.pipeline > 1 and lay.data > 1, found.layout  # a 3D layout
     assert lay.tensor <= 8 and found.estimate.fits
-    assert isinstance(dp["predicted_gpu_hours"], float) and found.gpu_hours < dp["predicted_gpu_hours"] / 2
+    # ZeRO-3 over 1,024 GPUs gathers every layer twice a micro-step across nodes; most of it hides behind the
+    # compute (analysis/predict/step_time.py, OVERLAP), so it costs more, not many times more.
+    assert isinstance(dp["predicted_gpu_hours"], float) and found.gpu_hours < dp["predicted_gpu_hours"] / 1.5
     # Within a factor of 1.5 of the 1,720,320 A100-80GB GPU-hours Llama 2 70B was trained with (Touvron et al.).
     assert 1_720_320 / 1.5 < found.gpu_hours < 1_720_320 * 1.5
 
