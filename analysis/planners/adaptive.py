@@ -14,7 +14,7 @@ The same function decides a real sweep's rounds (``orchestrator/cli/adaptive.py`
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +22,7 @@ import pandas as pd
 
 from analysis.planners.selection import STARTUP_GPU_S, Candidates, ProbeSteps, choose_round, measurement_cost_gpu_s
 from analysis.predict.calibration import Calibration, calibrate
+from analysis.predict.network import MeasuredProfile
 from analysis.predict.predictor import prediction_detail
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS
 from analysis.predict.uncertainty import halfwidth_pct, prior_covariance, prior_spread
@@ -100,15 +101,17 @@ def decide(
     probe: ProbeSteps | None = None,
     blocked: Collection[str] = (),
     history: Sequence[float] = (),
+    profiles: Mapping[str, MeasuredProfile] | None = None,
 ) -> Decision:
     """The next round of an adaptive sweep over ``grid`` (flat cells, one row each, with ``cell_id``), given the
     cells table of what was measured (``measured``: rows with ``status``; only answers count) and the GPU-seconds
     spent so far. ``blocked`` cells are never chosen (they failed as often as a cell may): they stay predicted.
-    ``history``: the widest unmeasured interval when each earlier round was chosen, oldest first."""
+    ``history``: the widest unmeasured interval when each earlier round was chosen, oldest first; ``profiles``:
+    each GPU type's measured profile, whose links the predictions use."""
     probe = probe if probe is not None else ProbeSteps()
     done = answered(measured)
     measured_ids = set(done[done].index)
-    calibration = _calibrate(measured)
+    calibration = _calibrate(measured, profiles)
     detail = prediction_detail(grid, calibration)
     ids = grid["cell_id"].astype(str).to_numpy()
     is_measured = np.array([i in measured_ids for i in ids])
@@ -182,13 +185,13 @@ def decide(
     return decision
 
 
-def _calibrate(measured: pd.DataFrame) -> Calibration:
+def _calibrate(measured: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | None = None) -> Calibration:
     if measured.empty:
-        return Calibration()
+        return Calibration(profiles=profiles)
     try:
-        return calibrate(measured)
+        return calibrate(measured, profiles)
     except (ValueError, np.linalg.LinAlgError):
-        return Calibration()
+        return Calibration(profiles=profiles)
 
 
 def _dof(calibration: Calibration, gpu: np.ndarray) -> np.ndarray:

@@ -117,6 +117,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.predict.estimates import TokenBudget, parse_token_budget
+from analysis.predict.network import MeasuredProfile
 from analysis.predict.predictor import DEFAULT_MARGIN, Calibration, calibrate
 from analysis.report import caveats, engine_comparison, layout_check, scaling, tables
 from analysis.report.accuracy import adaptive_section, prediction_section
@@ -179,26 +180,33 @@ class Report:
     """The marginal speed-up per added GPU below which scaling.csv counts returns as diminished."""
 
 
-def calibration_from(sweep_dirs: Sequence[Path], catalog: Catalog | None = None) -> Calibration:
-    """Calibrate the predictor on the measured records of some sweeps (none measured: an empty calibration)."""
+def calibration_from(
+    sweep_dirs: Sequence[Path], catalog: Catalog | None = None, profiles: Mapping[str, MeasuredProfile] | None = None
+) -> Calibration:
+    """Calibrate the predictor on the measured records of some sweeps (none measured: an empty calibration), on
+    the links of ``profiles`` (GPU name to its measured profile) where given."""
     frame = load_cells([Path(d) for d in sweep_dirs], catalog=catalog).frame
     if frame.empty or "step_time_s" not in frame.columns:
-        return Calibration()
-    return calibrate(frame)
+        return Calibration(profiles=profiles)
+    return calibrate(frame, profiles)
 
 
 def build_tables(
-    frame: pd.DataFrame, budget: TokenBudget, margin: float = DEFAULT_MARGIN, problems: list[str] | None = None
+    frame: pd.DataFrame,
+    budget: TokenBudget,
+    margin: float = DEFAULT_MARGIN,
+    problems: list[str] | None = None,
+    profiles: Mapping[str, MeasuredProfile] | None = None,
 ) -> tuple[pd.DataFrame, Calibration]:
     """Estimates, calibration and predictions for the loaded cells; sorted, with stable dtypes."""
     problems = problems if problems is not None else []
     frame = frame.reindex(columns=list(dict.fromkeys([*CELLS_COLUMNS, *frame.columns])))
     cells = tables.add_estimates(frame, budget)
     try:
-        calibration = calibrate(cells)
+        calibration = calibrate(cells, profiles)
     except (ValueError, np.linalg.LinAlgError) as exc:  # a calibration failure must not cost the report
         problems.append(f"calibration failed ({exc}); predictions use the uncalibrated defaults")
-        calibration = Calibration()
+        calibration = Calibration(profiles=profiles)
     cells = tables.add_predictions(cells, calibration, margin)
     cells = tables.add_predicted_estimates(cells, budget)
     cells = tables.normalise_dtypes(cells)
@@ -222,6 +230,7 @@ def write_report(
     margin: float = DEFAULT_MARGIN,
     catalog: Catalog | None = None,
     knee: float = scaling.KNEE_MARGINAL_SPEEDUP,
+    profiles: Mapping[str, MeasuredProfile] | None = None,
 ) -> Report:
     """Read the sweeps' records and write cells.csv, best.csv, frontier.csv, scaling.csv, plots and report.md.
 
@@ -230,7 +239,8 @@ def write_report(
     cell ids to scheduler states, shown as the status of cells that have no record yet. Bad input (a missing,
     empty or corrupt sweep, record or config, an unknown GPU) never stops the report: it is listed in
     ``Report.problems`` and in report.md. ``margin`` is the share of GPU memory the fit prediction keeps free;
-    ``knee`` the marginal speed-up per added GPU below which scaling.csv marks returns as diminished.
+    ``knee`` the marginal speed-up per added GPU below which scaling.csv marks returns as diminished;
+    ``profiles``: each GPU type's measured profile (its links), where the sweeps hold one.
     """
     budget = parse_token_budget(tokens)
     knee = scaling.check_knee(knee)
@@ -239,7 +249,7 @@ def write_report(
         raise ValueError("write_report needs at least one sweep folder, or an out_dir to write an empty report to")
     loaded = load_cells(sweep_dirs, states=states, catalog=catalog)
     problems = list(loaded.problems)
-    cells, calibration = build_tables(loaded.frame, budget, margin, problems)
+    cells, calibration = build_tables(loaded.frame, budget, margin, problems, profiles)
     repeats = repeat_measurements(sweep_dirs)
     cells = caveats.add_caveats(cells, repeats)
     problems.extend(caveats.problems(cells, repeats))

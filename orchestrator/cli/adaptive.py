@@ -181,7 +181,10 @@ def _next_round(paths: SweepPaths, state: AdaptiveState, given_up: Sequence[str]
     probe = ProbeSteps(first.warmup_steps, first.max_steps, first.time_budget_s)
     history = [r.widest_pct for r in state.rounds]
     spent = _spent_gpu_s(measured, probe, paths) + profile_sweep.spent_gpu_s(paths)
-    decision = decide(grid, measured, goal, spent, probe, blocked=given_up, history=history)
+    profiles, unread = profile_sweep.profiles_of([paths.root])
+    for line in unread:
+        console.out(f"  {line}")
+    decision = decide(grid, measured, goal, spent, probe, blocked=given_up, history=history, profiles=profiles)
     for cid in given_up:
         console.out(f"  {cid} failed {MAX_ATTEMPTS} times: left to its prediction; others are chosen in its place")
     if decision.stop is not None:

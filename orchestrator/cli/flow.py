@@ -251,10 +251,12 @@ def finish(paths: SweepPaths, report: bool) -> Exit:
     c = console.make_console()
     if report:
         from analysis.report.writer import write_report
+        from orchestrator.profile.sweep import profiles_of
 
-        rep = write_report([paths.root], states={s.cell_id: s.state for s in states})
+        profiles, unread = profiles_of([paths.root])
+        rep = write_report([paths.root], states={s.cell_id: s.state for s in states}, profiles=profiles)
         console.table_out(console.cells_table(rep.cells))
-        c.print(console.problems(rep.problems))
+        c.print(console.problems([*unread, *rep.problems]))
         c.print(console.files_written(rep.files))
     c.print(console.summary_line(states, markup=False))
     bad = [s for s in states if status.needs_rerun(s.state)]
@@ -286,9 +288,14 @@ def report(sweep_dirs: Sequence[SweepPaths], out_dir: Path | None, tokens: str |
     states: dict[str, str] = {}
     for paths in sweep_dirs:
         states.update({s.cell_id: s.state for s in states_or_records(paths)})
-    rep = write_report([p.root for p in sweep_dirs], out_dir, tokens=tokens, plots=plots, states=states)
+    from orchestrator.profile.sweep import profiles_of
+
+    profiles, unread = profiles_of([p.root for p in sweep_dirs])
+    rep = write_report(
+        [p.root for p in sweep_dirs], out_dir, tokens=tokens, plots=plots, states=states, profiles=profiles
+    )
     c = console.make_console()
     console.table_out(console.cells_table(rep.cells))
-    c.print(console.problems(rep.problems))
+    c.print(console.problems([*unread, *rep.problems]))
     c.print(console.files_written(rep.files))
     return Exit.OK

@@ -249,3 +249,19 @@ def spent_gpu_s(paths: SweepPaths) -> float:
         seconds = float(wall) if isinstance(wall, int | float) else BUDGET_S + START_S
         total += seconds * need.gpus
     return total
+
+
+def profiles_of(sweep_dirs: Iterable[Path | str]) -> tuple[dict[str, Profile], list[str]]:
+    """:func:`profiles_for` of every folder (where two hold one GPU type's, the first folder's), and a line for
+    each folder whose profiles could not be read (its predictions then use the cited defaults)."""
+    found: dict[str, Profile] = {}
+    problems: list[str] = []
+    for folder in sweep_dirs:
+        try:
+            mine = profiles_for(folder)
+        except BadProfile as e:
+            problems.append(f"{e}: the predictions use the cited links instead")
+            continue
+        for gpu, prof in mine.items():
+            found.setdefault(gpu, prof)
+    return found, problems

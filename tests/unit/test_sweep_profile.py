@@ -189,3 +189,31 @@ def test_show_profile_lists_each_run_and_a_failed_jobs_log(tmp_path: Path, capsy
     out = capsys.readouterr().out
     assert "profile of 4 x h100-80gb on 2 nodes (job 41): failed: RuntimeError: NCCL timeout" in out
     assert "41_0_log.err" in out and "    RuntimeError: NCCL timeout" in out
+
+
+def test_report_hands_each_gpus_profile_to_the_predictions_and_says_which_folder_it_could_not_read(
+    tmp_path: Path, monkeypatch, capsys
+) -> None:
+    import analysis.report.writer as writer
+
+    good, damaged = SweepPaths(tmp_path / "good"), SweepPaths(tmp_path / "damaged")
+    sweep.keep(good, made_up(H100), "h100-80gb")
+    write_profile(damaged, made_up(HERE))
+    (damaged.root / "profiles" / "gpus.jsonl").write_text(json.dumps(["cpu"]) + "\n")
+    for paths in (good, damaged):
+        write_cell(paths, cell_id(cpu()), cpu())
+    found, unread = sweep.profiles_of([good.root, damaged.root])
+    assert set(found) == {"h100-80gb"} and found["h100-80gb"].identity == H100
+    assert len(unread) == 1 and "gpus.jsonl" in unread[0] and "cited links" in unread[0]
+
+    seen: dict[str, object] = {}
+    real = writer.write_report
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        seen.update(kwargs)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(writer, "write_report", spy)
+    assert cli.main(["report", str(good.root), str(damaged.root), "--no-plots"]) == 0
+    assert set(seen["profiles"]) == {"h100-80gb"}  # type: ignore[arg-type]
+    assert "gpus.jsonl" in capsys.readouterr().out

@@ -57,7 +57,10 @@ def predict(
 
     margin = DEFAULT_MARGIN if margin is None else margin
     existing = [Path(d) for d in calibrate_from if (Path(d) / "cells").is_dir()]
-    calibration = calibration_from(existing) if existing else None
+    from orchestrator.profile.sweep import profiles_of
+
+    profiles, _unread = profiles_of(existing)  # a damaged profile: the cited links, as `report` says
+    calibration = calibration_from(existing, profiles=profiles) if existing else None
     frame = predict_plan([c.typed for c in p.cells], calibration, margin)
     for cell, row in zip(p.cells, frame.to_dict(orient="records"), strict=True):
         row.update(interval_texts(row))
