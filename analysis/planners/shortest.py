@@ -22,8 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from analysis.predict.network import Network
 from analysis.predict.layout_search import best_by_count, min_gpus_to_fit, powers_of_two
+from analysis.predict.network import Network
 from analysis.predict.parallelism import LayoutEstimate, with_batch
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig

@@ -126,13 +126,20 @@ def best_by_count(
     refine: bool = True,
 ) -> dict[int, list[LayoutEstimate]]:
     """Every fitting layout found of each GPU count, the fastest first (ties to less model parallelism), in three
-    calls of the predictor. First every split at every micro-batch, with and without full checkpointing, under
-    the default schedule (:func:`candidate_layouts` without ``settings``). Then, where ``refine``, for the
-    :data:`REFINED_SPLITS` fastest splits of each count, their fastest layout in each schedule, HSDP grouping and
-    sequence parallelism (:func:`settings_of`), and the fastest of those at half, the same and twice its
-    micro-batch with each checkpointing (:func:`batch_and_checkpointing`): the settings change a split's bubble,
-    its communication and memory by less than the splits differ, and a micro-batch further off lost by more than
-    a setting wins; every layout of :func:`candidate_layouts` tried would cost several times the time."""
+    calls of the predictor:
+
+    1. every split at every micro-batch, with and without full checkpointing, under the default schedule
+       (:func:`candidate_layouts` without ``settings``);
+    2. where ``refine``, the fastest layout of each of the :data:`REFINED_SPLITS` fastest splits of each count in
+       every schedule, HSDP grouping and sequence parallelism (:func:`settings_of`); of every other split, its
+       fastest with and its fastest without checkpointing, in HSDP, sequence parallelism and selective
+       checkpointing only (which may lift a split that plain FSDP held back);
+    3. the fastest layout of each of the ``2 ×`` :data:`REFINED_SPLITS` fastest splits now, at half, the same and
+       twice its micro-batch with each checkpointing (:func:`batch_and_checkpointing`).
+
+    The settings change a split's bubble, communication and memory by less than the splits differ, and a
+    micro-batch further off lost by more than a setting wins; predicting every layout of :func:`candidate_layouts`
+    would take several times as long (about 5 times the cells for Llama 2 70B on 1,024 A100s)."""
     counts, per_node = list(counts), network.gpus_per_node
     found: dict[int, list[LayoutEstimate]] = {n: [] for n in counts}
     seen: set[Layout] = set()
@@ -152,35 +159,48 @@ def best_by_count(
         if not (data_parallel_only and (lay.tensor > 1 or lay.pipeline > 1))
     )
     if refine:
-        predict(lay for n in counts for lead in _leading(found[n]) for lay in settings_of(lead, per_node))
         predict(
             lay
             for n in counts
-            for lead in _leading(found[n])
+            for lead, every in _leading(found[n])
+            for lay in settings_of(lead, per_node, schedules=every)
+        )
+        predict(
+            lay
+            for n in counts
+            for lead, every in _leading(found[n], 2 * REFINED_SPLITS)
+            if every
             for lay in batch_and_checkpointing(lead, global_batch_size)
         )
     return {n: sorted(f, key=lambda e: (e.step_time_s, e.layout.tensor * e.layout.pipeline)) for n, f in found.items()}
 
 
-def _leading(estimates: Sequence[LayoutEstimate]) -> list[Layout]:
-    """The fastest layout of each of the :data:`REFINED_SPLITS` fastest splits of ``estimates`` (one count's)."""
-    leading: dict[tuple[int, int, int], Layout] = {}
+def _leading(estimates: Sequence[LayoutEstimate], limit: int = REFINED_SPLITS) -> list[tuple[Layout, bool]]:
+    """The fastest layout of each split of ``estimates`` (one count's) with whether the split is of the ``limit``
+    fastest, and of the other splits also their fastest with the other checkpointing (a
+    split whose fastest recomputes may lose that need with HSDP's or sequence parallelism's share of memory)."""
+    splits: dict[tuple[int, int, int], Layout] = {}
+    others: dict[tuple[int, int, int, bool], Layout] = {}
     for est in sorted(estimates, key=lambda e: e.step_time_s):
         lay = est.layout
-        if len(leading) == REFINED_SPLITS:
-            break
-        leading.setdefault((lay.data, lay.tensor, lay.pipeline), lay)
-    return list(leading.values())
+        splits.setdefault((lay.data, lay.tensor, lay.pipeline), lay)
+        others.setdefault((lay.data, lay.tensor, lay.pipeline, lay.activation_checkpointing), lay)
+    lead = list(splits.values())[:limit]
+    return [(lay, True) for lay in lead] + [(lay, False) for lay in others.values() if lay not in lead]
 
 
-def settings_of(layout: Layout, gpus_per_node: int) -> list[Layout]:
-    """``layout`` at its micro-batch in every schedule, HSDP grouping and sequence parallelism of
-    :func:`variants`, at its checkpointing and, where it checkpoints, selective checkpointing too."""
+def settings_of(layout: Layout, gpus_per_node: int, schedules: bool = True) -> list[Layout]:
+    """``layout`` at its micro-batch in every HSDP grouping and sequence parallelism of :func:`variants` and,
+    with ``schedules``, every schedule; at its checkpointing and, where it checkpoints, selective checkpointing
+    too."""
     ckpt = {(layout.activation_checkpointing, layout.checkpoint_policy)}
     if layout.activation_checkpointing:
         ckpt.add((True, "selective"))
     return [
-        lay for lay in variants(layout, gpus_per_node) if (lay.activation_checkpointing, lay.checkpoint_policy) in ckpt
+        lay
+        for lay in variants(layout, gpus_per_node)
+        if (lay.activation_checkpointing, lay.checkpoint_policy) in ckpt
+        and (schedules or (lay.pp_schedule, lay.stages_per_rank) == (layout.pp_schedule, layout.stages_per_rank))
     ]
 
 

@@ -17,8 +17,8 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from analysis.predict.network import network_for
 from analysis.predict.layout_search import ranked_layouts
+from analysis.predict.network import network_for
 from analysis.predict.parallelism import LayoutEstimate
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import Config, MethodConfig

@@ -7,10 +7,9 @@ import pytest
 
 from analysis.planners.budget import parse_budget, tokens_for_budget
 from analysis.planners.shortest import shortest_training
-from analysis.predict.layouts import near_offers
-from analysis.predict.network import network_for
 from analysis.predict.layout_search import best_layout
-from analysis.predict.layouts import sweep_overrides
+from analysis.predict.layouts import near_offers, sweep_overrides
+from analysis.predict.network import network_for
 from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
 from analysis.predict.predictor import plan as predict_plan
 from orchestrator.config.schema import Config

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from analysis.predict.network import Network, network_for
 from analysis.predict.layout_search import best_layout, candidate_layouts, min_gpus_to_fit
+from analysis.predict.network import Network, network_for
 from analysis.predict.parallelism import Layout, estimate_layout, layout_cell
 from analysis.predict.predictor import predict_cell
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
