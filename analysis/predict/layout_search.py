@@ -15,7 +15,14 @@ from dataclasses import replace
 import numpy as np
 
 from analysis.predict.network import Network
-from analysis.predict.parallelism import MICRO_BATCH_CHOICES, Layout, LayoutEstimate, estimate_layouts, layout_cell
+from analysis.predict.parallelism import (
+    MICRO_BATCH_CHOICES,
+    Layout,
+    LayoutEstimate,
+    estimate_layouts,
+    layout_cell,
+    with_batch,
+)
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES, TP_PLANS
@@ -140,7 +147,7 @@ def best_by_count(
     The settings change a split's bubble, communication and memory by less than the splits differ, and a
     micro-batch further off lost by more than a setting wins; predicting every layout of :func:`candidate_layouts`
     would take several times as long (about 5 times the cells for Llama 2 70B on 1,024 A100s)."""
-    counts, per_node = list(counts), network.gpus_per_node
+    counts, per_node, model = list(counts), network.gpus_per_node, with_batch(model, global_batch_size)
     found: dict[int, list[LayoutEstimate]] = {n: [] for n in counts}
     seen: set[Layout] = set()
 
@@ -265,11 +272,14 @@ def min_gpus_to_fit(
     network: Network,
     max_gpus: int = 1 << 16,
 ) -> int | None:
-    """The fewest GPUs (a power of two) on which some layout fits; None up to ``max_gpus``."""
+    """The fewest GPUs (a power of two) on which some layout fits; None up to ``max_gpus``. Of the first round of
+    :func:`best_by_count` only: full checkpointing under 1F1B keeps the least memory but for sequence parallelism
+    (selective checkpointing keeps more, interleaving and HSDP more), so a count where only a sequence-parallel
+    layout fits is passed over."""
     n = 1
     while n <= max_gpus:  # a handful of counts at a time: most models fit on few GPUs
         counts = powers_of_two(n, min(max_gpus, n * 16))
-        found = best_by_count(model, gpu, counts, global_batch_size, network)
+        found = best_by_count(model, gpu, counts, global_batch_size, network, refine=False)
         fitting = [c for c in counts if found[c]]
         if fitting:
             return fitting[0]

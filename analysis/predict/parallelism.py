@@ -295,5 +295,8 @@ def _varying(cfg: Config) -> Row:
 
 
 def with_batch(model: ModelConfig, global_batch_size: int) -> ModelConfig:
-    """``model`` trained at another global batch (sequences)."""
+    """``model`` trained at another global batch (sequences); ``model`` itself where it already is (a search
+    builds thousands of cells of one model)."""
+    if model.global_batch_size == global_batch_size:
+        return model
     return replace(model, global_batch_size=int(global_batch_size))
