@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from analysis.planners.shortest import MAX_GPUS, chinchilla_loss, critical_batch_sequences, scaling_curve
 from analysis.predict.estimates import purchase_cost_usd, suffixed_number
+from analysis.predict.layout_search import best_layout, min_gpus_to_fit
 from analysis.predict.network import Network
-from analysis.predict.parallelism import LayoutEstimate, best_layout, min_gpus_to_fit
+from analysis.predict.parallelism import LayoutEstimate
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.config.values import Row

@@ -22,8 +22,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from analysis.predict.layout_search import best_by_count, min_gpus_to_fit, powers_of_two
 from analysis.predict.network import Network
-from analysis.predict.parallelism import LayoutEstimate, best_by_count, min_gpus_to_fit, powers_of_two, with_batch
+from analysis.predict.parallelism import LayoutEstimate, with_batch
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import GpuConfig, ModelConfig
 from orchestrator.models import num_parameters

@@ -17,10 +17,11 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from analysis.predict.layout_search import ranked_layouts
 from analysis.predict.network import network_for
-from analysis.predict.parallelism import LayoutEstimate, ranked_layouts
+from analysis.predict.parallelism import LayoutEstimate
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
-from orchestrator.config.schema import Config
+from orchestrator.config.schema import Config, MethodConfig
 from orchestrator.config.values import Row
 from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES
 
@@ -69,9 +70,20 @@ def sweep_overrides(estimate: LayoutEstimate) -> tuple[str, ...]:
     out = ["method.engine=mesh3d", f"method.tp={lay.tensor}", f"method.pp={lay.pipeline}"]
     if lay.pipeline > 1:
         out.append(f"method.pp_microbatches={estimate.num_micro_batches}")
+        if lay.pp_schedule != MethodConfig.pp_schedule:
+            out.append(f"method.pp_schedule={lay.pp_schedule}")
+        if lay.pp_chunks != MethodConfig.pp_chunks:
+            out.append(f"method.pp_chunks={lay.pp_chunks}")
     out.append(f"method.micro_batch_size={lay.micro_batch_size}")
     if lay.activation_checkpointing:
         out.append("method.activation_checkpointing=true")
+        if lay.selective:
+            out.append("method.checkpoint_policy=selective")
+    if lay.dp_replicate > 1:
+        out.append(f"method.dp_replicate={lay.dp_replicate}")
+    for key, on in (("tp_sequence_parallel", lay.sequence_parallel), ("tp_loss_parallel", lay.loss_parallel)):
+        if on:
+            out.append(f"method.{key}=true")
     return tuple(out)
 
 

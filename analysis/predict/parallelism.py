@@ -15,10 +15,9 @@ every GPU count a search looks at is predicted in one call (:func:`estimate_layo
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-import numpy as np
 import pandas as pd
 
 from analysis.predict.calibration import Calibration, GpuCalibration
@@ -29,8 +28,7 @@ from orchestrator.cells.row import method_column
 from orchestrator.cells.row import row as cell_row
 from orchestrator.config.schema import ClusterConfig, Config, GpuConfig, MethodConfig, ModelConfig
 from orchestrator.config.values import Row
-from orchestrator.engines.mesh3d.config import SPLIT_FAMILIES, TP_PLANS
-from orchestrator.engines.mesh3d.pipeline import INTERLEAVED
+from orchestrator.engines.mesh3d.pipeline import INTERLEAVED, ZERO_BUBBLE_SHARE
 from orchestrator.engines.mesh3d.step_time import bubble
 from orchestrator.models import flops_per_token
 
@@ -70,6 +68,12 @@ class Layout:
     """mesh3d's ``tp_loss_parallel``: the vocabulary matrices and the logits split over the tensor ranks."""
     sequence_parallel: bool = False
     """mesh3d's ``tp_sequence_parallel``: every activation of a layer split over the tensor ranks."""
+    checkpoint_policy: str = "full"
+    """mesh3d's ``checkpoint_policy`` with ``activation_checkpointing``: ``full`` reruns each layer, ``selective``
+    all but its matrix products and attention."""
+    dp_replicate: int = 1
+    """mesh3d's ``dp_replicate``: HSDP, FSDP2 sharding inside ``data / dp_replicate`` replicas, replicating across
+    ``dp_replicate`` groups; 1: every replica shards."""
 
     @property
     def num_gpus(self) -> int:
@@ -92,9 +96,28 @@ class Layout:
         """mesh3d's ``pp_chunks`` of that cell: its stages a rank under an interleaved schedule, else the default."""
         return self.stages_per_rank if self.pp_schedule in INTERLEAVED else MethodConfig.pp_chunks
 
+    @property
+    def selective(self) -> bool:
+        """Checkpointing that reruns no matrix product (``checkpoint_policy=selective``)."""
+        return self.activation_checkpointing and self.checkpoint_policy == "selective"
+
     def describe(self) -> str:
-        ckpt = " ckpt" if self.activation_checkpointing else ""
-        return f"dp{self.data} tp{self.tensor} pp{self.pipeline} mb{self.micro_batch_size}{ckpt}"
+        """``dp16 tp8 pp8 v2 zb mb1 ckpt:sel hsdp2``: the sizes, the stages a rank and a zero-bubble schedule, the
+        micro-batch, checkpointing (``ckpt`` full, ``ckpt:sel`` selective), HSDP groups and ``sp`` (sequence and
+        loss parallelism)."""
+        parts = [f"dp{self.data} tp{self.tensor} pp{self.pipeline}"]
+        if self.pipeline > 1 and self.pp_schedule in INTERLEAVED:
+            parts.append(f"v{self.stages_per_rank}")
+        if self.pipeline > 1 and self.pp_schedule in ZERO_BUBBLE_SHARE:
+            parts.append("zb")
+        parts.append(f"mb{self.micro_batch_size}")
+        if self.activation_checkpointing:
+            parts.append("ckpt:sel" if self.selective else "ckpt")
+        if self.dp_replicate > 1:
+            parts.append(f"hsdp{self.dp_replicate}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -151,6 +174,8 @@ def layout_cell(model: ModelConfig, gpu: GpuConfig, layout: Layout, global_batch
         pp_chunks=layout.pp_chunks,
         tp_loss_parallel=layout.loss_parallel,
         tp_sequence_parallel=layout.sequence_parallel,
+        checkpoint_policy=layout.checkpoint_policy if layout.activation_checkpointing else "full",
+        dp_replicate=layout.dp_replicate,
     )
     per_node = network.gpus_per_node
     cluster = ClusterConfig(
@@ -257,7 +282,7 @@ def _rows(
 
 
 _VARYING = ("micro_batch_size", "activation_checkpointing", "tp", "pp", "pp_microbatches", "pp_schedule",
-            "pp_chunks", "tp_loss_parallel", "tp_sequence_parallel")  # fmt: skip
+            "pp_chunks", "tp_loss_parallel", "tp_sequence_parallel", "checkpoint_policy", "dp_replicate")  # fmt: skip
 
 
 def _varying(cfg: Config) -> Row:
@@ -269,119 +294,9 @@ def _varying(cfg: Config) -> Row:
     return out
 
 
-def candidate_layouts(
-    model: ModelConfig, num_gpus: int, global_batch_size: int, gpus_per_node: int, engine: str = "auto"
-) -> list[Layout]:
-    """Every layout of ``num_gpus`` that can run the batch: tensor parallel inside a node and dividing the heads
-    (and the key/value heads) on a family mesh3d splits by tensor (``TP_PLANS``), pipeline stages of at least one
-    layer each on a family it builds (``SPLIT_FAMILIES``), at least one sequence per data-parallel replica."""
-    out: list[Layout] = []
-    kv_heads = model.num_kv_heads or model.num_heads
-    splits = model.family in SPLIT_FAMILIES
-    for t in (1, 2, 4, 8, 16):
-        if t > gpus_per_node or model.num_heads % t or kv_heads % t or num_gpus % t:
-            continue
-        if t > 1 and model.family not in TP_PLANS:
-            continue
-        for p in range(1, model.num_layers + 1):
-            if num_gpus % (t * p) or (p > 1 and not splits):
-                continue
-            d = num_gpus // (t * p)
-            if global_batch_size % d:
-                continue
-            for b in MICRO_BATCH_CHOICES:
-                if (global_batch_size // d) % b:
-                    continue
-                for ckpt in (False, True):
-                    out.append(Layout(d, t, p, b, ckpt, engine=engine))
-    return out
-
-
-def best_by_count(
-    model: ModelConfig,
-    gpu: GpuConfig,
-    counts: Iterable[int],
-    global_batch_size: int,
-    network: Network,
-    efficiency: float = DEFAULT_EFFICIENCY,
-    data_parallel_only: bool = False,
-    engine: str = "auto",
-) -> dict[int, list[LayoutEstimate]]:
-    """Every fitting layout of each GPU count, the fastest first (ties to less model parallelism); one call of the
-    predictor for all of them."""
-    layouts = [
-        lay
-        for n in counts
-        for lay in candidate_layouts(model, n, global_batch_size, network.gpus_per_node, engine)
-        if not (data_parallel_only and (lay.tensor > 1 or lay.pipeline > 1))
-    ]
-    found: dict[int, list[LayoutEstimate]] = {n: [] for n in counts}
-    for est in estimate_layouts(model, gpu, layouts, global_batch_size, network, efficiency):
-        if est.fits and np.isfinite(est.step_time_s):
-            found[est.layout.num_gpus].append(est)
-    return {n: sorted(f, key=lambda e: (e.step_time_s, e.layout.tensor * e.layout.pipeline)) for n, f in found.items()}
-
-
-def ranked_layouts(
-    model: ModelConfig,
-    gpu: GpuConfig,
-    num_gpus: int,
-    global_batch_size: int,
-    network: Network,
-    efficiency: float = DEFAULT_EFFICIENCY,
-    data_parallel_only: bool = False,
-    engine: str = "auto",
-) -> list[LayoutEstimate]:
-    """Every layout of ``num_gpus`` that fits in memory, the fastest first; ties go to the layout with less model
-    parallelism. ``data_parallel_only`` keeps t = p = 1; ``engine`` is :attr:`Layout.engine`."""
-    args = (global_batch_size, network, efficiency, data_parallel_only, engine)
-    return best_by_count(model, gpu, [num_gpus], *args)[num_gpus]
-
-
-def best_layout(
-    model: ModelConfig,
-    gpu: GpuConfig,
-    num_gpus: int,
-    global_batch_size: int,
-    network: Network,
-    efficiency: float = DEFAULT_EFFICIENCY,
-    data_parallel_only: bool = False,
-    engine: str = "auto",
-) -> LayoutEstimate | None:
-    """The fastest layout of ``num_gpus`` that fits in memory (:func:`ranked_layouts`' first); None when none fits
-    or none can run the batch."""
-    ranked = ranked_layouts(model, gpu, num_gpus, global_batch_size, network, efficiency, data_parallel_only, engine)
-    return ranked[0] if ranked else None
-
-
-def powers_of_two(start: int, limit: int) -> list[int]:
-    """``start``, 2·``start``, ... up to ``limit``."""
-    out, n = [], max(start, 1)
-    while n <= limit:
-        out.append(n)
-        n *= 2
-    return out
-
-
-def min_gpus_to_fit(
-    model: ModelConfig,
-    gpu: GpuConfig,
-    global_batch_size: int,
-    network: Network,
-    max_gpus: int = 1 << 16,
-) -> int | None:
-    """The fewest GPUs (a power of two) on which some layout fits; None up to ``max_gpus``."""
-    n = 1
-    while n <= max_gpus:  # a handful of counts at a time: most models fit on few GPUs
-        counts = powers_of_two(n, min(max_gpus, n * 16))
-        found = best_by_count(model, gpu, counts, global_batch_size, network)
-        fitting = [c for c in counts if found[c]]
-        if fitting:
-            return fitting[0]
-        n = counts[-1] * 2
-    return None
-
-
 def with_batch(model: ModelConfig, global_batch_size: int) -> ModelConfig:
-    """``model`` trained at another global batch (sequences)."""
+    """``model`` trained at another global batch (sequences); ``model`` itself where it already is (a search
+    builds thousands of cells of one model)."""
+    if model.global_batch_size == global_batch_size:
+        return model
     return replace(model, global_batch_size=int(global_batch_size))

@@ -63,6 +63,10 @@ def cell_layout(cfg: Config, micro_batch_size: int) -> Layout:
         stages_per_rank=stages_per_rank(m.pp_schedule, m.pp_chunks) if pp > 1 else 1,
         schedule=m.pp_schedule,
         engine="mesh3d",
+        loss_parallel=bool(m.tp_loss_parallel),
+        sequence_parallel=bool(m.tp_sequence_parallel),
+        checkpoint_policy=m.checkpoint_policy,
+        dp_replicate=int(m.dp_replicate),
     )
 
 
@@ -189,7 +193,7 @@ def layout_efficiency(records: Sequence[Record]) -> dict[str, tuple[float, str]]
     """The layouts' calibrated efficiency by GPU type, where mesh3d cells were measured on it: the achieved
     hardware TFLOP/s per GPU of its cells without model parallelism (:func:`achieved_tflops`) over the GPU's dense
     bf16 (else fp16) peak, with the cells the layouts were checked on named. What ``budget`` and ``shortest``
-    ``--from`` give :func:`analysis.predict.parallelism.best_layout`, so their layouts run at the rate measured with the
+    ``--from`` give :func:`analysis.predict.layout_search.best_layout`, so their layouts run at the rate measured with the
     engine that trains them, not the default share of the peak. A GPU without a peak (the CPU) has none."""
     by_gpu: dict[str, list[Record]] = {}
     peaks: dict[str, float] = {}

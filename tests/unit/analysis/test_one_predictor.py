@@ -7,9 +7,10 @@ import pytest
 
 from analysis.planners.budget import parse_budget, tokens_for_budget
 from analysis.planners.shortest import shortest_training
-from analysis.predict.layouts import near_offers
+from analysis.predict.layout_search import best_layout
+from analysis.predict.layouts import near_offers, sweep_overrides
 from analysis.predict.network import network_for
-from analysis.predict.parallelism import Layout, LayoutEstimate, best_layout, estimate_layout
+from analysis.predict.parallelism import Layout, LayoutEstimate, estimate_layout
 from analysis.predict.predictor import plan as predict_plan
 from orchestrator.config.schema import Config
 from orchestrator.planning.plan import plan
@@ -33,16 +34,13 @@ def plan_gpu_hours(cfg: Config) -> float:
 
 def layout_overrides(est: LayoutEstimate) -> list[str]:
     lay = est.layout
-    out = [
+    if lay.cell_engine == "mesh3d":  # the offered sweep line: the schedule, checkpointing policy and HSDP with it
+        return list(sweep_overrides(est))
+    return [
         f"method.micro_batch_size={lay.micro_batch_size}",
         f"method.activation_checkpointing={lay.activation_checkpointing}",
+        "method.zero_stage=1",
     ]
-    if lay.tensor > 1 or lay.pipeline > 1:
-        out += ["method.engine=mesh3d", f"method.tp={lay.tensor}", f"method.pp={lay.pipeline}"]
-        out += [f"method.pp_microbatches={est.num_micro_batches}"] if lay.pipeline > 1 else []
-    else:
-        out += ["method.zero_stage=1"]
-    return out
 
 
 def test_pythia_1b_data_parallel_on_64_h100_costs_the_same_in_plan_budget_and_shortest() -> None:

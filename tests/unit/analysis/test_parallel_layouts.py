@@ -4,15 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from analysis.predict.layout_search import best_layout, candidate_layouts, min_gpus_to_fit
 from analysis.predict.network import Network, network_for
-from analysis.predict.parallelism import (
-    Layout,
-    best_layout,
-    candidate_layouts,
-    estimate_layout,
-    layout_cell,
-    min_gpus_to_fit,
-)
+from analysis.predict.parallelism import Layout, estimate_layout, layout_cell
 from analysis.predict.predictor import predict_cell
 from analysis.predict.step_time import DEFAULT_EFFICIENCY
 from orchestrator.config.schema import ClusterConfig, GpuConfig, ModelConfig
