@@ -106,8 +106,9 @@ def near_offers(
 ) -> list[Offer]:  # fmt: skip
     """The mesh3d layouts to offer for ``cell``'s model, GPUs and count: the fastest that fits, and up to
     :data:`MOST_OFFERED` in all of the other tensor × pipeline splits within :data:`NEAR` of its step time (each at
-    its fastest micro-batch and checkpointing); none on a device with no peak, where no model-parallel layout
-    fits, or where one is no cheaper than ``data_parallel_gpu_hours``."""
+    its fastest micro-batch and checkpointing). Data parallelism alone is one of the splits: mesh3d's FSDP2 with
+    HSDP or selective checkpointing may beat the plan's own data-parallel cells. None on a device with no peak,
+    where no layout fits, or where one is no cheaper than ``data_parallel_gpu_hours``."""
     gpu, model = cell.gpu, cell.model
     if gpu.accelerator != "cuda" or not (gpu.peak_tflops_bf16 or gpu.peak_tflops_fp16):
         return []
@@ -120,13 +121,13 @@ def near_offers(
             network.intra_node_gbytes_s, network.inter_node_gbytes_s_per_gpu, per_node, network.source
         )
     ranked = ranked_layouts(model, gpu, cell.num_gpus, model.global_batch_size, network, efficiency, engine="mesh3d")
-    if not ranked or (ranked[0].layout.tensor == 1 and ranked[0].layout.pipeline == 1):
+    if not ranked:
         return []
     out: list[Offer] = []
     splits: set[tuple[int, int]] = set()
     for est in ranked:
         split = (est.layout.tensor, est.layout.pipeline)
-        if split in splits or split == (1, 1):
+        if split in splits:
             continue
         if len(out) == MOST_OFFERED or est.step_time_s > NEAR * ranked[0].step_time_s:
             break

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from analysis.predict.inputs import flat_cell, inputs_from_columns, layout_terms, memory_terms
-from analysis.predict.layouts import offer, offers
+from analysis.predict.layouts import near_offers, offer, offers
 from analysis.predict.predictor import predict_cell
 from orchestrator.cells import cell as cells
 from orchestrator.config.schema import Config, to_config, to_container
@@ -93,3 +93,17 @@ def test_the_predictor_splits_a_mesh3d_batch_and_its_activations_as_the_engine_d
     x = inputs_from_columns({k: [v] for k, v in flat_cell(to_container(tp)).items()}, 1)
     assert memory_terms(x)["per_sequence"][0] == pytest.approx(x.per_sequence[0] * (10 + 12) / 34)
     assert math.isclose(float(layout_terms(x)["batch_split"][0]), 2.0)
+
+
+def test_data_parallel_alone_on_mesh3d_is_offered_where_it_is_fastest() -> None:
+    # Llama 2 7B's shape on 1,024 A100s: FSDP2 sharded inside a node and replicated across the 128 (HSDP) beats
+    # every tensor or pipeline split and the plan's own FSDP cell; it is offered, not left out with the rest.
+    shape = ["model=llama-2-70b", "model.num_layers=32", "model.hidden_size=4096", "model.num_heads=32",
+             "model.num_kv_heads=32", "model.intermediate_size=11008", "model.num_parameters=null"]  # fmt: skip
+    fsdp = cell(*shape, *LARGE, "method.engine=fsdp")
+    dp = prediction(fsdp)
+    offered = near_offers(fsdp, None)
+    assert offered, "the fastest layout is data-parallel: it is offered"
+    first = offered[0].estimate.layout
+    assert (first.tensor, first.pipeline) == (1, 1) and first.dp_replicate > 1, first
+    assert isinstance(dp["predicted_gpu_hours"], float) and offered[0].gpu_hours < dp["predicted_gpu_hours"]
