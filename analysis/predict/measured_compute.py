@@ -9,7 +9,8 @@ compute is instead the sum of
   and the logits' once) over its FLOPs / the profiled rate of that shape. A product is found in the profile by its
   two fixed dimensions (the layer's ``fan_in`` and ``fan_out``, a product and its transpose alike, since
   ``C.T = B.T @ A.T`` costs the same); its token dimension (a micro-step's tokens on one rank) is interpolated
-  linearly in log(tokens) between the token counts measured, and beyond them the nearest one's rate holds;
+  linearly in log(tokens) between the token counts measured, and beyond them the nearest one's rate holds (a
+  tensor-parallel rank's slice of a layer is looked up as the whole layer, which is what a profile times);
 - attention: the profiled forward and backward seconds of the model's (sequence, heads, head width) per sequence;
 - what activation checkpointing reruns: the family's own recomputed FLOPs
   (``flops_per_sample(model, True) - flops_per_sample(model, False)``) at the rate the profile gives the layer's
@@ -79,7 +80,7 @@ def attention_forward_flops_per_token(model: ModelConfig) -> float:
     return 4.0 * model.seq_length * model.num_heads * (model.head_dim or model.hidden_size // model.num_heads)
 
 
-class Rates:
+class ProductRates:
     """A profile's products by shape and precision, as seconds per FLOP at the token counts measured."""
 
     def __init__(self, profile: MeasuredProfile) -> None:
@@ -126,7 +127,7 @@ class SampleSeconds:
 
 
 def sample_seconds(
-    model: ModelConfig, dtype: str, tokens: float, recompute: bool, rates: Rates
+    model: ModelConfig, dtype: str, tokens: float, recompute: bool, rates: ProductRates
 ) -> SampleSeconds | None:
     """One sample (a sequence) of ``model`` on ``tokens`` rows a micro-step: see the module's docstring; None where
     the profile measured nothing in ``dtype`` (the peak's term stays)."""
@@ -177,7 +178,7 @@ def profiled_compute(
     seconds, rest, median = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     if not profiles:
         return seconds, rest, median
-    rates = {name: Rates(p) for name, p in profiles.items()}
+    rates = {name: ProductRates(p) for name, p in profiles.items()}
     done: dict[tuple[object, ...], SampleSeconds | None] = {}
     for row in np.flatnonzero(np.isin(gpu.astype(str), list(rates))).tolist():
         model, own = models[row], rates[str(gpu[row])]
@@ -193,4 +194,4 @@ def profiled_compute(
     return seconds, rest, median
 
 
-__all__ = ("Layer", "Rates", "linear_layers", "profiled_compute", "sample_seconds")
+__all__ = ("Layer", "ProductRates", "linear_layers", "profiled_compute", "sample_seconds")
