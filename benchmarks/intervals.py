@@ -54,7 +54,7 @@ from analysis.planners.adaptive import Goal, decide  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
 from analysis.predict.calibration import calibrate  # noqa: E402
 from analysis.predict.inputs import flat_cell  # noqa: E402
-from analysis.predict.predictor import predict_frame  # noqa: E402
+from analysis.predict.predictor import Profiles, predict_frame  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
 from orchestrator.config.schema import to_config  # noqa: E402
 from orchestrator.store.paths import SweepPaths  # noqa: E402
@@ -85,9 +85,12 @@ def judge(predicted: pd.DataFrame, truth: pd.DataFrame) -> dict[str, float]:
     }
 
 
-def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeSteps) -> tuple[list[dict], set[str]]:
+def replay(
+    grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeSteps, profiles: Profiles = None
+) -> tuple[list[dict], set[str]]:
     """The adaptive rounds on a grid whose every cell's measurement is known: one line per round, and the cells
-    measured. A cell's cost is its record's probe wall time x GPUs (or the selection's estimate)."""
+    measured. A cell's cost is its record's probe wall time x GPUs (or the selection's estimate). ``profiles``: a
+    measured profile by GPU name, as a sweep's folder gives the adaptive sweep (and the random choices)."""
     by_id = truth.set_index("cell_id")
     wall = pd.to_numeric(by_id.get("probe_wall_s"), errors="coerce")
     gpus = pd.to_numeric(by_id["num_gpus"], errors="coerce").fillna(1.0)
@@ -98,7 +101,8 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
     while True:
         began = time.perf_counter()
         history = [line["widest_pct"] for line in lines]
-        d = decide(grid, truth[truth["cell_id"].isin(measured)], goal, spent, probe, history=history)
+        d = decide(grid, truth[truth["cell_id"].isin(measured)], goal, spent, probe, history=history,
+                   profiles=profiles)  # fmt: skip
         held = d.predicted.set_index("cell_id")
         held = held[held["answer"] == "predicted"]
         line = {
@@ -110,7 +114,7 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
             "decide_s": time.perf_counter() - began,
         }
         if measured:
-            rnd = random_baseline(grid, truth, len(measured), len(lines))
+            rnd = random_baseline(grid, truth, len(measured), len(lines), profiles)
             line["random_gpu_hours"] = rnd.get("spent_gpu_hours", math.nan)
             line["random_p90_pct"] = rnd.get("p90_abs_error_pct", math.nan)
             line["random_within_10pct"] = rnd.get("within_10pct", math.nan)
@@ -123,14 +127,16 @@ def replay(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, probe: ProbeStep
         measured |= set(d.chosen)
 
 
-def random_baseline(grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int) -> dict[str, float]:
+def random_baseline(
+    grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int, profiles: Profiles = None
+) -> dict[str, float]:
     """The same number of measured cells, chosen at random among those that ran, for comparison."""
     ok = truth[truth["status"] == "ok"]
     chosen = ok.sample(n=min(n, len(ok)), random_state=seed)
     wall = pd.to_numeric(chosen.get("probe_wall_s"), errors="coerce").fillna(0.0)
     spent_gpu_hours = float((wall * pd.to_numeric(chosen["num_gpus"], errors="coerce").fillna(1.0)).sum()) / 3600
     rest = grid[~grid["cell_id"].isin(chosen["cell_id"])]
-    pred = predict_frame(rest, calibrate(chosen)).set_axis(rest["cell_id"].to_numpy())
+    pred = predict_frame(rest, calibrate(chosen, profiles)).set_axis(rest["cell_id"].to_numpy())
     renamed = pred.rename(
         columns={
             "predicted_step_time_s": "step_time_s",

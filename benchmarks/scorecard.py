@@ -17,6 +17,11 @@ Goals: after measuring at most 5% of a grid, 90% of its cells within ±10%, and 
 published runs, every run within ±30%, the median within 15%, 80% inside intervals whose high/low is at most 3.
 
     python benchmarks/scorecard.py [--seeds 3] [--round-cells 32] [--target-pct 10] [--json FILE]
+                                   [--cpu-grid-only] [--without-profile]
+
+The CPU grid's replay predicts with the machine's profile (``tests/data/cpu-grid/profile.json``, measured later
+than the grid on the same machine), as an adaptive sweep predicts with its folder's profiles; ``--without-profile``
+replays it on the cited defaults.
 
 The grid (``tests/truth_grid.py``'s defaults): 7 models (pythia-70m to 2.8b, smollm2-135m, qwen3-0.6b, olmo2-1b)
 x 4 GPU types (A100, H100, L40S, A6000) x (one GPU; 2 and 8 in a node; 16 on two nodes, 32 on four) x (ZeRO 0-3,
@@ -51,7 +56,7 @@ from analysis.planners.adaptive import Goal  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
 from analysis.predict.holdout import HoldOut, leave_configurations_out, leave_models_out, leave_records_out  # noqa: E402
 from analysis.predict.inputs import flat_cell  # noqa: E402
-from analysis.predict.predictor import predict_frame  # noqa: E402
+from analysis.predict.predictor import Profiles, predict_frame  # noqa: E402
 from analysis.sweeps.catalog import method_defaults  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
 
@@ -109,11 +114,13 @@ def uncalibrated_section() -> dict[str, float]:
     }
 
 
-def replay_once(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, seed: int) -> list[dict[str, object]]:
+def replay_once(
+    grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, seed: int, profiles: Profiles = None
+) -> list[dict[str, object]]:
     """The adaptive rounds on one truth (its rounds printed), and random choices of as many cells: one row per
-    selection at the 5% mark and at the stop."""
+    selection at the 5% mark and at the stop; both predict with ``profiles`` (a measured profile by GPU name)."""
     began = time.perf_counter()
-    lines, _ = replay(grid, truth, goal, ProbeSteps())
+    lines, _ = replay(grid, truth, goal, ProbeSteps(), profiles)
     size = len(grid)
     rounds = pd.DataFrame(lines)[["round", "measured", "widest_pct", *FIGURES, "stop"]]
     print(f"  seed {seed}: {int((truth['status'] == 'ok').sum())} of {size} cells fit; the adaptive rounds "
@@ -126,7 +133,7 @@ def replay_once(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, seed: int) 
         if line is None:
             continue
         n = int(line["measured"])
-        chosen = random_baseline(grid, truth, n, seed)
+        chosen = random_baseline(grid, truth, n, seed, profiles)
         for selection, figures, hours in (("adaptive", line, line["spent_gpu_hours"]),
                                           ("random", chosen, chosen["spent_gpu_hours"])):  # fmt: skip
             rows.append({"selection": selection, "mark": mark, "seed": seed, "measured": n,
@@ -135,10 +142,12 @@ def replay_once(grid: pd.DataFrame, truth: pd.DataFrame, goal: Goal, seed: int) 
     return rows
 
 
-def grid_section(title: str, grid: pd.DataFrame, truths: list[pd.DataFrame], goal: Goal) -> pd.DataFrame:
+def grid_section(
+    title: str, grid: pd.DataFrame, truths: list[pd.DataFrame], goal: Goal, profiles: Profiles = None
+) -> pd.DataFrame:
     """:func:`replay_once` on each seed's truth; the rows of every seed and their means."""
     print(f"\n{title}: {len(grid)} cells")
-    rows = [row for seed, truth in enumerate(truths) for row in replay_once(grid, truth, goal, seed)]
+    rows = [row for seed, truth in enumerate(truths) for row in replay_once(grid, truth, goal, seed, profiles)]
     table = pd.DataFrame(rows)
     mean = table.groupby(["selection", "mark"], sort=False).mean(numeric_only=True).reset_index()
     mean["seed"] = "mean"
@@ -165,6 +174,16 @@ def unfittable_truths(seeds: int) -> tuple[pd.DataFrame, list[pd.DataFrame]]:
 CPU_GRID = ROOT / "tests" / "data" / "cpu-grid" / "sweep.tar.gz"
 """The real CPU grid: one sweep folder of this machine's probes (``tests/data/cpu-grid/README.md`` says how it
 was measured), packed."""
+CPU_PROFILE = ROOT / "tests" / "data" / "cpu-grid" / "profile.json"
+"""``gpudays profile`` of the same machine, measured later than the grid (its README): the replay predicts with
+it, as an adaptive sweep predicts with its folder's profiles."""
+
+
+def cpu_profiles() -> Profiles:
+    """The CPU grid's profile by GPU name (None where it is not in the checkout)."""
+    from orchestrator.profile.record import read_profile
+
+    return {"cpu": read_profile(CPU_PROFILE)} if CPU_PROFILE.is_file() else None
 
 
 def cpu_grid_truths(seeds: int) -> tuple[pd.DataFrame, list[pd.DataFrame]] | None:
@@ -247,11 +266,23 @@ def main() -> None:
     parser.add_argument("--round-cells", type=int, default=32)
     parser.add_argument("--target-pct", type=float, default=10.0)
     parser.add_argument("--json", help="write every figure here")
+    parser.add_argument("--cpu-grid-only", action="store_true", help="only the real CPU grid's replay (seconds)")
+    parser.add_argument(
+        "--without-profile", action="store_true", help="replay the CPU grid without its machine's profile"
+    )
     args = parser.parse_args()
     began = time.perf_counter()
+    goal = Goal(args.target_pct, math.inf, args.round_cells)
+    profiles = None if args.without_profile else cpu_profiles()
+    if args.cpu_grid_only:
+        cpu_only = cpu_grid_truths(args.seeds)
+        if cpu_only is not None:
+            small = Goal(goal.target_pct, math.inf, max(1, int(GOAL_SHARE * len(cpu_only[0]))))
+            grid_section(f"real CPU grid ({'without' if profiles is None else 'with'} its profile)", *cpu_only,
+                         small, profiles)  # fmt: skip
+        return
     h100 = h100_section()
     uncalibrated = uncalibrated_section()
-    goal = Goal(args.target_pct, math.inf, args.round_cells)
     print(f"\n2. Adaptive sweeps replayed (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round) and as "
           f"many cells chosen at random, {args.seeds} seeds; only the cells never measured are judged")  # fmt: skip
     grids = {}
@@ -262,7 +293,7 @@ def main() -> None:
         # rounds of 5% of the grid, so that the 5% mark is a round's end
         small = Goal(goal.target_pct, math.inf, max(1, int(GOAL_SHARE * len(cpu[0]))))
         name = "real CPU grid (tests/data/cpu-grid: this machine's own probes; evidence)"
-        grids[name] = grid_section(name, *cpu, small)
+        grids[name] = grid_section(name, *cpu, small, profiles)
     name = "unfittable generator (tests/truth_grid.py: physics of its own; evidence)"
     grids[name] = grid_section(name, *unfittable_truths(args.seeds), goal)
     name = "same-form generator (estimator self-test, not evidence: tests/synthetic.py's truth on the same cells)"

@@ -102,6 +102,9 @@ class Inputs:
     """Every method field's array by the field's name, typed by its kind: numbers as floats, text as objects,
     flags as bools, anything else as the values themselves; the field's default where a cell has none (NaN for a
     number without one). Each engine reads its own fields here (``EngineSpec.memory_terms``)."""
+    models: np.ndarray
+    """Each cell's typed model (``ModelConfig``), None where unknown: where the profiled compute
+    (:mod:`analysis.predict.measured_compute`) reads a model's layer shapes."""
     family: np.ndarray
     """The model's family (``gpt_neox``, ``llama``...; empty where unknown), where the discrepancy's random
     effects group cells (:mod:`analysis.predict.discrepancy`)."""
@@ -245,6 +248,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         compile=compiled,
         micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
         method=method,
+        models=_object_array(models),
         family=np.array([m.family if m is not None else "" for m in models], dtype=object),
     )
 
@@ -310,6 +314,12 @@ def _buildable(model: ModelConfig | None) -> ModelConfig | None:
     if model is None or any(domain_problems(model)) or config_errors(model):
         return None
     return model
+
+
+def _object_array(values: list[ModelConfig | None]) -> np.ndarray:
+    out = np.empty(len(values), dtype=object)
+    out[:] = values
+    return out
 
 
 def _missing(value: Any) -> bool:

@@ -1,7 +1,8 @@
 """The step-time model: the raw terms of one optimizer step and their uncalibrated coefficients.
 
 Step time = Σ coefficient × term over :data:`TERMS`: seconds of compute at the reference rate (the step's hardware
-FLOPs, recomputation included, over the GPUs' dense peak), nominal seconds of communication and of offload, and the
+FLOPs, recomputation included, over the GPUs' dense peak; where the GPU has a measured profile, its matrix products
+at the profiled rate of each shape, :mod:`analysis.predict.measured_compute`), nominal seconds of communication and of offload, and the
 micro-steps (the coefficient is a fixed cost per micro-step). Uncalibrated, the coefficients are
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
@@ -18,7 +19,9 @@ from collections.abc import Mapping
 import numpy as np
 
 from analysis.predict.inputs import Inputs, layout_terms
+from analysis.predict.measured_compute import profiled_compute
 from analysis.predict.network import MeasuredProfile, links_for
+from orchestrator.engines.memory import recomputes_layers
 from orchestrator.engines.registry import by_engine
 
 DEFAULT_EFFICIENCY = 0.54
@@ -60,6 +63,8 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     # so one calibrated efficiency per GPU serves every family.
     family = np.where(np.isnan(x.family_efficiency), 1.0, DEFAULT_EFFICIENCY / x.family_efficiency)
     compute = flops / x.num_gpus / (reference * 1e12) * family
+    if profiles:
+        compute = _profiled(x, accum, compute, family, profiles)
     links = links_for(x.gpu, x.arch, x.inter_node_bytes_s, profiles)
     engine = by_engine(x.engine, lambda spec: spec.step_time_terms(x, accum, links))
     # A micro-step's fixed cost, for the share of the model one micro-step of the cell's ranks runs (a pipeline
@@ -69,6 +74,21 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
         engine["overlappable_s"], engine["overlap_floor_s"], compute / DEFAULT_EFFICIENCY, x.arch
     )
     return np.column_stack([compute, communication, engine["offload_s"], micro_steps])
+
+
+def _profiled(
+    x: Inputs, accum: np.ndarray, compute: np.ndarray, family: np.ndarray, profiles: Mapping[str, MeasuredProfile]
+) -> np.ndarray:
+    """The compute term of the cells whose GPU has a profile, from its measured rates
+    (:mod:`analysis.predict.measured_compute`): the profiled seconds times :data:`DEFAULT_EFFICIENCY`, the FLOPs
+    the profile lacks at the peak times that efficiency (or, without a peak, the profile's median rate)."""
+    micro_tokens = x.per_gpu_batch / np.maximum(accum.astype(float), 1.0) * x.tokens_per_sample
+    recompute = np.asarray(recomputes_layers(x.checkpointing, x.method["checkpoint_policy"]), dtype=bool)
+    seconds, rest, median = profiled_compute(x.models, x.gpu, x.precision, recompute, micro_tokens, profiles)
+    fallback = np.where(np.isnan(x.reference_tflops), median, x.reference_tflops * 1e12 * DEFAULT_EFFICIENCY)
+    profiled = x.batch / x.num_gpus * (seconds + rest * family / fallback)
+    out: np.ndarray = np.where(np.isfinite(profiled), DEFAULT_EFFICIENCY * profiled, compute)
+    return out
 
 
 def exposed(overlappable: np.ndarray, floor: np.ndarray, compute_s: np.ndarray, arch: np.ndarray) -> np.ndarray:

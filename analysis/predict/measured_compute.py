@@ -1,0 +1,197 @@
+"""The compute term from a machine's measured rates: each of a model's matrix products at the rate a profile
+(``gpudays profile``) timed for its shape and precision, attention at the profiled SDPA's time.
+
+Without a profile the step-time model (:mod:`analysis.predict.step_time`) charges a step's hardware FLOPs at the
+dense peak times :data:`~analysis.predict.step_time.DEFAULT_EFFICIENCY`. Where a cell's GPU has a profile, a sample's
+compute is instead the sum of
+
+- each linear layer's three products (the forward, the input's and the weight's gradients; per layer × layers,
+  and the logits' once) over its FLOPs / the profiled rate of that shape. A product is found in the profile by its
+  two fixed dimensions (the layer's ``fan_in`` and ``fan_out``, a product and its transpose alike, since
+  ``C.T = B.T @ A.T`` costs the same); its token dimension (a micro-step's tokens on one rank) is interpolated
+  linearly in log(tokens) between the token counts measured, and beyond them the nearest one's rate holds (a
+  tensor-parallel rank's slice of a layer is looked up as the whole layer, which is what a profile times);
+- attention: the profiled forward and backward seconds of the model's (sequence, heads, head width) per sequence;
+- what activation checkpointing reruns: the family's own recomputed FLOPs
+  (``flops_per_sample(model, True) - flops_per_sample(model, False)``) at the rate the profile gives the layer's
+  forward (its products and attention together);
+- everything else the family counts (a product or an attention the profile lacks, or a family whose layers are
+  not listed here, e.g. mixtures of experts) at the fallback rate: the dense peak × the default efficiency, scaled
+  by the family's ``COMPUTE_EFFICIENCY`` as without a profile; on a device without a published peak (the CPU), the
+  median of the profile's rates in the cell's precision, so that every cell of that device stays on one scale.
+
+The term stays in the units calibration expects, "seconds at the reference rate": the profiled seconds times the
+default efficiency, so that the uncalibrated coefficient (1 / efficiency) gives back the profiled seconds. A cell
+whose precision the profile did not measure at all keeps the peak's term.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from analysis.predict.network import MeasuredProfile
+from orchestrator.config.schema import ModelConfig
+from orchestrator.engines.memory import GATED_FAMILIES
+from orchestrator.models import family_module
+
+INNER = "backward_weight"
+"""The product whose token dimension is the inner one (``dy.T @ x``); the other two have it outer."""
+
+Key = tuple[str, int, int]
+"""A product's shape without its tokens: (``outer``, k, other outer dimension) or (``inner``, smaller, larger)."""
+
+
+@dataclass(frozen=True)
+class Layer:
+    """One linear layer: ``fan_in`` to ``fan_out``, ``count`` of them in the model."""
+
+    fan_in: int
+    fan_out: int
+    count: int
+    in_layers: bool = True
+    """A product of the decoder layers (rerun by checkpointing), not the logits."""
+
+
+def linear_layers(model: ModelConfig) -> list[Layer] | None:
+    """The linear layers of ``model`` as its modules run them (the logits included); None for a family whose
+    layers are not listed here (its compute stays at the fallback rate)."""
+    h, layers, vocab = model.hidden_size, model.num_layers, model.vocab_size
+    logits = Layer(h, vocab, 1, in_layers=False)
+    if model.family == "gpt_neox":
+        f = model.intermediate_size or 4 * h
+        return [Layer(h, 3 * h, layers), Layer(h, h, layers), Layer(h, f, layers), Layer(f, h, layers), logits]
+    if model.family in GATED_FAMILIES:
+        if model.intermediate_size is None:
+            return None
+        d = model.head_dim or h // model.num_heads
+        q, kv, f = model.num_heads * d, (model.num_kv_heads or model.num_heads) * d, model.intermediate_size
+        return [Layer(h, q, layers), Layer(h, kv, 2 * layers), Layer(q, h, layers), Layer(h, f, 2 * layers),
+                Layer(f, h, layers), logits]  # fmt: skip
+    return None
+
+
+def attention_forward_flops_per_token(model: ModelConfig) -> float:
+    """One layer's attention forward per token as the decoder families count it: QKᵀ and the weighted sum of V over
+    the whole s×s square, ``4·s·a·d``."""
+    return 4.0 * model.seq_length * model.num_heads * (model.head_dim or model.hidden_size // model.num_heads)
+
+
+class ProductRates:
+    """A profile's products by shape and precision, as seconds per FLOP at the token counts measured."""
+
+    def __init__(self, profile: MeasuredProfile) -> None:
+        found: dict[tuple[Key, str], dict[int, float]] = {}
+        for t in profile.matmuls:
+            tokens, key = (t.k, _inner(t.m, t.n)) if t.step == INNER else (t.m, ("outer", t.k, t.n))
+            found.setdefault((key, t.dtype), {})[tokens] = t.seconds / (2.0 * t.m * t.k * t.n)
+        self.products = {k: (np.log(sorted(v)), np.array([v[t] for t in sorted(v)])) for k, v in found.items()}
+        self.attention = {
+            (a.seq_len, a.heads, a.head_dim, a.dtype): (a.forward_s / a.batch, a.backward_s / a.batch)
+            for a in profile.attention
+        }
+        by_dtype: dict[str, list[float]] = {}
+        for t in profile.matmuls:
+            by_dtype.setdefault(t.dtype, []).append(2.0 * t.m * t.k * t.n / t.seconds)
+        self.median_flops_s = {dtype: float(np.median(rates)) for dtype, rates in by_dtype.items()}
+
+    def seconds_per_flop(self, key: Key, dtype: str, tokens: float) -> float | None:
+        """The product's seconds per FLOP at ``tokens`` rows (see the module's docstring); None where unmeasured."""
+        found = self.products.get((key, dtype))
+        if found is None:
+            return None
+        log_tokens, per_flop = found
+        return float(np.interp(math.log(max(tokens, 1.0)), log_tokens, per_flop))
+
+
+def _inner(m: int, n: int) -> Key:
+    return ("inner", min(m, n), max(m, n))
+
+
+def _keys(layer: Layer) -> tuple[Key, Key, Key]:
+    """The forward (tokens x in) @ (in x out), the input's gradient (tokens x out) @ (out x in) and the weight's
+    (out x tokens) @ (tokens x in)."""
+    a, b = layer.fan_in, layer.fan_out
+    return ("outer", a, b), ("outer", b, a), _inner(a, b)
+
+
+@dataclass(frozen=True)
+class SampleSeconds:
+    """One sample's compute at the profiled rates and the FLOPs left for the fallback rate."""
+
+    seconds: float
+    fallback_flops: float
+
+
+def sample_seconds(
+    model: ModelConfig, dtype: str, tokens: float, recompute: bool, rates: ProductRates
+) -> SampleSeconds | None:
+    """One sample (a sequence) of ``model`` on ``tokens`` rows a micro-step: see the module's docstring; None where
+    the profile measured nothing in ``dtype`` (the peak's term stays)."""
+    if dtype not in rates.median_flops_s:
+        return None
+    family = family_module(model.family)
+    per_token = model.seq_length
+    total = float(family.flops_per_sample(model, recompute))
+    rerun = total - float(family.flops_per_sample(model, False)) if recompute else 0.0
+    layers = linear_layers(model)
+    if layers is None:
+        return SampleSeconds(0.0, total)
+    seconds = covered = forward_s = forward_flops = 0.0
+    for layer in layers:
+        flops = 2.0 * layer.fan_in * layer.fan_out * per_token * layer.count
+        for i, key in enumerate(_keys(layer)):
+            per_flop = rates.seconds_per_flop(key, dtype, tokens)
+            if per_flop is None:
+                continue
+            seconds, covered = seconds + flops * per_flop, covered + flops
+            if i == 0 and layer.in_layers:
+                forward_s, forward_flops = forward_s + flops * per_flop, forward_flops + flops
+    head_dim = model.head_dim or model.hidden_size // model.num_heads
+    measured = rates.attention.get((model.seq_length, model.num_heads, head_dim, dtype))
+    if measured is not None:
+        seconds += model.num_layers * (measured[0] + measured[1])
+        attention_flops = attention_forward_flops_per_token(model) * per_token * model.num_layers
+        covered += 3.0 * attention_flops
+        forward_s, forward_flops = forward_s + model.num_layers * measured[0], forward_flops + attention_flops
+    if rerun > 0 and forward_flops > 0:
+        seconds, covered = seconds + rerun * forward_s / forward_flops, covered + rerun
+    return SampleSeconds(seconds, max(total - covered, 0.0))
+
+
+def profiled_compute(
+    models: np.ndarray,
+    gpu: np.ndarray,
+    precision: np.ndarray,
+    recompute: np.ndarray,
+    tokens: np.ndarray,
+    profiles: Mapping[str, MeasuredProfile] | None,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For every cell: seconds per sample at the profiled rates, FLOPs per sample left for the fallback rate, and
+    the fallback rate of a device without a peak (FLOP/s; NaN where the peak serves); NaN seconds where the cell
+    has no profile or none in its precision. One evaluation per distinct model, precision, recomputation and
+    micro-step tokens of a profiled GPU, so a table with no profiled GPU costs nothing."""
+    n = len(gpu)
+    seconds, rest, median = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
+    if not profiles:
+        return seconds, rest, median
+    rates = {name: ProductRates(p) for name, p in profiles.items()}
+    done: dict[tuple[object, ...], SampleSeconds | None] = {}
+    for row in np.flatnonzero(np.isin(gpu.astype(str), list(rates))).tolist():
+        model, own = models[row], rates[str(gpu[row])]
+        if model is None or not np.isfinite(tokens[row]):
+            continue
+        key = (str(gpu[row]), id(model), str(precision[row]), bool(recompute[row]), float(tokens[row]))
+        if key not in done:
+            done[key] = sample_seconds(model, key[2], key[4], key[3], own)
+        found = done[key]
+        if found is not None:
+            seconds[row], rest[row] = found.seconds, found.fallback_flops
+            median[row] = own.median_flops_s[key[2]]
+    return seconds, rest, median
+
+
+__all__ = ("Layer", "ProductRates", "linear_layers", "profiled_compute", "sample_seconds")
