@@ -272,14 +272,15 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
 
 
 def layout_terms(x: Inputs) -> dict[str, np.ndarray]:
-    """Each cell's ``batch_split``, ``activation_share`` and ``micro_step_share`` (``EngineSpec.layout_terms``;
-    ``num_gpus`` ways, all of the activations and one whole micro-step's fixed cost per micro-step for an engine
-    that declares none)."""
+    """Each cell's ``batch_split``, ``activation_share``, ``micro_step_share`` and ``compute_stretch``
+    (``EngineSpec.layout_terms``; ``num_gpus`` ways, all of the activations, one whole micro-step's fixed cost per
+    micro-step and no stretch for an engine that declares none)."""
     ones = np.ones(len(x.num_gpus))
 
     def of(spec: EngineSpec) -> dict[str, np.ndarray]:
         own = dict(spec.layout_terms(x)) if spec.layout_terms is not None else {}
-        return {"batch_split": x.num_gpus, "activation_share": ones, "micro_step_share": ones, **own}
+        return {"batch_split": x.num_gpus, "activation_share": ones, "micro_step_share": ones,
+                "compute_stretch": ones, **own}  # fmt: skip
 
     return by_engine(x.engine, of)
 

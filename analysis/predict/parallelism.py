@@ -142,9 +142,10 @@ class LayoutEstimate:
     """Both the step and the build fit (the predictor's verdict)."""
     bubble_fraction: float
     compute_s: float
-    """The step's compute at the efficiency (recomputation included)."""
+    """The step's compute at the efficiency (recomputation included), stretched by a pipeline's bubble and slowest
+    stage."""
     communication_s: float
-    """The engine's communication of the step, the pipeline's bubble and imbalance counted with it."""
+    """The engine's communication of the step (the pipeline's bubble and imbalance are in ``compute_s``)."""
     overhead_s: float
     """The fixed cost of the step's micro-steps."""
     step_time_s: float

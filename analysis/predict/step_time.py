@@ -7,7 +7,8 @@ micro-steps (the coefficient is a fixed cost per micro-step). Uncalibrated, the 
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
 Compute is the same for every engine, and so are micro-steps but for a pipeline, whose ranks each run a micro-batch
-through their stages only (``micro_step_share``, :func:`analysis.predict.inputs.layout_terms`); the nominal seconds of communication and offload are each
+through their stages only (``micro_step_share``, :func:`analysis.predict.inputs.layout_terms`), and compute is
+stretched by a pipeline's bubble and slowest stage (``compute_stretch``, costed at the achieved rate); the nominal seconds of communication and offload are each
 cell's engine's (``EngineSpec.step_time_terms``, in ``orchestrator/engines/<name>/step_time.py``), given the
 links of :func:`analysis.predict.network.links_for` (cited defaults, or a measured profile per GPU).
 """
@@ -69,11 +70,14 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     engine = by_engine(x.engine, lambda spec: spec.step_time_terms(x, accum, links))
     # A micro-step's fixed cost, for the share of the model one micro-step of the cell's ranks runs (a pipeline
     # rank runs each of a schedule's micro-batches through its stages only).
-    micro_steps = accum.astype(float) * np.asarray(layout_terms(x)["micro_step_share"], dtype=float)
+    layout = layout_terms(x)
+    micro_steps = accum.astype(float) * np.asarray(layout["micro_step_share"], dtype=float)
     communication = engine["communication_s"] + exposed(
         engine["overlappable_s"], engine["overlap_floor_s"], compute / DEFAULT_EFFICIENCY, x.arch
     )
-    return np.column_stack([compute, communication, engine["offload_s"], micro_steps])
+    # A pipeline's bubble and slowest stage stretch its compute: the wait is costed at the achieved rate.
+    stretched = compute * np.asarray(layout["compute_stretch"], dtype=float)
+    return np.column_stack([stretched, communication, engine["offload_s"], micro_steps])
 
 
 def _profiled(

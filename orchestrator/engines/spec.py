@@ -180,7 +180,9 @@ class EngineSpec:
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what
     the probe's ``orchestrator.engines.base.batch_split`` says), ``activation_share``, a rank's activations
     over those of one whole-model sequence, and optionally ``micro_step_share``, what one of its micro-steps costs
-    of a whole-model micro-step's fixed cost. None: ``num_gpus`` ways, all of them, a whole micro-step."""
+    of a whole-model micro-step's fixed cost, and ``compute_stretch``, what its schedule makes of the step's
+    compute (a pipeline's bubble and slowest stage). None: ``num_gpus`` ways, all of them, a whole micro-step, no
+    stretch."""
 
     @property
     def identity_if_set(self) -> tuple[str, ...]:

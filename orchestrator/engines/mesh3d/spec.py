@@ -77,10 +77,12 @@ def layout_terms(x: CellArrays) -> Terms:
     """Each cell's batch split (replicas × pipeline micro-batches), a rank's share of the activations, and the
     micro-steps' share of a schedule: each rank runs the k micro-batches of a schedule through its 1/p of the
     layers, so a schedule costs k/p of a whole-model micro-step's fixed cost (its kernel launches and
-    memory-bound work, which grow with the layers a micro-batch passes)."""
+    memory-bound work, which grow with the layers a micro-batch passes); and the compute's stretch by the
+    pipeline's bubble and its slowest stage (``step_time.compute_stretch``)."""
     import numpy as np
 
     from orchestrator.engines.mesh3d.memory import activation_share, logit_fraction
+    from orchestrator.engines.mesh3d.step_time import compute_stretch
 
     m = x.method
     t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
@@ -90,7 +92,12 @@ def layout_terms(x: CellArrays) -> Terms:
     share = activation_share(
         t, p, k, m["pp_chunks"], logits, m["tp_loss_parallel"], m["tp_sequence_parallel"], m["pp_schedule"]
     )
-    return {"batch_split": replicas * k, "activation_share": np.asarray(share, dtype=float), "micro_step_share": k / p}
+    return {
+        "batch_split": replicas * k,
+        "activation_share": np.asarray(share, dtype=float),
+        "micro_step_share": k / p,
+        "compute_stretch": compute_stretch(x),
+    }
 
 
 SPEC = EngineSpec(

@@ -26,12 +26,13 @@ the link's latency + its bytes / the link's bus bandwidth (``Links.collectives``
   predictor's ``flops_per_sample``), where full checkpointing reruns each layer's forward;
 - the bubble: a schedule leaves each rank idle (p − 1)/(v·m + p − 1) of its time (Narayanan et al. 2021), a
   zero-bubble one a third of that bubble (Qi et al. 2023; ``pipeline.bubble_share``), so the compute of the
-  step, C, is stretched by C·bubble/(1 − bubble); that wait is counted here with the communication, the other
-  time the step spends not computing;
+  step, C, is stretched by C·bubble/(1 − bubble); that wait is the compute's own, not a link's: the predictor
+  multiplies its compute term by :func:`compute_stretch` (``layout_terms``), so the wait is costed at the rate the
+  compute is achieved, not at the dense peak nor with the communication's coefficient;
 - the slowest rank sets the pace: where the ranks are not balanced (``config.pipeline_imbalance``: its
   costliest rank over the mean one, the layers split unevenly, by ``pp_layers`` or the ends' vocabulary
   matrices), every stage
-  waits for it, C·(imbalance − 1) more, also stretched by the bubble.
+  waits for it, C·(imbalance − 1) more, also stretched by the bubble (in :func:`compute_stretch` too).
 """
 
 from __future__ import annotations
@@ -114,14 +115,21 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     replicate_one = links.collectives(1.0, 2.0 * (r - 1.0) / r * share / shards / units * REDUCE_BYTES, nodes > 1)
     per_schedule = np.where(shards > 1, gather_one + scatter_one, 0.0) + np.where(r > 1, replicate_one, 0.0)
     data_s = accum * units * per_schedule
-    reference = np.where(np.isnan(x.reference_tflops), 1.0, x.reference_tflops)
-    compute_s = np.asarray(x.batch, dtype=float) * x.flops_per_sample / n / (reference * 1e12)
-    idle = bubble(p, m["pp_microbatches"], m["pp_schedule"], m["pp_chunks"])
-    pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p, (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]))
-    wait_s = compute_s * (pace / (1.0 - idle) - 1.0)
     return {
-        "communication_s": np.asarray(tensor_s + pipeline_s + wait_s, dtype=float),
+        "communication_s": np.asarray(tensor_s + pipeline_s, dtype=float),
         "overlappable_s": np.asarray(data_s, dtype=float),
         "overlap_floor_s": np.asarray(accum * per_schedule, dtype=float),
         "offload_s": np.zeros_like(n, dtype=float),
     }
+
+
+def compute_stretch(x: CellArrays) -> np.ndarray:
+    """What the pipeline makes of a step's compute, element-wise: ``imbalance / (1 − bubble)``, the slowest
+    rank's share over the mean one's, stretched by the schedule's idle time; 1 without a pipeline. The predictor
+    multiplies the compute term by it, so the wait is costed at the rate the compute is achieved (the calibrated
+    efficiency), not at the dense peak."""
+    m = x.method
+    p = np.asarray(m["pp"], dtype=float)
+    idle = bubble(p, m["pp_microbatches"], m["pp_schedule"], m["pp_chunks"])
+    pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p, (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]))
+    return np.asarray(pace / (1.0 - idle), dtype=float)

@@ -90,10 +90,10 @@ def test_candidates_hold_each_large_run_setting_where_the_engine_runs_it_and_not
 
 
 def test_the_search_picks_an_interleaved_schedule_where_the_predictor_finds_it_faster() -> None:
-    # 16 sequences on 32 GPUs: the fastest deep pipeline (16 micro-batches) takes an interleaved or zero-bubble
-    # schedule, whose bubble is smaller than 1F1B's, by the predictor's own figures.
+    # 16 sequences on 32 GPUs: the fastest pipeline (few micro-batches a schedule) takes an interleaved or
+    # zero-bubble schedule, whose bubble is smaller than 1F1B's, by the predictor's own figures.
     ranked = ranked_layouts(DEEP, A100, 32, 16, NET)
-    best = next(e for e in ranked if e.layout.pipeline >= 4)
+    best = next(e for e in ranked if e.layout.pipeline > 1)
     assert best.layout.pp_schedule in INTERLEAVED, best.layout
     plain = estimate_layout(DEEP, A100, replace(best.layout, schedule="", stages_per_rank=1), 16, NET)
     assert plain.layout.pp_schedule == "1f1b"

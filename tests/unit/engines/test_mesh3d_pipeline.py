@@ -53,8 +53,12 @@ def method(**overrides: object) -> MethodConfig:
         ([*LLAMA8, "method.pp_schedule=interleaved_zb", "method.compile=true"], "method.compile", "compile false"),
         # nor twice through a region under selective checkpointing (the probe failed so on two ranks)
         (
-            [*LLAMA8, "method.pp_schedule=interleaved_zb", "method.activation_checkpointing=true",
-             "method.checkpoint_policy=selective"],
+            [
+                *LLAMA8,
+                "method.pp_schedule=interleaved_zb",
+                "method.activation_checkpointing=true",
+                "method.checkpoint_policy=selective",
+            ],
             "method.checkpoint_policy",
             "checkpoint_policy=full",
         ),  # fmt: skip
@@ -202,6 +206,10 @@ def test_the_predictor_reads_the_schedule_settings_of_each_cell(make_cell) -> No
                                          ((2, "1f1b"), (2, "1f1b"), (2, "interleaved_1f1b"), (4, "interleaved_1f1b"))])  # fmt: skip
     params = memory_terms(x)["params"]
     assert params[1] > params[0], "the user's 5 + 3 holds more on the first rank than the balanced split"
+    stretch = layout_terms(x)["compute_stretch"]
+    assert stretch[1] > stretch[0] > 1.0, "the uneven split waits for its slowest rank, every split for the bubble"
+    assert stretch[3] < stretch[2] < stretch[0], "more stages a rank, a smaller bubble"
+    # The wait is the compute's (costed at its achieved rate), not the links': the communication is the same.
     links = Links(intra_node=1e11, inter_node=1e10, host=1e10, cpu_adam_params_per_s_per_node=1e9)
     communication = step_time_terms(x, np.ones(len(rows)), links)["communication_s"]
-    assert communication[1] > communication[0], "the uneven split waits for its slowest rank"
+    assert communication[1] == pytest.approx(communication[0])
