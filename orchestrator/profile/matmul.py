@@ -1,7 +1,8 @@
 """The matrix products of a model's linear layers, as a training step runs them: for a layer ``y = x @ w.T`` over
 ``tokens`` rows of width ``hidden``, the forward and the backward's two products (``dx = dy @ w``,
 ``dw = dy.T @ x``), for each width the model's layers map to: ``3·hidden`` (query, key, value), ``hidden`` (the
-attention's output), the MLP's ``ffn`` and the ``vocab`` of the output layer."""
+attention's output), the MLP's ``ffn`` and the ``vocab`` of the output layer, and the separate query and
+key/value widths of a model whose heads do not span the hidden size or that groups its key/value heads."""
 
 from __future__ import annotations
 
@@ -28,10 +29,20 @@ class LinearShape:
 
 
 def shapes_of(model: ModelConfig, tokens: int) -> list[LinearShape]:
-    """The linear layers of ``model`` over ``tokens`` rows: (tokens x hidden) @ (hidden x {3h, h, ffn, vocab})."""
+    """The linear layers of ``model`` over ``tokens`` rows: (tokens x hidden) @ (hidden x width) for a fused
+    query-key-value (3h), the attention's output (h), the MLP's ``ffn`` and the output layer's ``vocab``; and, where
+    the heads do not span the hidden size or the key/value heads are fewer (grouped-query attention), the separate
+    query and key/value projections the llama-like families run (their down projection, ffn x h, is the MLP's
+    product transposed, which the predictor reads as the same shape)."""
     h = model.hidden_size
     ffn = model.intermediate_size or 4 * h
+    d = model.head_dim or h // max(model.num_heads, 1)
+    q, kv = model.num_heads * d, (model.num_kv_heads or model.num_heads) * d
     widths = {"qkv": 3 * h, "out": h, "ffn": ffn, "vocab": model.vocab_size}
+    if q != h:
+        widths["q"] = q
+    if kv not in (h, q):
+        widths["kv"] = kv
     return [LinearShape(f"{model.name} {name}", tokens, h, width) for name, width in widths.items()]
 
 

@@ -126,3 +126,15 @@ def test_message_sizes_go_up_by_four() -> None:
     assert message_sizes(4096, 4096) == (4096,)
     with pytest.raises(ValueError, match="0 < smallest <= largest"):
         message_sizes(8192, 4096)
+
+
+def test_the_profile_times_grouped_query_attentions_own_key_value_width() -> None:
+    from orchestrator.config.schema import ModelConfig
+    from orchestrator.profile.matmul import shapes_of
+
+    gqa = ModelConfig(name="m", family="llama", num_layers=2, hidden_size=96, num_heads=3, num_kv_heads=1,
+                      intermediate_size=256, vocab_size=1000)  # fmt: skip
+    widths = {s.label.split()[-1]: s.fan_out for s in shapes_of(gqa, 128)}
+    assert widths == {"qkv": 288, "out": 96, "ffn": 256, "vocab": 1000, "kv": 32}
+    full = ModelConfig(name="n", family="gpt_neox", num_layers=2, hidden_size=96, num_heads=3, vocab_size=1000)
+    assert {s.label.split()[-1] for s in shapes_of(full, 128)} == {"qkv", "out", "ffn", "vocab"}
