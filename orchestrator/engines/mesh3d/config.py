@@ -26,6 +26,7 @@ from orchestrator.config.refusal import Refusal
 from orchestrator.engines.mesh3d.pipeline import (
     TORCH_SCHEDULES,
     bubble_share,
+    in_flight_stages,
     parse_layers,
     rank_totals,
     schedule_refusals,
@@ -183,6 +184,27 @@ def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0, layer
     return [
         n + max(0.0, end_weight) * (e + (1.0 if len(sizes) == 1 else 0.0)) for n, e in zip(sizes, ends, strict=True)
     ]
+
+
+def peak_rank_layers(
+    num_layers: int, num_stages: int, end_weight: float = 0.0, per_rank: int = 1, layers: object = None,
+    microbatches: int = 1, schedule: str = "1f1b",
+) -> float:  # fmt: skip
+    """The pipeline rank whose activations peak highest, over the first rank with the mean stage's layers (what
+    ``pipeline.in_flight_share`` counts): each rank keeps ``pipeline.in_flight_stages`` stage forwards of its own
+    stages (r, r + p, ...; their mean layers) of the split :func:`stage_costs` takes (the user's ``pp_layers``, or
+    balanced by cost, the end stages lighter). BLOOM's 70 layers in stages of 5, ten of 6, 5 peak on the second
+    rank: 11 forwards of 6 layers against the first rank's 12 of 5. 1 without a pipeline."""
+    stages = num_stages * max(per_rank, 1)
+    if num_stages <= 1 or stages > num_layers:
+        return 1.0
+    sizes = list(user_split(layers, num_layers, stages)) or stage_sizes(num_layers, stages, end_weight)
+    first = in_flight_stages(num_stages, microbatches, per_rank, schedule, 0) * num_layers / stages
+    peak = max(
+        in_flight_stages(num_stages, microbatches, per_rank, schedule, r) * sum(sizes[r::num_stages]) / per_rank
+        for r in range(num_stages)
+    )
+    return peak / first
 
 
 def pipeline_imbalance(

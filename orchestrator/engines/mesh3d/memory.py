@@ -44,7 +44,7 @@ from orchestrator.engines.memory import (
     precision_bytes,
 )
 from orchestrator.engines.memory import scalar_or_array as _out
-from orchestrator.engines.mesh3d.config import Mesh3dLayout, layout_of, stage_sizes
+from orchestrator.engines.mesh3d.config import Mesh3dLayout, end_weight, layout_of, peak_rank_layers, stage_sizes
 from orchestrator.engines.mesh3d.pipeline import in_flight_share, rank_totals, stages_per_rank, user_split
 from orchestrator.models import family_module, num_parameters
 
@@ -181,17 +181,19 @@ def vocab_split_of(method: Mapping[str, Any]) -> np.ndarray:
 
 def activation_share(
     tp: Any, pp: Any, microbatches: Any, chunks: ArrayLike = 2, logits: ArrayLike = 0.0, vocab_split: ArrayLike = False,
-    sequence_split: ArrayLike = False, schedule: ArrayLike = "1f1b",
+    sequence_split: ArrayLike = False, schedule: ArrayLike = "1f1b", first_rank: ArrayLike = 1.0,
 ) -> Any:  # fmt: skip
     """A rank's activations over one whole-model sequence's, element-wise: the layers of the stages its
     ``schedule`` (of ``chunks`` stages a rank where interleaved) keeps in flight on the first rank
     (``pipeline.in_flight_share``; 1F1B's min(p, m) micro-batches of a stage's layers), times the
     tensor share (1/t with ``sequence_split``, ``tp_sequence_parallel``: the norms' and the residual's split too);
     where ``vocab_split`` (``tp_loss_parallel``), the ``logits`` fraction of them (:func:`logit_fraction`) takes
-    1/t instead of the tensor share."""
+    1/t instead of the tensor share; ``first_rank``: the rank whose activations peak over that first rank with
+    the mean stage's layers (``config.peak_rank_layers``: an uneven split moves the peak)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     m = np.asarray(microbatches, dtype=float)
     in_flight = np.vectorize(in_flight_share, otypes=[float])(p, m, chunks, np.asarray(schedule, dtype=object))
+    in_flight = in_flight * np.asarray(first_rank, dtype=float)
     plain = np.asarray(tensor_activation_share(t), dtype=float)
     tensor = np.where(np.asarray(sequence_split, dtype=bool), 1.0 / t, plain)
     f = np.asarray(logits, dtype=float)
@@ -211,13 +213,17 @@ def logit_fraction(vocab: ArrayLike, seq: ArrayLike, per_sequence: ArrayLike) ->
 
 
 def activation_factor(
-    layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False, sequence: bool = False
-) -> float:
-    """:func:`activation_share` of one cell's layout."""
+    layout: Mesh3dLayout, num_layers: int, logits: float = 0.0, vocab_split: bool = False, sequence: bool = False,
+    end: float = 0.0,
+) -> float:  # fmt: skip
+    """:func:`activation_share` of one cell's layout (``end``: ``config.end_weight`` of its model)."""
+    first = peak_rank_layers(
+        num_layers, layout.pp, end, layout.stages_per_rank, layout.layers, layout.microbatches, layout.schedule
+    )
     return float(
         activation_share(
             layout.tp, layout.pp, layout.microbatches, layout.stages_per_rank, logits, vocab_split, sequence,
-            layout.schedule,
+            layout.schedule, first,
         )
     )  # fmt: skip
 
@@ -241,6 +247,8 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     per_sequence = activation_bytes_per_sequence(cfg.model, cfg.method)
     logits = float(logit_fraction(cfg.model.vocab_size, cfg.model.seq_length, per_sequence))
     m = cfg.method
-    scale = activation_factor(layout, cfg.model.num_layers, logits, m.tp_loss_parallel, m.tp_sequence_parallel)
+    scale = activation_factor(
+        layout, cfg.model.num_layers, logits, m.tp_loss_parallel, m.tp_sequence_parallel, end_weight(cfg.model)
+    )
     # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
     return micro_batch_that_fits(cfg, memory_gib / scale, fixed_bytes(cfg) / scale) if per_sequence else 1

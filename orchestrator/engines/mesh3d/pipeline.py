@@ -96,16 +96,26 @@ def in_flight_share(pp: float, microbatches: float, chunks: float, schedule: obj
     ``1 + (p − 1)/(v·p)`` of Megatron-LM's paper where ``p`` divides ``m``; interleaved zero bubble: ``(v − 1)·r +
     (p − 1) + 1`` (its warm-up steps one, not two, a rank), 1F1B's where ``p`` divides ``m``, as Qi et al. 2023 give
     for ZB-H1. 1 without a pipeline."""
-    p, m = int(pp), max(int(microbatches), 1)
+    p = int(pp)
     if p <= 1:
         return 1.0
+    v = stages_per_rank(str(schedule), int(chunks))
+    return in_flight_stages(pp, microbatches, chunks, schedule, 0) / (v * p)
+
+
+def in_flight_stages(pp: float, microbatches: float, chunks: float, schedule: object, rank: int) -> int:
+    """Stage forwards pipeline rank ``rank`` has run before its first backward, as :func:`in_flight_share` counts
+    them for the first: a later rank warms up with one fewer (two under interleaved 1F1B) a rank before it."""
+    p, m = int(pp), max(int(microbatches), 1)
+    if p <= 1:
+        return 1
     name = str(schedule)
     v = stages_per_rank(name, int(chunks))
     if name not in INTERLEAVED:
-        return min(p, m) / p
+        return min(p - rank, m)
     per_round = m // rounds(p, m)
     hops = 1 if name == "interleaved_zb" else 2
-    return min((v - 1) * per_round + hops * (p - 1) + 1, v * m) / (v * p)
+    return min((v - 1) * per_round + hops * (p - 1 - rank) + 1, v * m)
 
 
 def rank_totals(values: list[float], pp: int) -> list[float]:

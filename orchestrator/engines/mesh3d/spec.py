@@ -82,15 +82,16 @@ def layout_terms(x: CellArrays) -> Terms:
     import numpy as np
 
     from orchestrator.engines.mesh3d.memory import activation_share, logit_fraction
-    from orchestrator.engines.mesh3d.step_time import compute_stretch
+    from orchestrator.engines.mesh3d.step_time import compute_stretch, peak_rank_share
 
     m = x.method
     t, p = np.asarray(m["tp"], dtype=float), np.asarray(m["pp"], dtype=float)
     k = np.where(p > 1, np.asarray(m["pp_microbatches"], dtype=float), 1.0)
     replicas = np.maximum(np.floor(np.asarray(x.num_gpus, dtype=float) / (t * p)), 1.0)
     logits = logit_fraction(x.vocab, x.seq, x.per_sequence)
+    first = peak_rank_share(x)
     share = activation_share(
-        t, p, k, m["pp_chunks"], logits, m["tp_loss_parallel"], m["tp_sequence_parallel"], m["pp_schedule"]
+        t, p, k, m["pp_chunks"], logits, m["tp_loss_parallel"], m["tp_sequence_parallel"], m["pp_schedule"], first
     )
     return {
         "batch_split": replicas * k,

@@ -43,7 +43,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from orchestrator.engines.memory import precision_bytes
-from orchestrator.engines.mesh3d.config import pipeline_imbalance
+from orchestrator.engines.mesh3d.config import peak_rank_layers, pipeline_imbalance
 from orchestrator.engines.mesh3d.memory import REDUCE_BYTES, rank_parameters, vocab_split_of
 from orchestrator.engines.mesh3d.pipeline import bubble_share, stages_per_rank
 
@@ -133,3 +133,23 @@ def compute_stretch(x: CellArrays) -> np.ndarray:
     idle = bubble(p, m["pp_microbatches"], m["pp_schedule"], m["pp_chunks"])
     pace = imbalance(x.params, x.vocab * x.hidden, x.layers, p, (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]))
     return np.asarray(pace / (1.0 - idle), dtype=float)
+
+
+def peak_rank_share(x: CellArrays) -> np.ndarray:
+    """``config.peak_rank_layers`` of each cell: the activations of the rank that peaks highest over the first
+    rank's with the mean stage's layers, of the split :func:`imbalance` weighs (the ends' vocabulary matrices, or
+    ``pp_layers``)."""
+    m = x.method
+    psi = np.asarray(x.params, dtype=float)
+    e = np.minimum(np.asarray(x.vocab * x.hidden, dtype=float), psi / 2.0)
+    layers = np.maximum(np.asarray(x.layers, dtype=float), 1.0)
+    weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
+
+    def one_cell(n: float, p: float, w: float, c: float, name: object, given: object, k: float) -> float:
+        v = stages_per_rank(str(name), int(c))
+        return peak_rank_layers(int(n), int(p), float(w), v, given, max(int(k), 1), str(name))
+
+    one = np.vectorize(one_cell, otypes=[float])
+    names, given = np.asarray(m["pp_schedule"], dtype=object), np.asarray(m["pp_layers"], dtype=object)
+    p = np.asarray(m["pp"], dtype=float)
+    return np.asarray(one(layers, p, weight, m["pp_chunks"], names, given, m["pp_microbatches"]), dtype=float)

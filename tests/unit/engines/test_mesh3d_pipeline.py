@@ -202,8 +202,10 @@ def test_the_predictor_reads_the_schedule_settings_of_each_cell(make_cell) -> No
     rows = [flat_cell(c) for c in configs]
     x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
     share = layout_terms(x)["activation_share"]
-    assert list(share) == pytest.approx([in_flight_share(2, 8, v, s) for v, s in
-                                         ((2, "1f1b"), (2, "1f1b"), (2, "interleaved_1f1b"), (4, "interleaved_1f1b"))])  # fmt: skip
+    # The user's 5 + 3 gives the first rank, which keeps the most forwards in flight, 5 layers of the mean 4.
+    assert list(share) == pytest.approx([in_flight_share(2, 8, v, s) * f for v, s, f in
+                                         ((2, "1f1b", 1.0), (2, "1f1b", 5 / 4), (2, "interleaved_1f1b", 1.0),
+                                          (4, "interleaved_1f1b", 1.0))])  # fmt: skip
     params = memory_terms(x)["params"]
     assert params[1] > params[0], "the user's 5 + 3 holds more on the first rank than the balanced split"
     stretch = layout_terms(x)["compute_stretch"]
@@ -213,3 +215,20 @@ def test_the_predictor_reads_the_schedule_settings_of_each_cell(make_cell) -> No
     links = Links(intra_node=1e11, inter_node=1e10, host=1e10, cpu_adam_params_per_s_per_node=1e9)
     communication = step_time_terms(x, np.ones(len(rows)), links)["communication_s"]
     assert communication[1] == pytest.approx(communication[0])
+
+
+def test_the_activations_peak_on_the_rank_whose_forwards_in_flight_times_its_layers_are_most() -> None:
+    from orchestrator.engines.mesh3d.config import peak_rank_layers, stage_sizes
+    from orchestrator.engines.mesh3d.pipeline import in_flight_stages
+
+    # BLOOM: 70 layers in 12 stages of 5, ten of 6, 5 (the ends weighed for their vocabulary matrices). Under 1F1B
+    # rank r keeps 12 - r forwards: the second rank's 11 of 6 layers beat the first's 12 of 5.
+    sizes = stage_sizes(70, 12, 1.0)
+    assert sizes == [5, *[6] * 10, 5]
+    assert [in_flight_stages(12, 256, 1, "1f1b", r) for r in (0, 1, 11)] == [12, 11, 1]
+    assert peak_rank_layers(70, 12, 1.0, 1, None, 256, "1f1b") == pytest.approx(11 * 6 / (12 * 70 / 12))
+    # An even split peaks on the first rank, as in_flight_share counts it; with few micro-batches every rank
+    # keeps them all, so the heaviest stage sets the peak.
+    assert peak_rank_layers(8, 2, 0.0, 1, None, 8, "1f1b") == 1.0
+    assert peak_rank_layers(8, 2, 0.0, 1, "3+5", 1, "1f1b") == pytest.approx(5 / 4)
+    assert in_flight_stages(4, 8, 2, "interleaved_1f1b", 1) == in_flight_stages(4, 8, 2, "interleaved_1f1b", 0) - 2
