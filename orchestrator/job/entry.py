@@ -318,7 +318,12 @@ class CellJob(submitit.helpers.Checkpointable):
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm":
             self._guard_time_limit()
         submitted_by = getattr(self, "submitted_by", None)  # a job pickled by an older gpudays has none
-        status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues), submitted_by)
+        try:
+            status = run_cell(self.sweep_root, self.cell_id, self.attempt, dict(self.requeues), submitted_by)
+        except JobCancelled:
+            # The cancel's SIGTERM reached this rank while it set up, before its probe began (a slow rank, its
+            # peer already measuring): it ends here as its peers do, quietly; a rank that measures records it.
+            return RecordStatus.CANCELLED.value
         if status == RecordStatus.CANCELLED.value:
             return status  # every rank was told (the cancel's SIGTERM) and ends of it: nothing to end, no traceback
         if os.environ.get("SUBMITIT_EXECUTOR") == "slurm" and status not in ENDS_QUIETLY:

@@ -22,8 +22,9 @@ def test_every_fsdp_sharding_across_two_nodes(slurm_cluster, tmp_path: Path, cap
     args = [
         "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu", "probe=quick",
         "cluster.cpus_per_gpu=1", "cluster.time_limit_min=10", "num_gpus=2", "num_nodes=2", "method.engine=fsdp",
-        f"method.fsdp_sharding={','.join(SHARDINGS)}", "method.micro_batch_size=2", "--wait",
+        f"method.fsdp_sharding={','.join(SHARDINGS)}", "method.micro_batch_size=2",
         "probe.profile=false",  # the sweep's profile job is test_slurm_sweep.py's
+        "--wait",
     ]  # fmt: skip
     code = cli.main(args)
     out = capsys.readouterr().out

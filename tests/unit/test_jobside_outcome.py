@@ -260,3 +260,17 @@ def test_a_cell_job_pickled_without_a_version_still_runs(monkeypatch: pytest.Mon
     del old.__dict__["submitted_by"]  # as an older gpudays pickled it
     assert old() == "ok" and seen[-1][-1] is None
     assert jobside.CellJob("/sweep", "abc", 1, "1.0")() == "ok" and seen[-1][-1] == "1.0"
+
+
+def test_a_rank_cancelled_while_it_sets_up_ends_quietly_as_cancelled(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The cancel's SIGTERM reaches a slow rank before its probe began (its peer already measuring): the handler's
+    # JobCancelled ends it as its peers end, with no traceback for submitit to print.
+    def cancelled_in_setup(*args: object, **kwargs: object) -> str:
+        raise jobside.JobCancelled("the scheduler cancelled job 7 (scancel)")
+
+    monkeypatch.setattr(jobside, "run_cell", cancelled_in_setup)
+    monkeypatch.setattr(jobside, "answered", lambda *args: False)
+    monkeypatch.setattr(jobside, "superseded", lambda *args: False)
+    monkeypatch.setattr(jobside.CellJob, "_guard_time_limit", lambda self: None)
+    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+    assert jobside.CellJob("/sweep", "abc", 1)() == RecordStatus.CANCELLED.value
