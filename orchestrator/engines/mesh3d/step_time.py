@@ -60,16 +60,24 @@ def bubble(pp: ArrayLike, microbatches: ArrayLike, schedule: ArrayLike, chunks: 
     )
 
 
+def end_weights(
+    num_parameters: ArrayLike, vocab_matrix: ArrayLike, num_layers: ArrayLike
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's decoder layers (at least 1) and ``config.end_weight``: the vocabulary matrix an end stage holds,
+    in decoder layers, which the cost-balanced split weighs on the end stages."""
+    psi = np.asarray(num_parameters, dtype=float)
+    e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
+    layers = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
+    return layers, np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
+
+
 def imbalance(
     num_parameters: np.ndarray, vocab_matrix: np.ndarray, num_layers: np.ndarray, pp: np.ndarray,
     pipeline: tuple[ArrayLike, ArrayLike, ArrayLike | None] = (2, "1f1b", None),
 ) -> np.ndarray:  # fmt: skip
     """``config.pipeline_imbalance`` of each cell: its slowest rank over the mean one (1 without a pipeline);
     ``pipeline``: ``pp_chunks``, ``pp_schedule`` and ``pp_layers``."""
-    psi = np.asarray(num_parameters, dtype=float)
-    e = np.minimum(np.asarray(vocab_matrix, dtype=float), psi / 2.0)
-    layers = np.maximum(np.asarray(num_layers, dtype=float), 1.0)
-    weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
+    layers, weight = end_weights(num_parameters, vocab_matrix, num_layers)
     chunks, schedule, split = pipeline
 
     def one_cell(n: float, p: float, w: float, c: float, name: object, given: object) -> float:
@@ -140,10 +148,7 @@ def peak_rank_share(x: CellArrays) -> np.ndarray:
     rank's with the mean stage's layers, of the split :func:`imbalance` weighs (the ends' vocabulary matrices, or
     ``pp_layers``)."""
     m = x.method
-    psi = np.asarray(x.params, dtype=float)
-    e = np.minimum(np.asarray(x.vocab * x.hidden, dtype=float), psi / 2.0)
-    layers = np.maximum(np.asarray(x.layers, dtype=float), 1.0)
-    weight = np.where(psi > 2.0 * e, e * layers / np.maximum(psi - 2.0 * e, 1.0), 0.0)
+    layers, weight = end_weights(x.params, x.vocab * x.hidden, x.layers)
 
     def one_cell(n: float, p: float, w: float, c: float, name: object, given: object, k: float) -> float:
         v = stages_per_rank(str(name), int(c))
