@@ -17,7 +17,7 @@ from analysis.predict.inputs import inputs_from_columns
 from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame, prediction_detail
 from analysis.predict.uncertainty import bounds, quantile
 
-RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("*/*.json"))
+RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("h100-80gb*/*.json"))
 
 
 @pytest.fixture(scope="module")
