@@ -203,10 +203,11 @@ def synthetic_grid(goal: Goal, seeds: int) -> dict:
     return out
 
 
-def h100_table() -> pd.DataFrame:
-    """The committed H100 records as a cells table (as :func:`analysis.sweeps.records.load_cells` gives one)."""
+def h100_table(folders: str = "h100-80gb*") -> pd.DataFrame:
+    """The committed records of ``folders`` (a glob under :data:`RECORDS`; the H100's by default) as a cells table
+    (as :func:`analysis.sweeps.records.load_cells` gives one)."""
     rows = []
-    for path in sorted(RECORDS.glob("*/*.json")):
+    for path in sorted(RECORDS.glob(f"{folders}/*.json")):
         record = json.loads(path.read_text())
         m = record["metrics"]
         row = {**flat_cell(record["config"]), "cell_id": f"{path.parent.name}/{path.stem}", "status": record["status"]}

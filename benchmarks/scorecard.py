@@ -85,6 +85,40 @@ def h100_section() -> dict[str, dict[str, float]]:
     return out
 
 
+def h200_section() -> dict[str, float]:
+    """Each H200 record (``tests/data/gpu-records/h200``) with no record of its GPU at all, as ``plan`` answers
+    beside the machine's profile (committed with them) and without it (the cited rates), then each configuration
+    left out of a calibration on the others, with the profile. The memory-bound work's two constants were fitted
+    to the four cells without compile or checkpointing, and what compile leaves to the three compiled cells
+    (:mod:`analysis.predict.memory_bound`): in-sample there."""
+    from orchestrator.profile.record import read_profile
+
+    table = h100_table("h200")
+    (path,) = sorted((RECORDS / "h200" / "profile").glob("*.json"))
+    profiles = {"h200": read_profile(path)}
+    print(f"\n1b. Real H200 records ({RECORDS.relative_to(ROOT)}/h200): {len(table)} records, profile {path.name}")
+    forced = {"micro_batch_size": table["micro_batch_size"], "grad_accum_steps": table["grad_accum_steps"]}
+    compiled = table["compile"].astype(bool).to_numpy()
+    plain = ~compiled & ~table["activation_checkpointing"].astype(bool).to_numpy()
+    plain &= table["engine"].isin(["deepspeed", "fsdp"]).to_numpy()
+    out: dict[str, float] = {}
+    # The compiled cells set what compile leaves (both paths); the plain cells, the memory-bound work (profile).
+    for label, given, fitted in (("with the profile", profiles, plain | compiled),
+                                 ("cited rates, no profile", None, compiled)):  # fmt: skip
+        predicted = predict_frame(table, profiles=given, **forced)["predicted_step_time_s"].to_numpy()
+        errors = 100 * (predicted / table["step_time_s"].to_numpy() - 1)
+        shown = ", ".join(
+            f"{cell.split('/')[-1]} {e:+.1f}%{'*' if f else ''}"
+            for cell, e, f in zip(table["cell_id"], errors, fitted, strict=True)
+        )
+        held = np.abs(errors[~fitted])
+        print(f"   uncalibrated, {label}: {shown} (* in-sample)")
+        print(f"     not fitted: {len(held)} records, median |err| {np.median(held):.1f}%, max {held.max():.1f}%")
+        out[f"{label}: median_abs_error_pct (not fitted)"] = float(np.median(held))
+        out[f"{label}: max_abs_error_pct (not fitted)"] = float(held.max())
+    return out
+
+
 SET_ON = ("pythia-410m", "pythia-1b")
 """The models whose free-lunch H100 records set the uncalibrated efficiency and per-micro-step time
 (``analysis/predict/step_time.py``): those two records are in-sample for the uncalibrated answer."""
@@ -283,6 +317,7 @@ def main() -> None:
         return
     h100 = h100_section()
     uncalibrated = uncalibrated_section()
+    h200 = h200_section()
     print(f"\n2. Adaptive sweeps replayed (target ±{goal.target_pct:g}%, {goal.round_cells} cells a round) and as "
           f"many cells chosen at random, {args.seeds} seeds; only the cells never measured are judged")  # fmt: skip
     grids = {}
@@ -305,6 +340,7 @@ def main() -> None:
         out = {
             "h100": h100,
             "uncalibrated": uncalibrated,
+            "h200_uncalibrated": h200,
             "published": published,
             "grids": {k: v.to_dict(orient="records") for k, v in grids.items()},
         }

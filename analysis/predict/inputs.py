@@ -167,6 +167,9 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
     defaults = method_defaults()
     method = {key: typed(kind, method_column(key), defaults[key]) for key, kind in method_kinds().items()}
+    # A compiled cell that names no scope predates regional compile: the engine then compiled the whole model.
+    scopes = raw(method_column("compile_scope"))
+    method["compile_scope"] = np.array([s if isinstance(s, str) and s else "whole" for s in scopes], dtype=object)
 
     layers, hidden, vocab = num("model_num_layers"), num("model_hidden_size"), num("model_vocab_size")
     heads, seq, batch = num("model_num_heads"), num("model_seq_length"), num("model_global_batch_size")

@@ -21,6 +21,7 @@ import numpy as np
 
 from analysis.predict.inputs import Inputs, layout_terms
 from analysis.predict.measured_compute import profiled_compute
+from analysis.predict.memory_bound import FIXED_S_PER_MICRO_STEP, compiled_share, memory_bound_s
 from analysis.predict.network import MeasuredProfile, links_for
 from orchestrator.engines.memory import recomputes_layers
 from orchestrator.engines.registry import by_engine
@@ -64,14 +65,21 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     # so one calibrated efficiency per GPU serves every family.
     family = np.where(np.isnan(x.family_efficiency), 1.0, DEFAULT_EFFICIENCY / x.family_efficiency)
     compute = flops / x.num_gpus / (reference * 1e12) * family
+    # What compile leaves of the work outside the products: the fixed cost per micro-step stands for it.
+    per_micro_step = compiled_share(x.compile, x.method["compile_scope"], x.arch)
     if profiles:
-        compute = _profiled(x, accum, compute, family, profiles)
+        compute, structured = _profiled(x, accum, compute, family, profiles)
+        # Where the profile measured the products and the memory's bandwidth, the memory-bound work is in the
+        # compute term, and a micro-step's fixed cost is only what neither explains.
+        per_micro_step = np.where(
+            structured, per_micro_step * FIXED_S_PER_MICRO_STEP / DEFAULT_OVERHEAD_S_PER_MICRO_STEP, per_micro_step
+        )
     links = links_for(x.gpu, x.arch, x.inter_node_bytes_s, profiles)
     engine = by_engine(x.engine, lambda spec: spec.step_time_terms(x, accum, links))
     # A micro-step's fixed cost, for the share of the model one micro-step of the cell's ranks runs (a pipeline
     # rank runs each of a schedule's micro-batches through its stages only).
     layout = layout_terms(x)
-    micro_steps = accum.astype(float) * np.asarray(layout["micro_step_share"], dtype=float)
+    micro_steps = accum.astype(float) * np.asarray(layout["micro_step_share"], dtype=float) * per_micro_step
     communication = engine["communication_s"] + exposed(
         engine["overlappable_s"], engine["overlap_floor_s"], compute / DEFAULT_EFFICIENCY, x.arch
     )
@@ -82,17 +90,24 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
 
 def _profiled(
     x: Inputs, accum: np.ndarray, compute: np.ndarray, family: np.ndarray, profiles: Mapping[str, MeasuredProfile]
-) -> np.ndarray:
+) -> tuple[np.ndarray, np.ndarray]:
     """The compute term of the cells whose GPU has a profile, from its measured rates
-    (:mod:`analysis.predict.measured_compute`): the profiled seconds times :data:`DEFAULT_EFFICIENCY`, the FLOPs
-    the profile lacks at the peak times that efficiency (or, without a peak, the profile's median rate)."""
+    (:mod:`analysis.predict.measured_compute`), with the memory-bound work at its measured bandwidth
+    (:mod:`analysis.predict.memory_bound`): the profiled seconds times :data:`DEFAULT_EFFICIENCY`, the FLOPs the
+    profile lacks at the peak times that efficiency (or, without a peak, the profile's median rate); and whether
+    the memory-bound work is in it (a profile with a bandwidth, a model with tokens, width and depth)."""
     micro_tokens = x.per_gpu_batch / np.maximum(accum.astype(float), 1.0) * x.tokens_per_sample
     recompute = np.asarray(recomputes_layers(x.checkpointing, x.method["checkpoint_policy"]), dtype=bool)
     seconds, rest, median = profiled_compute(x.models, x.gpu, x.precision, recompute, micro_tokens, profiles)
     fallback = np.where(np.isnan(x.reference_tflops), median, x.reference_tflops * 1e12 * DEFAULT_EFFICIENCY)
     profiled = x.batch / x.num_gpus * (seconds + rest * family / fallback)
+    token_layers = x.batch * x.tokens_per_sample * x.hidden * x.layers / x.num_gpus
+    memory = memory_bound_s(x.gpu, token_layers, recompute, profiles)
+    memory *= compiled_share(x.compile, x.method["compile_scope"], x.arch)
+    structured = np.isfinite(profiled) & np.isfinite(memory)
+    profiled = np.where(structured, profiled + memory, profiled)
     out: np.ndarray = np.where(np.isfinite(profiled), DEFAULT_EFFICIENCY * profiled, compute)
-    return out
+    return out, structured
 
 
 def exposed(overlappable: np.ndarray, floor: np.ndarray, compute_s: np.ndarray, arch: np.ndarray) -> np.ndarray:
