@@ -43,7 +43,7 @@ CELLS: list[tuple[str, float, list[str]]] = [
     ("160m-mesh3d", 75, ["model=pythia-160m", "method.micro_batch_size=32", "method.engine=mesh3d"]),
     ("160m-ds-compile-cold", 110, ["model=pythia-160m", "method.micro_batch_size=32", "method.compile=true"]),
     ("160m-ds-compile-warm", 90, ["model=pythia-160m", "method.micro_batch_size=32", "method.compile=true"]),
-    # Beyond the first eight, named with --only: checkpointing's pairs and compile under FSDP2.
+    # Beyond the first eight, named with --only: checkpointing's pairs, compile under FSDP2 and on larger models.
     ("410m-ds", 80, ["model=pythia-410m", "method.micro_batch_size=16"]),
     ("1.4b-ds-ckpt", 100, ["model=pythia-1.4b", "method.micro_batch_size=32", "method.activation_checkpointing=true"]),
     (
@@ -51,6 +51,8 @@ CELLS: list[tuple[str, float, list[str]]] = [
         110,
         ["model=pythia-160m", "method.micro_batch_size=32", "method.engine=fsdp", "method.compile=true"],
     ),
+    ("410m-ds-compile", 90, ["model=pythia-410m", "method.micro_batch_size=16", "method.compile=true"]),
+    ("1.4b-ds-compile", 110, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.compile=true"]),
 ]
 """The cells, most wanted first: the baseline beside the H100 records, the largest model, each engine, checkpointed
 memory, then compile's cold and warm cost. Every cell keeps the model's own global batch (1,024 sequences), so its
