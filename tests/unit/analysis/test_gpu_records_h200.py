@@ -51,8 +51,8 @@ def predicted(table: pd.DataFrame, profile: Profile | None) -> pd.Series:
 
 
 def test_the_records_cover_each_engine_checkpointing_and_compile(table: pd.DataFrame) -> None:
-    assert len(table) == 11 and set(table["engine"]) == {"deepspeed", "fsdp", "mesh3d"}
-    assert table["activation_checkpointing"].astype(bool).sum() == 2 and table["compile"].astype(bool).sum() == 3
+    assert len(table) == 13 and set(table["engine"]) == {"deepspeed", "fsdp", "mesh3d"}
+    assert table["activation_checkpointing"].astype(bool).sum() == 2 and table["compile"].astype(bool).sum() == 5
     assert all(load(p)["environment"]["device_name"] == "NVIDIA H200" for p in RECORDS)
 
 
@@ -83,6 +83,9 @@ def test_compile_is_predicted_faster_on_both_paths(table: pd.DataFrame, profile:
         step = pd.Series(frame["predicted_step_time_s"].to_numpy(), table["name"])
         assert step["160m-ds-compile-cold"] < 0.8 * step["160m-ds"]
         assert step["160m-fsdp-compile"] < 0.8 * step["160m-fsdp"]
+        # Measured after the share was set on 160m: 1.34x (410m) and 1.15x (1.4b) faster than without compile.
+        assert step["410m-ds-compile"] < 0.85 * step["410m-ds"]
+        assert step["1.4b-ds-compile"] < 0.97 * step["1.4b-ds"]
 
 
 def test_without_a_profile_every_cell_is_within_16_percent(table: pd.DataFrame) -> None:
