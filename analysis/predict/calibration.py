@@ -23,7 +23,7 @@ from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import TERMS, step_terms
 from analysis.predict.uncertainty import Spread, fit_posterior, prior_centre, prior_spread
 from analysis.sweeps.records import MEASURED_FITS
-from orchestrator.engines.memory import GIB, allocator_overhead
+from orchestrator.engines.memory import GIB, allocator_overhead, compiles_regionally
 
 
 @dataclass
@@ -129,7 +129,8 @@ def calibrate(records: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | N
     terms = step_terms(x, accum, profiles)
     mem = memory_terms(x)
     allocated = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
-    predicted_peak = allocator_overhead(x.accelerator) * allocated / GIB
+    overhead = allocator_overhead(x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]))
+    predicted_peak = overhead * allocated / GIB
     # The prediction is of the reserved peak (what a GPU runs out of); the CPU's records have only one figure.
     reserved = _column(measured, "peak_memory_reserved_gib")
     measured_peak = np.where(np.isfinite(reserved), reserved, _column(measured, "peak_memory_gib"))

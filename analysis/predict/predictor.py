@@ -29,7 +29,13 @@ from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
 from orchestrator.config.schema import Config
-from orchestrator.engines.memory import DEFAULT_MARGIN, GIB, allocator_overhead, largest_fitting_divisor
+from orchestrator.engines.memory import (
+    DEFAULT_MARGIN,
+    GIB,
+    allocator_overhead,
+    compiles_regionally,
+    largest_fitting_divisor,
+)
 from orchestrator.engines.registry import identity_keys, identity_keys_if_set, sharding_keys
 
 PREDICTOR = (
@@ -112,7 +118,7 @@ def _predict(
     c = _coefficients(x, calibration)
     coef, mem_scale, mem_offset = c.coef, c.scale, c.offset
     terms_bytes = memory_terms(x)
-    overhead = allocator_overhead(x.accelerator)
+    overhead = allocator_overhead(x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]))
     # Reserved bytes: what is allocated times the allocator's overhead, then any calibrated scale and offset.
     mem = {k: v * overhead * mem_scale / GIB for k, v in terms_bytes.items() if k not in ("offloaded", "build")}
     build = terms_bytes["build"] * overhead / GIB  # before any step: nothing of the step's calibration applies

@@ -27,8 +27,15 @@ runs out of), in-sample for them. Multiplies everything the step allocates. One 
 records do not support a gap by setting. By compile, 7 records each: 1.145 compiled (1.021 to 1.149), 1.111 not
 (1.038 to 1.167); by micro-batch, 1.039 at 8 (2 records), 1.136 at 16 (6), 1.113 at 32 (6); none checkpointed.
 The same cell (pythia-160m, free-lunch, auto) measured twice gave 1.026 and 1.146, a spread as wide as any
-between settings. All ran without expandable segments, the probe's default since (:mod:`orchestrator.job.env`);
-what that does to the gap has not been measured on a GPU here."""
+between settings. All ran without expandable segments, the probe's default since (:mod:`orchestrator.job.env`).
+With them, on the H200 (tests/data/gpu-records/h200), the gap is 1.02 to 1.11 without compile or checkpointing
+(six records), 1.12 and 1.14 with checkpointing: this figure stands for every setting but regional compile
+(:data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE`)."""
+ALLOCATOR_OVERHEAD_REGIONAL_COMPILE = 1.03
+"""The gap of a cell compiled block by block (``compile_scope: regional``, the engines' default) with expandable
+segments: 1.011 to 1.031 over the H200's five such records (pythia-160m under DeepSpeed twice and FSDP2, 410m and
+1.4b under DeepSpeed), the highest taken. The H100's compiled records compiled the whole engine, without
+expandable segments (1.021 to 1.149), and keep :data:`ALLOCATOR_OVERHEAD`."""
 CPU_RUNTIME_GIB = 0.04
 """What a CPU probe's process holds beyond the model's terms, whatever the model: its "device memory" is the
 growth of the resident set from before the model was built (orchestrator.job.metering), which takes in the engine's
@@ -99,9 +106,16 @@ def selective_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> fl
     return float(model.num_layers * kept * seq * scale + max(logits, (whole - kept) * seq * scale))
 
 
-def allocator_overhead(accelerator: Any) -> Any:
-    """:data:`ALLOCATOR_OVERHEAD` on a CUDA device; 1 on the CPU, which has no caching allocator."""
-    return scalar_or_array(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, ALLOCATOR_OVERHEAD))
+def allocator_overhead(accelerator: Any, regional_compile: Any = False) -> Any:
+    """:data:`ALLOCATOR_OVERHEAD` on a CUDA device (:data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE` where the cell
+    compiles block by block); 1 on the CPU, which has no caching allocator."""
+    on_gpu = np.where(np.asarray(regional_compile, dtype=bool), ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, ALLOCATOR_OVERHEAD)
+    return scalar_or_array(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, on_gpu))
+
+
+def compiles_regionally(compiled: Any, scope: Any) -> Any:
+    """Whether each cell compiles block by block: ``compile`` on with ``compile_scope: regional``."""
+    return np.asarray(compiled, dtype=bool) & (np.asarray(scope, dtype=object) == "regional")
 
 
 def peak_bytes(fixed_bytes: Any, per_sequence_bytes: Any, micro_batch_size: Any, accelerator: Any = "cuda") -> Any:
@@ -113,10 +127,16 @@ def peak_bytes(fixed_bytes: Any, per_sequence_bytes: Any, micro_batch_size: Any,
     return scalar_or_array(np.asarray(allocator_overhead(accelerator)) * allocated)
 
 
-def sequences_that_fit(usable_bytes: Any, fixed_bytes: Any, per_sequence_bytes: Any, accelerator: Any = "cuda") -> Any:
-    """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
-    where the usable memory is unknown)."""
-    overhead = np.asarray(allocator_overhead(accelerator))
+def sequences_that_fit(
+    usable_bytes: Any,
+    fixed_bytes: Any,
+    per_sequence_bytes: Any,
+    accelerator: Any = "cuda",
+    regional_compile: Any = False,
+) -> Any:
+    """The most sequences per micro-batch whose reserved peak (what :func:`peak_bytes` gives, with the overhead of
+    ``regional_compile``) is within ``usable_bytes`` (0 if none; NaN where the usable memory is unknown)."""
+    overhead = np.asarray(allocator_overhead(accelerator, regional_compile))
     with np.errstate(divide="ignore", invalid="ignore"):
         room = (np.asarray(usable_bytes, dtype=float) / overhead - np.asarray(fixed_bytes, dtype=float)) / (
             np.asarray(per_sequence_bytes, dtype=float)
@@ -158,7 +178,10 @@ def micro_batch_that_fits(cfg: Config, memory_gib: float, fixed_bytes: float) ->
     trial, not this number. The predictor applies the same rule (:func:`largest_fitting_divisor`).
     """
     fitting = sequences_that_fit(
-        memory_gib * GIB * (1.0 - DEFAULT_MARGIN), fixed_bytes, activation_bytes_per_sequence(cfg.model, cfg.method)
+        memory_gib * GIB * (1.0 - DEFAULT_MARGIN),
+        fixed_bytes,
+        activation_bytes_per_sequence(cfg.model, cfg.method),
+        regional_compile=compiles_regionally(cfg.method.compile, cfg.method.compile_scope),
     )
     return max(1, int(fitting))
 

@@ -98,3 +98,12 @@ def test_the_reserved_peak_of_cells_without_compile_is_within_11_percent(table: 
     plain = ~table["compile"].astype(bool)
     ratio = frame["predicted_peak_memory_gib"].to_numpy() / table["reserved_gib"].to_numpy() - 1
     assert abs(ratio[plain.to_numpy()]).max() < 0.11
+
+
+def test_a_regionally_compiled_cell_reserves_little_over_what_it_allocates(table: pd.DataFrame) -> None:
+    # Expandable segments and compiled blocks: reserved/allocated 1.01-1.03, not the 1.12 of the other settings.
+    frame = predict_frame(table, micro_batch_size=table["micro_batch_size"])
+    ratio = pd.Series(frame["predicted_peak_memory_gib"].to_numpy() / table["reserved_gib"].to_numpy() - 1,
+                      table["name"])  # fmt: skip
+    assert abs(ratio["410m-ds-compile"]) < 0.10 and abs(ratio["1.4b-ds-compile"]) < 0.10
+    assert ratio.abs().max() < 0.20  # pythia-160m compiled, +17% and +19%: its logits' bytes were set on the H100's whole compile

@@ -114,3 +114,15 @@ def test_the_build_holds_the_model_in_its_dtype_partitioned_only_at_stage_3() ->
     assert build_bytes(psi, largest, 0, 8, "fp32", False) == 4 * psi
     assert build_bytes(psi, largest, 3, 8, "bf16", False) == 2 * psi / 8 + 2 * largest
     assert build_bytes(psi, largest, 3, 8, "bf16", True) == 2 * largest, "zero.Init puts the partitions on the host"
+
+
+def test_regional_compile_has_its_own_allocator_overhead() -> None:
+    from orchestrator.engines.memory import ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, allocator_overhead, compiles_regionally
+
+    regional = compiles_regionally([True, True, False], ["regional", "whole", "regional"])
+    assert regional.tolist() == [True, False, False]
+    assert allocator_overhead(["cuda"] * 3, regional).tolist() == [
+        ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, ALLOCATOR_OVERHEAD, ALLOCATOR_OVERHEAD,
+    ]  # fmt: skip
+    assert allocator_overhead("cpu", True) == 1.0
+    assert sequences_that_fit(100.0, 0.0, 1.0, "cuda", True) > sequences_that_fit(100.0, 0.0, 1.0)
