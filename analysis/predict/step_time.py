@@ -3,7 +3,10 @@
 Step time = Σ coefficient × term over :data:`TERMS`: seconds of compute at the reference rate (the step's hardware
 FLOPs, recomputation included, over the GPUs' dense peak; where the GPU has a measured profile, its matrix products
 at the profiled rate of each shape, :mod:`analysis.predict.measured_compute`), nominal seconds of communication and of offload, and the
-micro-steps (the coefficient is a fixed cost per micro-step). Uncalibrated, the coefficients are
+micro-steps (the coefficient is a fixed cost per micro-step, which without a profile stands for the memory-bound
+work too). Where the profile also gives the memory's bandwidth, the compute term holds the memory-bound work as
+bytes over that bandwidth and the micro-steps count only what neither explains (:mod:`analysis.predict.memory_bound`);
+compile takes its share off either (``compiled_share``). Uncalibrated, the coefficients are
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
 Compute is the same for every engine, and so are micro-steps but for a pipeline, whose ranks each run a micro-batch
