@@ -203,11 +203,11 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
     def per_model_method(model: ModelConfig, key: tuple[Any, ...]) -> tuple[float, ...]:
         method = MethodConfig(
             attention=key[0], activation_checkpointing=bool(key[1]), compile=bool(key[2]), precision=key[3],
-            checkpoint_policy=key[4],
+            checkpoint_policy=key[4], compile_scope=key[5],
         )  # fmt: skip
         return (activation_bytes_per_sequence(model, method),)
 
-    methods = [attention, checkpointing, compiled, precision, method["checkpoint_policy"]]
+    methods = [attention, checkpointing, compiled, precision, method["checkpoint_policy"], method["compile_scope"]]
     params, flops, flops_recompute, largest, tokens_per_sample = _by_distinct(models, [], known, per_model, 5)
     (per_sequence,) = _by_distinct(models, methods, known, per_model_method, 1)
     micro_setting = num("micro_batch_size_setting")

@@ -15,6 +15,7 @@ from numpy.typing import ArrayLike
 
 from orchestrator.config.batch import divisors
 from orchestrator.models import family_module, language_family
+from orchestrator.models.sequences import compiled_loss
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import Config, MethodConfig, ModelConfig
@@ -102,7 +103,7 @@ def selective_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> fl
     seq, scale = model.seq_length, 2.0 if method.precision == "fp32" else 1.0
     whole = float(fam.activation_bytes_per_token_per_layer(model, method.attention, False))
     kept = min(selective_layer_bytes(model), whole)
-    logits = float(fam.logit_bytes_per_token(model, bool(method.compile))) * seq
+    logits = float(fam.logit_bytes_per_token(model, compiled_loss(method))) * seq
     return float(model.num_layers * kept * seq * scale + max(logits, (whole - kept) * seq * scale))
 
 

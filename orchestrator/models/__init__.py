@@ -124,7 +124,7 @@ class LanguageFamily(Family, Protocol):
         """Bytes one layer keeps per token for the backward pass in 16-bit training."""
         ...
 
-    def logit_bytes_per_token(self, model: ModelConfig, compiled: bool = False) -> float:
+    def logit_bytes_per_token(self, model: ModelConfig, compiled: bool | str | None = False) -> float:
         """Peak bytes per token of the output logits and the loss."""
         ...
 

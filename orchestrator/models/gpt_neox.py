@@ -43,6 +43,13 @@ H100 records ask for exactly 2 bytes per entry) and one fp32 buffer (4). Fitted 
 H100 records of pythia-160m, 410m and 1b with the layer bytes above fixed (6.05; 160m within 0.5%)."""
 
 
+REGIONAL_LOGIT_BYTES_PER_ENTRY = 4.0
+"""With the loss compiled as a region of its own (``compile_scope: regional``): the 16-bit logits and their
+16-bit gradient, the fp32 cast and log-softmax fused away. Set by the H200 records (tests/data/gpu-records/h200):
+with 6, the allocated peaks of pythia-160m (DeepSpeed, FSDP2), 410m and 1.4b compiled were predicted 6.0, 6.0, 3.1
+and 3.1 GiB over, where 2 bytes an entry fewer come to 6.1, 6.1, 3.1 and 3.1 GiB."""
+
+
 def intermediate_size(model: ModelConfig) -> int:
     """MLP width: the config's value, or 4h as in every Pythia model when it is null."""
     return model.intermediate_size if model.intermediate_size is not None else 4 * model.hidden_size
@@ -114,9 +121,13 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return LAYER_BYTES_PER_HIDDEN * h + LAYER_BYTES_PER_HEAD_SDPA * heads
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
-    """Peak bytes per token of the logits and the cross-entropy loss (eager, or fused by torch.compile)."""
-    per_entry = COMPILED_LOGIT_BYTES_PER_ENTRY if compiled else LOGIT_BYTES_PER_ENTRY
+def logit_bytes_per_token(model: ModelConfig, compiled: bool | str | None = False) -> float:
+    """Peak bytes per token of the logits and the cross-entropy loss: eager (``compiled`` false or None), fused by a
+    regional compile (``"regional"``) or by a whole-model one (``True``, ``"whole"``)."""
+    if compiled == "regional":
+        per_entry = REGIONAL_LOGIT_BYTES_PER_ENTRY
+    else:
+        per_entry = COMPILED_LOGIT_BYTES_PER_ENTRY if compiled else LOGIT_BYTES_PER_ENTRY
     return per_entry * model.vocab_size
 
 

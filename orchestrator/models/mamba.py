@@ -107,7 +107,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     )
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+def logit_bytes_per_token(model: ModelConfig, compiled: bool | str | None = False) -> float:
     """transformers' causal-LM loss, as the decoders' (``gpt_neox``'s measured bytes per vocabulary entry)."""
     return gpt_neox.logit_bytes_per_token(model, compiled)
 

@@ -106,7 +106,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return common + FUSED_BYTES_PER_HEAD * model.num_heads
 
 
-def logit_bytes_per_token(model: ModelConfig, compiled: bool = False) -> float:
+def logit_bytes_per_token(model: ModelConfig, compiled: bool | str | None = False) -> float:
     """Peak bytes per token of the masked-LM head and its loss: the head's own layers and the logits as a causal
     LM's (``gpt_neox``'s measured bytes per vocabulary entry: the loss upcasts every position's logits)."""
     return HEAD_BYTES_PER_HIDDEN * model.hidden_size + gpt_neox.logit_bytes_per_token(model, compiled)

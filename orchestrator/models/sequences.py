@@ -37,10 +37,15 @@ class LayerBytesPerToken(Protocol):
     def __call__(self, model: ModelConfig, attention: str, checkpointing: bool) -> float: ...
 
 
+def compiled_loss(method: MethodConfig) -> str | None:
+    """How the loss is compiled: the method's ``compile_scope`` where it compiles, else None (eager)."""
+    return method.compile_scope if method.compile else None
+
+
 class LogitBytesPerToken(Protocol):
     """A family's peak bytes per token of the output logits and the loss."""
 
-    def __call__(self, model: ModelConfig, compiled: bool = False) -> float: ...
+    def __call__(self, model: ModelConfig, compiled: bool | str | None = False) -> float: ...
 
 
 class SyntheticBatch(Protocol):
@@ -80,7 +85,7 @@ def activation_bytes_per_sample(
     kept = layer_bytes(model, method.attention, method.activation_checkpointing)
     scale = 2.0 if method.precision == "fp32" else 1.0
     layers = model.num_layers * kept * seq * scale
-    logits = logit_bytes(model, bool(method.compile)) * seq
+    logits = logit_bytes(model, compiled_loss(method)) * seq
     if not method.activation_checkpointing:
         return float(layers + logits)
     rebuilt = layer_bytes(model, method.attention, False) * seq * scale

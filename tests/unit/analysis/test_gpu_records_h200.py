@@ -105,5 +105,7 @@ def test_a_regionally_compiled_cell_reserves_little_over_what_it_allocates(table
     frame = predict_frame(table, micro_batch_size=table["micro_batch_size"])
     ratio = pd.Series(frame["predicted_peak_memory_gib"].to_numpy() / table["reserved_gib"].to_numpy() - 1,
                       table["name"])  # fmt: skip
-    assert abs(ratio["410m-ds-compile"]) < 0.10 and abs(ratio["1.4b-ds-compile"]) < 0.10
-    assert ratio.abs().max() < 0.20  # pythia-160m compiled, +17% and +19%: its logits' bytes were set on the H100's whole compile
+    # Every reserved peak within 11%; the compiled ones set the regional loss's bytes (in-sample) and the overhead.
+    assert ratio.abs().max() < 0.11, ratio.round(3).to_dict()
+    compiled = table["compile"].astype(bool).to_numpy()
+    assert ratio[compiled].abs().max() < 0.03

@@ -72,8 +72,10 @@ def test_activations_by_hand_pythia_1b() -> None:
     # Per layer and token 36h + 6a = 73,776 bytes (SDPA); logits 12 bytes x 50,304 = 603,648 per token.
     per_token = 16 * 73_776 + 603_648
     assert activation_bytes_per_sequence(model, method()) == 2048 * per_token
-    # Compiled: the loss's fp32 cast is fused, 6 bytes per logit entry.
-    assert activation_bytes_per_sequence(model, method(compile=True)) == 2048 * (16 * 73_776 + 6 * 50_304)
+    # Compiled block by block, the loss a region of its own: 4 bytes per logit entry; the whole engine: 6.
+    assert activation_bytes_per_sequence(model, method(compile=True)) == 2048 * (16 * 73_776 + 4 * 50_304)
+    whole = method(compile=True, compile_scope="whole")
+    assert activation_bytes_per_sequence(model, whole) == 2048 * (16 * 73_776 + 6 * 50_304)
     # Checkpointing: each layer keeps its input (2h = 4,096 bytes a token); the peak is then the loss (the
     # larger of the loss and one rebuilt layer).
     assert activation_bytes_per_sequence(model, method(activation_checkpointing=True)) == 2048 * (16 * 4_096 + 603_648)
