@@ -87,10 +87,10 @@ def h100_section() -> dict[str, dict[str, float]]:
 
 def h200_section() -> dict[str, float]:
     """Each H200 record (``tests/data/gpu-records/h200``) with no record of its GPU at all, as ``plan`` answers
-    beside the machine's profile (committed with them) and without it (the cited rates), then each configuration
-    left out of a calibration on the others, with the profile. The memory-bound work's two constants were fitted
-    to the four cells without compile or checkpointing, and what compile leaves to the three compiled pythia-160m
-    cells (:mod:`analysis.predict.memory_bound`): in-sample there."""
+    beside the machine's profile (committed with them) and without it (the cited rates). The memory-bound work's
+    two constants were fitted to the five cells without compile or checkpointing under DeepSpeed and FSDP2, and
+    what compile leaves to the three compiled pythia-160m cells (:mod:`analysis.predict.memory_bound`): in-sample
+    there."""
     from orchestrator.profile.record import read_profile
 
     table = h100_table("h200")

@@ -28,8 +28,9 @@ BYTES_PER_TOKEN_HIDDEN_LAYER = 243.0
 """Bytes moved per token, hidden unit and layer by a layer's element-wise work (bf16, eager). Fitted, with
 :data:`FIXED_S_PER_MICRO_STEP`, to the H200 records of pythia-160m, 410m, 1b and 1.4b without compile or
 checkpointing (DeepSpeed and FSDP2): what each micro-step took beyond its products and attention at the profiled
-rates grows by 0.0555 s per 10⁹ token × hidden × layer (at the profile's 4,384 GB/s) over 0.6–1.6 × 10⁹, and those
-four micro-steps are then predicted within 1.3% (in-sample); the two checkpointed cells, not fitted, within 1.7%."""
+rates grows by 0.0555 s per 10⁹ token × hidden × layer (at the profile's 4,384 GB/s) over 0.6–1.6 × 10⁹, and the
+five such cells' steps (pythia-160m under both engines) are then predicted within 2.0% (in-sample); the two
+checkpointed cells, not fitted, within 1.8%."""
 FIXED_S_PER_MICRO_STEP = 0.017
 """Seconds per micro-step that neither FLOPs nor bytes explain, fitted with :data:`BYTES_PER_TOKEN_HIDDEN_LAYER`."""
 RECOMPUTED_SHARE = 1.0 / 3.0
