@@ -203,7 +203,7 @@ def synthetic_grid(goal: Goal, seeds: int) -> dict:
     return out
 
 
-def h100_table(folders: str = "h100-80gb*") -> pd.DataFrame:
+def records_table(folders: str = "h100-80gb*") -> pd.DataFrame:
     """The committed records of ``folders`` (a glob under :data:`RECORDS`; the H100's by default) as a cells table
     (as :func:`analysis.sweeps.records.load_cells` gives one)."""
     rows = []
@@ -219,7 +219,7 @@ def h100_table(folders: str = "h100-80gb*") -> pd.DataFrame:
 
 
 def h100_leave_one_out() -> dict:
-    table = h100_table()
+    table = records_table()
     predicted = []
     for i in range(len(table)):
         test = table.iloc[[i]]

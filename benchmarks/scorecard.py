@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))  # the replay of intervals.py
 import published_runs  # noqa: E402
 import synthetic  # noqa: E402
 import truth_grid  # noqa: E402
-from intervals import RECORDS, h100_table, random_baseline, replay  # noqa: E402
+from intervals import RECORDS, random_baseline, records_table, replay  # noqa: E402
 
 from analysis.planners.adaptive import Goal  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
@@ -72,7 +72,7 @@ HEADINGS = {
 
 
 def h100_section() -> dict[str, dict[str, float]]:
-    table = h100_table()
+    table = records_table()
     print(f"1. Real H100 records ({RECORDS.relative_to(ROOT)}): {len(table)} records")
     out = {}
     for label, holdout in (
@@ -93,7 +93,7 @@ def h200_section() -> dict[str, float]:
     there."""
     from orchestrator.profile.record import read_profile
 
-    table = h100_table("h200")
+    table = records_table("h200")
     (path,) = sorted((RECORDS / "h200" / "profile").glob("*.json"))
     profiles = {"h200": read_profile(path)}
     print(f"\n1b. Real H200 records ({RECORDS.relative_to(ROOT)}/h200): {len(table)} records, profile {path.name}")
@@ -128,7 +128,7 @@ SET_ON = ("pythia-410m", "pythia-1b")
 def uncalibrated_section() -> dict[str, float]:
     """Each H100 record against what ``plan`` says with no record at all (the uncalibrated coefficients), at the
     record's micro-batch: the figure the README's claims about an uncalibrated plan cite."""
-    table = h100_table()
+    table = records_table()
     predicted = predict_frame(table, micro_batch_size=table["micro_batch_size"],
                               grad_accum_steps=table["grad_accum_steps"])["predicted_step_time_s"].to_numpy()  # fmt: skip
     table["error_pct"] = 100 * (predicted / table["step_time_s"].to_numpy() - 1)

@@ -51,7 +51,7 @@ the real CPU grid (``tests/data/cpu-grid``), 1.7%, within the grid's noise."""
 
 def stream_bytes_s(profile: MeasuredProfile) -> float:
     """The profile's device-memory stream bandwidth (bytes/s), the faster of its figures; NaN where it has none."""
-    rates = [m.bytes_moved / m.seconds for m in getattr(profile, "memory", ()) if m.seconds > 0]
+    rates = [m.bytes_moved / m.seconds for m in profile.memory if m.seconds > 0]
     return max(rates) if rates else float("nan")
 
 

@@ -203,9 +203,19 @@ class AttentionFigure(Protocol):
     def backward_s(self) -> float: ...
 
 
+class MemoryFigure(Protocol):
+    """One timed device-memory stream of a profile (``orchestrator.profile.record.MemoryTime``)."""
+
+    @property
+    def bytes_moved(self) -> int: ...
+    @property
+    def seconds(self) -> float: ...
+
+
 class MeasuredProfile(Protocol):
-    """What the predictor reads of a profile (``orchestrator.profile.record.Profile``): its collectives, and its
-    matrix products and attention (:mod:`analysis.predict.measured_compute`)."""
+    """What the predictor reads of a profile (``orchestrator.profile.record.Profile``): its collectives, its
+    matrix products and attention (:mod:`analysis.predict.measured_compute`), and its memory streams
+    (:mod:`analysis.predict.memory_bound`)."""
 
     @property
     def collectives(self) -> Sequence[CollectiveFigure]: ...
@@ -213,6 +223,8 @@ class MeasuredProfile(Protocol):
     def matmuls(self) -> Sequence[MatmulFigure]: ...
     @property
     def attention(self) -> Sequence[AttentionFigure]: ...
+    @property
+    def memory(self) -> Sequence[MemoryFigure]: ...
 
 
 @dataclass(frozen=True)

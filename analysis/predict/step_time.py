@@ -71,7 +71,7 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     # What compile leaves of the work outside the products: the fixed cost per micro-step stands for it.
     per_micro_step = compiled_share(x.compile, x.method["compile_scope"], x.arch)
     if profiles:
-        compute, structured = _profiled(x, accum, compute, family, profiles)
+        compute, structured = _profiled(x, accum, compute, family, profiles, per_micro_step)
         # Where the profile measured the products and the memory's bandwidth, the memory-bound work is in the
         # compute term, and a micro-step's fixed cost is only what neither explains.
         per_micro_step = np.where(
@@ -92,13 +92,19 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
 
 
 def _profiled(
-    x: Inputs, accum: np.ndarray, compute: np.ndarray, family: np.ndarray, profiles: Mapping[str, MeasuredProfile]
+    x: Inputs,
+    accum: np.ndarray,
+    compute: np.ndarray,
+    family: np.ndarray,
+    profiles: Mapping[str, MeasuredProfile],
+    compiled: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The compute term of the cells whose GPU has a profile, from its measured rates
     (:mod:`analysis.predict.measured_compute`), with the memory-bound work at its measured bandwidth
     (:mod:`analysis.predict.memory_bound`): the profiled seconds times :data:`DEFAULT_EFFICIENCY`, the FLOPs the
     profile lacks at the peak times that efficiency (or, without a peak, the profile's median rate); and whether
-    the memory-bound work is in it (a profile with a bandwidth, a model with tokens, width and depth)."""
+    the memory-bound work is in it (a profile with a bandwidth, a model with tokens, width and depth). ``compiled``:
+    the share of that work compile leaves (``compiled_share``)."""
     micro_tokens = x.per_gpu_batch / np.maximum(accum.astype(float), 1.0) * x.tokens_per_sample
     recompute = np.asarray(recomputes_layers(x.checkpointing, x.method["checkpoint_policy"]), dtype=bool)
     seconds, rest, median = profiled_compute(x.models, x.gpu, x.precision, recompute, micro_tokens, profiles)
@@ -106,7 +112,7 @@ def _profiled(
     profiled = x.batch / x.num_gpus * (seconds + rest * family / fallback)
     token_layers = x.batch * x.tokens_per_sample * x.hidden * x.layers / x.num_gpus
     memory = memory_bound_s(x.gpu, token_layers, recompute, profiles)
-    memory *= compiled_share(x.compile, x.method["compile_scope"], x.arch)
+    memory *= compiled
     structured = np.isfinite(profiled) & np.isfinite(memory)
     profiled = np.where(structured, profiled + memory, profiled)
     out: np.ndarray = np.where(np.isfinite(profiled), DEFAULT_EFFICIENCY * profiled, compute)

@@ -107,25 +107,32 @@ def selective_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> fl
     return float(model.num_layers * kept * seq * scale + max(logits, (whole - kept) * seq * scale))
 
 
-def allocator_overhead(accelerator: Any, regional_compile: Any = False) -> Any:
+def allocator_overhead(accelerator: ArrayLike, regional_compile: ArrayLike = False) -> Any:
     """:data:`ALLOCATOR_OVERHEAD` on a CUDA device (:data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE` where the cell
     compiles block by block); 1 on the CPU, which has no caching allocator."""
     on_gpu = np.where(np.asarray(regional_compile, dtype=bool), ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, ALLOCATOR_OVERHEAD)
     return scalar_or_array(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, on_gpu))
 
 
-def compiles_regionally(compiled: Any, scope: Any) -> Any:
+def compiles_regionally(compiled: ArrayLike, scope: ArrayLike) -> np.ndarray:
     """Whether each cell compiles block by block: ``compile`` on with ``compile_scope: regional``."""
-    return np.asarray(compiled, dtype=bool) & (np.asarray(scope, dtype=object) == "regional")
+    out: np.ndarray = np.asarray(compiled, dtype=bool) & (np.asarray(scope, dtype=object) == "regional")
+    return out
 
 
-def peak_bytes(fixed_bytes: Any, per_sequence_bytes: Any, micro_batch_size: Any, accelerator: Any = "cuda") -> Any:
+def peak_bytes(
+    fixed_bytes: Any,
+    per_sequence_bytes: Any,
+    micro_batch_size: Any,
+    accelerator: Any = "cuda",
+    regional_compile: ArrayLike = False,
+) -> Any:
     """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
-    overhead."""
+    overhead (:func:`allocator_overhead`)."""
     allocated = np.asarray(fixed_bytes, dtype=float) + np.asarray(per_sequence_bytes, dtype=float) * np.asarray(
         micro_batch_size, dtype=float
     )
-    return scalar_or_array(np.asarray(allocator_overhead(accelerator)) * allocated)
+    return scalar_or_array(np.asarray(allocator_overhead(accelerator, regional_compile)) * allocated)
 
 
 def sequences_that_fit(
@@ -133,10 +140,10 @@ def sequences_that_fit(
     fixed_bytes: Any,
     per_sequence_bytes: Any,
     accelerator: Any = "cuda",
-    regional_compile: Any = False,
+    regional_compile: ArrayLike = False,
 ) -> Any:
-    """The most sequences per micro-batch whose reserved peak (what :func:`peak_bytes` gives, with the overhead of
-    ``regional_compile``) is within ``usable_bytes`` (0 if none; NaN where the usable memory is unknown)."""
+    """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
+    where the usable memory is unknown)."""
     overhead = np.asarray(allocator_overhead(accelerator, regional_compile))
     with np.errstate(divide="ignore", invalid="ignore"):
         room = (np.asarray(usable_bytes, dtype=float) / overhead - np.asarray(fixed_bytes, dtype=float)) / (
