@@ -147,11 +147,12 @@ HOST_LINK_GBPS: dict[str, float] = {"volta": 12.0, "ampere": 20.0, "ada": 20.0, 
 DEFAULT_HOST_LINK_GBPS = 12.0
 HOST_LATENCY_S = 10e-6
 """A copy to or from the host: a ``cudaMemcpyAsync`` of a small pinned buffer, about 10 us."""
-CPU_GLOO_BUSBW_GBPS = 0.27
-CPU_GLOO_LATENCY_S = 1.51e-3
+CPU_GLOO_BUSBW_GBPS = 0.345
+CPU_GLOO_LATENCY_S = 1.356e-3
 """gloo between the processes of the CPU "nodes" (they share one machine): the median over the collectives of
 ``gpudays profile --device cpu --ranks 2`` on the 2-core machine of tests/data/cpu-grid
-(``tests/data/cpu-grid/profile.json``)."""
+(``tests/data/cpu-grid/profile.json``), timed with the cores busy as a step keeps them
+(:func:`orchestrator.profile.collectives.cores_busy`)."""
 
 
 class CollectiveFigure(Protocol):

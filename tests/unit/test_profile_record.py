@@ -138,3 +138,22 @@ def test_the_profile_times_grouped_query_attentions_own_key_value_width() -> Non
     assert widths == {"qkv": 288, "out": 96, "ffn": 256, "vocab": 1000, "kv": 32}
     full = ModelConfig(name="n", family="gpt_neox", num_layers=2, hidden_size=96, num_heads=3, vocab_size=1000)
     assert {s.label.split()[-1] for s in shapes_of(full, 128)} == {"qkv", "out", "ffn", "vocab"}
+
+
+def test_collectives_on_the_cpu_are_timed_with_the_cores_busy() -> None:
+    import threading
+
+    import torch
+
+    from orchestrator.profile.collectives import LOAD_THREAD, cores_busy
+
+    def loaders() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == LOAD_THREAD]
+
+    with cores_busy(torch.device("cpu")):
+        [thread] = loaders()
+        assert thread.is_alive()
+    assert not loaders() and not thread.is_alive()
+    # On a GPU the collectives run on the device: the host's cores are left as they are.
+    with cores_busy(torch.device("cuda")):
+        assert not loaders()
