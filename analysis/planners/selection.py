@@ -17,7 +17,9 @@ A cell's score is that reduction over its cost in GPU-seconds (:func:`measuremen
 small model pins the compute and micro-step coefficients cheaply, a two-node cell the communication coefficient
 at a price. A round takes the best-scoring cell, updates the covariance as if it were measured (the update does
 not depend on the value), and takes the next, until the round is full or its cost would pass the budget left:
-the greedy batch of cost-aware A-optimal design.
+the greedy batch of cost-aware A-optimal design. One exception comes first: a term priced by a link's nominal
+figures (communication, offload) that no measured cell of the GPU type has is checked by the cell that shows it
+most (:func:`unchecked`), since the design cannot see a term whose nominal share is wrong.
 
 Everything here is arithmetic on arrays; the records, the calibration and the sweep folder are the callers'.
 """
@@ -28,6 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
+
+from analysis.predict.step_time import TERMS
 
 STARTUP_GPU_S = 30.0
 """What a measurement costs per GPU before its first timed step, where no record says better: starting the
@@ -115,11 +119,39 @@ def updated_covariance(cov: np.ndarray, v: np.ndarray, noise_var: float) -> np.n
     return out
 
 
+CHECKED_TERMS = ("communication_s", "offload_s")
+"""The terms priced by nominal figures of a link (:data:`analysis.predict.step_time.TERMS`), checked by a record
+before the design relies on them (:func:`unchecked`)."""
+
+
+def unchecked(c: Candidates, measured: np.ndarray, allowed: np.ndarray) -> int | None:
+    """The cell to measure first where a GPU type's cells have a term of :data:`CHECKED_TERMS` that none of its
+    measured cells has: of the ``allowed`` cells with that term, the one whose measurement says most of that
+    coefficient alone per GPU-second (its share of the step squared over its cost); None where every such term
+    is checked.
+
+    The greedy design trusts the prior's form: a term whose nominal share is small looks unimportant, and a
+    one-rank cell looks as informative as any. But the nominal figures of a link can be wrong by more than the
+    prior's width says (on the real CPU grid the engines' many small collectives cost several times what the
+    profiled links give), and only a record that has the term shows it."""
+    for name in np.unique(c.group):
+        rows = c.group == name
+        for k in (TERMS.index(term) for term in CHECKED_TERMS):
+            has = rows & (c.weighted[:, k] > 0)
+            pool = has & allowed
+            if (has & measured).any() or not pool.any():
+                continue
+            information = np.where(pool, c.weighted[:, k] ** 2 / np.maximum(c.cost_gpu_s, 1e-9), -np.inf)
+            return int(np.argmax(information))
+    return None
+
+
 def choose_round(
     c: Candidates, covariances: Mapping[str, np.ndarray], max_cells: int, budget_gpu_s: float = np.inf
 ) -> list[int]:
     """Up to ``max_cells`` unmeasured cells, best reduction per GPU-second first, each chosen given the ones before
-    it (greedy batch), their total cost within ``budget_gpu_s``. Indexes into ``c``, in the order chosen."""
+    it (greedy batch), their total cost within ``budget_gpu_s``; a term no record has checked is measured first
+    (:func:`unchecked`). Indexes into ``c``, in the order chosen."""
     covs = {name: np.array(cov, dtype=float) for name, cov in covariances.items()}
     measured = c.measured.copy()
     chosen: list[int] = []
@@ -132,7 +164,8 @@ def choose_round(
             affordable &= ~c.blocked
         if not affordable.any():
             break
-        j = int(np.argmax(np.where(affordable, score, -np.inf)))
+        first = unchecked(c, measured, affordable)
+        j = first if first is not None else int(np.argmax(np.where(affordable, score, -np.inf)))
         chosen.append(j)
         measured[j] = True
         spent += float(c.cost_gpu_s[j])
@@ -142,6 +175,6 @@ def choose_round(
 
 
 __all__ = [
-    "STARTUP_GPU_S", "Candidates", "ProbeSteps", "choose_round", "expected_reduction", "grid_uncertainty",
-    "measurement_cost_gpu_s", "predictive_variance", "updated_covariance",
+    "CHECKED_TERMS", "STARTUP_GPU_S", "Candidates", "ProbeSteps", "choose_round", "expected_reduction",
+    "grid_uncertainty", "measurement_cost_gpu_s", "predictive_variance", "unchecked", "updated_covariance",
 ]  # fmt: skip

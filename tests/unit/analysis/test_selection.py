@@ -13,6 +13,7 @@ from analysis.planners.selection import (
     expected_reduction,
     grid_uncertainty,
     measurement_cost_gpu_s,
+    unchecked,
     updated_covariance,
 )
 
@@ -63,8 +64,9 @@ def test_a_measured_cell_teaches_nothing_more() -> None:
 
 
 def test_of_two_cells_that_teach_the_same_the_cheaper_is_chosen() -> None:
-    weighted = np.array([[0.9, 0.1, 0.0, 0.01], [0.9, 0.1, 0.0, 0.01], [0.5, 0.5, 0.0, 0.01]])
-    c = candidates(weighted, cost=np.array([8 * 60.0, 60.0, 400.0]))
+    # The last cell, measured, has checked the communication term (see the unchecked terms' test below).
+    weighted = np.array([[0.9, 0.1, 0.0, 0.01], [0.9, 0.1, 0.0, 0.01], [0.5, 0.5, 0.0, 0.01], [0.5, 0.5, 0.0, 0.0]])
+    c = candidates(weighted, cost=np.array([8 * 60.0, 60.0, 400.0, 400.0]), measured=np.array([0, 0, 0, 1], bool))
     covs = {"a100-80gb": np.diag([0.1, 0.5, 0.5, 1.0]) ** 2}
     assert choose_round(c, covs, 1) == [1]
 
@@ -72,12 +74,35 @@ def test_of_two_cells_that_teach_the_same_the_cheaper_is_chosen() -> None:
 def test_a_round_does_not_ask_twice_the_same_question() -> None:
     # Two identical cheap cells that pin compute, and one that alone pins communication: after the first of the
     # twins the communication cell teaches more than the second twin.
-    weighted = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.2, 0.8, 0.0, 0.0]])
-    c = candidates(weighted, cost=np.array([1.0, 1.0, 1.5]))
+    # (The last cell, measured, has checked the communication term: the greedy design alone chooses.)
+    weighted = np.array([[1.0, 0.0, 0.0, 0.0], [1.0, 0.0, 0.0, 0.0], [0.2, 0.8, 0.0, 0.0], [0.1, 0.9, 0.0, 0.0]])
+    c = candidates(weighted, cost=np.array([1.0, 1.0, 1.5, 1.5]), measured=np.array([0, 0, 0, 1], bool))
     c.discrepancy_var[:] = 0.01**2
     covs = {"a100-80gb": np.diag([0.3, 0.6, 0.01, 0.01]) ** 2}
     first, second = choose_round(c, covs, 2)
     assert first in (0, 1) and second == 2
+
+
+def test_a_term_no_record_has_is_checked_first_where_it_shows_most() -> None:
+    # Three one-GPU cells pin compute and the fixed cost cheaply; the greedy design alone would take them, since the
+    # nominal communication is a small share of every step. But no record has checked that share: the cell that
+    # shows it most per GPU-second goes first (cell 3: 0.05² / 2 over cell 4's 0.06² / 4), then the offload's
+    # (cell 5), then the design's own choice.
+    weighted = np.array([[1.0, 0.0, 0.0, 0.1], [0.8, 0.0, 0.0, 0.3], [0.9, 0.0, 0.0, 0.2],
+                         [0.9, 0.05, 0.0, 0.1], [0.9, 0.06, 0.0, 0.1], [0.7, 0.0, 0.2, 0.1]])  # fmt: skip
+    c = candidates(weighted, cost=np.array([1.0, 1.0, 1.0, 2.0, 4.0, 1.0]))
+    covs = {"a100-80gb": np.diag([10.0, 2.0, 2.0, 10.0]) ** 2}
+    greedy = choose_round(candidates(weighted[[0, 1, 2, 4]], cost=np.array([1.0, 1.0, 1.0, 4.0]),
+                                     measured=np.array([0, 0, 0, 1], bool)), covs, 2)  # fmt: skip
+    assert set(greedy) <= {0, 1, 2}
+    first, second, third = choose_round(c, covs, 3)
+    assert (first, second) == (3, 5) and third in (0, 1, 2)
+    assert unchecked(c, np.array([0, 0, 0, 0, 1, 0], bool), np.ones(6, bool)) == 5  # cell 4 checked communication
+    # A blocked cell is never forced; nor is one of another GPU type (each type checks its own terms).
+    c.blocked = np.array([0, 0, 0, 1, 0, 0], bool)
+    assert choose_round(c, covs, 1) == [4]
+    c.group = np.array(["a100-80gb"] * 3 + ["l40s"] * 3)
+    assert unchecked(c, np.array([0, 0, 0, 1, 0, 0], bool), ~c.blocked) == 5
 
 
 def test_a_round_stays_within_the_budget_and_skips_blocked_cells() -> None:
