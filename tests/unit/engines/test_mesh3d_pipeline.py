@@ -8,6 +8,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+import torch
 
 from orchestrator.cells import cell as cells
 from orchestrator.config.choices import PP_SCHEDULES
@@ -232,3 +233,38 @@ def test_the_activations_peak_on_the_rank_whose_forwards_in_flight_times_its_lay
     assert peak_rank_layers(8, 2, 0.0, 1, None, 8, "1f1b") == 1.0
     assert peak_rank_layers(8, 2, 0.0, 1, "3+5", 1, "1f1b") == pytest.approx(5 / 4)
     assert in_flight_stages(4, 8, 2, "interleaved_1f1b", 1) == in_flight_stages(4, 8, 2, "interleaved_1f1b", 0) - 2
+
+
+TINY_TP = [MESH, "model=pythia-tiny", "num_gpus=2", "method.tp=2", "gpu=cpu"]
+
+
+def test_every_tensor_rank_runs_the_whole_output_layer_unless_the_vocabulary_is_split(make_cell) -> None:
+    # The share of the step that every tensor rank runs whole is the output layer's, as FlopCounterMode counts it
+    # on the real module: parallelize.apply_tensor_parallel leaves the head whole without loss or sequence
+    # parallelism, so the step's compute is (1 - s + t·s) times the even split's.
+    import transformers
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from analysis.predict.inputs import flat_cell, inputs_from_columns, layout_terms
+    from orchestrator.models import FAMILIES
+
+    configs = [to_config(make_cell(*TINY_TP)), to_config(make_cell(*TINY_TP, "method.tp_loss_parallel=true")),
+               to_config(make_cell(MESH, "model=pythia-tiny", "num_gpus=2", "gpu=cpu"))]  # fmt: skip
+    rows = [flat_cell(c) for c in configs]
+    x = inputs_from_columns({k: [r.get(k) for r in rows] for k in rows[0]}, len(rows))
+    stretch = layout_terms(x)["compute_stretch"]
+    assert stretch[1] == stretch[2] == 1.0, "a split vocabulary, or no tensor ranks: the even split"
+
+    model = configs[0].model
+    family = FAMILIES[model.family]
+    build = getattr(transformers, family.BUILDER.causal_lm_class)
+    module = build._from_config(family.build_model_config(model, "eager"), attn_implementation="eager")
+    batch = family.synthetic_batch(model, 2, torch.Generator().manual_seed(0), torch.float32)
+    with FlopCounterMode(display=False) as counter:
+        module(**batch).loss.backward()
+    # What the model runs outside its decoder stack: the output layer (the embedding is a lookup, no FLOPs).
+    counts, name = counter.get_flop_counts(), type(module).__name__
+    head = sum(counts[name].values()) - sum(counts[f"{name}.gpt_neox"].values())
+    share = head / counter.get_total_flops()
+    assert 0.1 < share < 0.3
+    assert stretch[0] == pytest.approx(1.0 + (2 - 1) * share, rel=1e-9)
