@@ -121,10 +121,10 @@ def compiles_regionally(compiled: ArrayLike, scope: ArrayLike) -> np.ndarray:
 
 
 def peak_bytes(
-    fixed_bytes: Any,
-    per_sequence_bytes: Any,
-    micro_batch_size: Any,
-    accelerator: Any = "cuda",
+    fixed_bytes: ArrayLike,
+    per_sequence_bytes: ArrayLike,
+    micro_batch_size: ArrayLike,
+    accelerator: ArrayLike = "cuda",
     regional_compile: ArrayLike = False,
 ) -> Any:
     """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
@@ -136,10 +136,10 @@ def peak_bytes(
 
 
 def sequences_that_fit(
-    usable_bytes: Any,
-    fixed_bytes: Any,
-    per_sequence_bytes: Any,
-    accelerator: Any = "cuda",
+    usable_bytes: ArrayLike,
+    fixed_bytes: ArrayLike,
+    per_sequence_bytes: ArrayLike,
+    accelerator: ArrayLike = "cuda",
     regional_compile: ArrayLike = False,
 ) -> Any:
     """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
