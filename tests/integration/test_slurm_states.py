@@ -5,6 +5,7 @@ one line naming ``eval $(gpudays cluster env)``."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -51,9 +52,20 @@ def test_a_running_cell_cancelled_with_scancel_is_cancelled_and_says_so(
     (state,) = status.cell_states(paths)
     assert record.status.value == "cancelled" and state.state == "cancelled", (record.status, record.reason)
     assert (record.reason or "").startswith("the job was cancelled (scancel)"), record.reason
-    logs = {p.name: p.read_text() for p in paths.jobs_dir.rglob("*_log.err")}
-    assert len(logs) == 2 and all("ends here" in text for text in logs.values()), logs
-    assert not any("Traceback" in text or "Timed out waiting" in text for text in logs.values()), logs
+
+    def logs() -> dict[str, str]:
+        return {p.name: p.read_text() for p in paths.jobs_dir.rglob("*_log.err")}
+
+    def both_ended(found: dict[str, str]) -> bool:
+        return len(found) == 2 and all("ends here" in text for text in found.values())
+
+    # The record is rank 0's; the other rank's last line can reach its log a moment later (its log was once still
+    # empty when the record was read): give it 10 s, then judge the logs as they are.
+    deadline = time.monotonic() + 10.0
+    while not both_ended(found := logs()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert both_ended(found), found
+    assert not any("Traceback" in text or "Timed out waiting" in text for text in found.values()), found
 
 
 def test_a_pending_cell_says_why_and_resume_wait_waits_for_the_cell_it_released(
