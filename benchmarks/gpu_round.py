@@ -53,6 +53,23 @@ CELLS: list[tuple[str, float, list[str]]] = [
     ),
     ("410m-ds-compile", 90, ["model=pythia-410m", "method.micro_batch_size=16", "method.compile=true"]),
     ("1.4b-ds-compile", 110, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.compile=true"]),
+    # A second round, each predicted before it ran: FSDP2 and mesh3d on the larger models, checkpointed memory.
+    ("1.4b-fsdp", 80, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.engine=fsdp"]),
+    ("410m-mesh3d", 70, ["model=pythia-410m", "method.micro_batch_size=16", "method.engine=mesh3d"]),
+    ("1b-ds-ckpt", 80, ["model=pythia-1b", "method.micro_batch_size=32", "method.activation_checkpointing=true"]),
+    ("1b-ds", 70, ["model=pythia-1b", "method.micro_batch_size=16"]),
+    ("410m-fsdp", 70, ["model=pythia-410m", "method.micro_batch_size=16", "method.engine=fsdp"]),
+    (
+        "1.4b-fsdp-ckpt",
+        80,
+        ["model=pythia-1.4b", "method.micro_batch_size=32", "method.engine=fsdp", "method.activation_checkpointing=true"],
+    ),
+    ("1b-mesh3d", 70, ["model=pythia-1b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
+    (
+        "410m-fsdp-compile",
+        90,
+        ["model=pythia-410m", "method.micro_batch_size=16", "method.engine=fsdp", "method.compile=true"],
+    ),
 ]
 """The cells, most wanted first: the baseline beside the H100 records, the largest model, each engine, checkpointed
 memory, then compile's cold and warm cost. Every cell keeps the model's own global batch (1,024 sequences), so its
