@@ -65,6 +65,7 @@ CELLS: list[tuple[str, float, list[str]]] = [
         ["model=pythia-1.4b", "method.micro_batch_size=32", "method.engine=fsdp", "method.activation_checkpointing=true"],
     ),
     ("1b-mesh3d", 70, ["model=pythia-1b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
+    ("1.4b-mesh3d", 80, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
     (
         "410m-fsdp-compile",
         90,
