@@ -117,6 +117,29 @@ def h200_section() -> dict[str, float]:
         print(f"     not fitted: {len(held)} records, median |err| {np.median(held):.1f}%, max {held.max():.1f}%")
         out[f"{label}: median_abs_error_pct (not fitted)"] = float(np.median(held))
         out[f"{label}: max_abs_error_pct (not fitted)"] = float(held.max())
+    return {**out, **h200_second_round(profiles)}
+
+
+def h200_second_round(profiles: Profiles) -> dict[str, float]:
+    """The second H200 round (``h200-round2``): cells no constant was set on, predicted before they ran with the
+    first round's profile and without it; out of sample, every one."""
+    table = records_table("h200-round2")
+    print(f"   second round ({len(table)} records, predicted before they ran; out of sample):")
+    forced = {"micro_batch_size": table["micro_batch_size"], "grad_accum_steps": table["grad_accum_steps"]}
+    out: dict[str, float] = {}
+    for label, given in (("with the profile", profiles), ("cited rates, no profile", None)):
+        frame = predict_frame(table, profiles=given, **forced)
+        errors = 100 * (frame["predicted_step_time_s"].to_numpy() / table["step_time_s"].to_numpy() - 1)
+        reserved = table["peak_memory_reserved_gib"].to_numpy()
+        inside = (frame["predicted_peak_memory_gib_low"].to_numpy() <= reserved) & (
+            reserved <= frame["predicted_peak_memory_gib_high"].to_numpy()
+        )
+        shown = ", ".join(f"{c.split('/')[-1]} {e:+.1f}%" for c, e in zip(table["cell_id"], errors, strict=True))
+        print(f"     {label}: {shown}")
+        print(f"       median |err| {np.median(np.abs(errors)):.1f}%, max {np.abs(errors).max():.1f}%; "
+              f"reserved peak inside its 90% interval {int(inside.sum())} of {len(table)}")  # fmt: skip
+        out[f"second round, {label}: median_abs_error_pct"] = float(np.median(np.abs(errors)))
+        out[f"second round, {label}: max_abs_error_pct"] = float(np.abs(errors).max())
     return out
 
 
