@@ -37,13 +37,14 @@ def _both(s: AttentionShape, dtype: str, device: torch.device, min_run_s: float,
     q, k, v = (torch.randn(size, device=device, dtype=torch_dtype(dtype), requires_grad=True) for _ in "qkv")
     out = sdpa(q, k, v, is_causal=True)
     grad = torch.randn_like(out)
+    on_gpu = device.type != "cpu"
 
     def backward() -> None:
         out.backward(grad, retain_graph=True)  # type: ignore[no-untyped-call]
 
     return [
-        median_seconds(lambda: sdpa(q, k, v, is_causal=True), min_run_s, threads),
-        median_seconds(backward, min_run_s, threads),
+        median_seconds(lambda: sdpa(q, k, v, is_causal=True), min_run_s, threads, on_gpu),
+        median_seconds(backward, min_run_s, threads, on_gpu),
     ]
 
 

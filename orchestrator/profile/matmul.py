@@ -61,10 +61,11 @@ def _three(s: LinearShape, kind: torch.dtype, device: torch.device, min_run_s: f
     x = torch.randn(s.tokens, s.fan_in, device=device, dtype=kind)
     w = torch.randn(s.fan_out, s.fan_in, device=device, dtype=kind)
     dy = torch.randn(s.tokens, s.fan_out, device=device, dtype=kind)
+    on_gpu = device.type != "cpu"
     return [
-        median_seconds(lambda: torch.matmul(x, w.t()), min_run_s, threads),
-        median_seconds(lambda: torch.matmul(dy, w), min_run_s, threads),
-        median_seconds(lambda: torch.matmul(dy.t(), x), min_run_s, threads),
+        median_seconds(lambda: torch.matmul(x, w.t()), min_run_s, threads, on_gpu),
+        median_seconds(lambda: torch.matmul(dy, w), min_run_s, threads, on_gpu),
+        median_seconds(lambda: torch.matmul(dy.t(), x), min_run_s, threads, on_gpu),
     ]
 
 

@@ -18,7 +18,8 @@ def measure(nbytes: int, device: torch.device, min_run_s: float, threads: int) -
 
     n = max(1, nbytes // 4)
     a, b, c = (torch.full((n,), 1.0 + i, device=device) for i in range(3))
-    copy = median_seconds(lambda: c.copy_(a), min_run_s, threads)
-    add = median_seconds(lambda: torch.add(a, b, out=c), min_run_s, threads)
+    on_gpu = device.type != "cpu"
+    copy = median_seconds(lambda: c.copy_(a), min_run_s, threads, on_gpu)
+    add = median_seconds(lambda: torch.add(a, b, out=c), min_run_s, threads, on_gpu)
     copy, add = slowest([copy, add], device)
     return [MemoryTime("copy", 2 * 4 * n, copy), MemoryTime("add", 3 * 4 * n, add)]
