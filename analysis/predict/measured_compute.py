@@ -37,6 +37,7 @@ from analysis.predict.network import MeasuredProfile
 from orchestrator.config.schema import ModelConfig
 from orchestrator.engines.memory import GATED_FAMILIES
 from orchestrator.models import family_module
+from orchestrator.profile.outliers import slow_attention, slow_products
 
 INNER = "backward_weight"
 """The product whose token dimension is the inner one (``dy.T @ x``); the other two have it outer."""
@@ -84,17 +85,23 @@ class ProductRates:
     """A profile's products by shape and precision, as seconds per FLOP at the token counts measured."""
 
     def __init__(self, profile: MeasuredProfile) -> None:
+        # A figure that cannot be its operation's time (a one-off cost timed in its place) is left out: its FLOPs
+        # go to the fallback rate (orchestrator.profile.outliers).
+        left_out = slow_products(profile.matmuls)
+        matmuls = [t for i, t in enumerate(profile.matmuls) if i not in left_out]
+        left_out = slow_attention(profile.attention)
+        attention = [a for i, a in enumerate(profile.attention) if i not in left_out]
         found: dict[tuple[Key, str], dict[int, float]] = {}
-        for t in profile.matmuls:
+        for t in matmuls:
             tokens, key = (t.k, _inner(t.m, t.n)) if t.step == INNER else (t.m, ("outer", t.k, t.n))
             found.setdefault((key, t.dtype), {})[tokens] = t.seconds / (2.0 * t.m * t.k * t.n)
         self.products = {k: (np.log(sorted(v)), np.array([v[t] for t in sorted(v)])) for k, v in found.items()}
         self.attention = {
             (a.seq_len, a.heads, a.head_dim, a.dtype): (a.forward_s / a.batch, a.backward_s / a.batch)
-            for a in profile.attention
+            for a in attention
         }
         by_dtype: dict[str, list[float]] = {}
-        for t in profile.matmuls:
+        for t in matmuls:
             by_dtype.setdefault(t.dtype, []).append(2.0 * t.m * t.k * t.n / t.seconds)
         self.median_flops_s = {dtype: float(np.median(rates)) for dtype, rates in by_dtype.items()}
 

@@ -187,14 +187,18 @@ def show(profile: Profile) -> None:
     """The profile's figures, a line each."""
     from orchestrator.cli.display import console
     from orchestrator.cli.display.figures import figure
+    from orchestrator.profile.outliers import slow_attention, slow_products
 
     console.out(f"{profile.identity.describe()}, measured {profile.measured_at} in {profile.wall_s:.1f} s")
-    for t in profile.matmuls:
+    slow = slow_products(profile.matmuls)
+    for i, t in enumerate(profile.matmuls):
         console.out(f"  matmul {t.label:<24} {t.step:<16} ({t.m}x{t.k})@({t.k}x{t.n}) {t.dtype:<5} "
-                    f"{figure(t.tflops * 1e3)} GFLOP/s")  # fmt: skip
-    for a in profile.attention:
+                    f"{figure(t.tflops * 1e3)} GFLOP/s{f': {slow[i]}' if i in slow else ''}")  # fmt: skip
+    slow = slow_attention(profile.attention)
+    for i, a in enumerate(profile.attention):
         console.out(f"  sdpa seq {a.seq_len} x {a.heads} heads of {a.head_dim} {a.dtype:<5} forward "
-                    f"{figure(a.forward_tflops * 1e3)} GFLOP/s, backward {figure(a.backward_tflops * 1e3)} GFLOP/s")  # fmt: skip
+                    f"{figure(a.forward_tflops * 1e3)} GFLOP/s, backward {figure(a.backward_tflops * 1e3)} GFLOP/s"
+                    f"{f': {slow[i]}' if i in slow else ''}")  # fmt: skip
     for s in profile.memory:
         console.out(f"  memory {s.op:<5} {s.bytes_moved / 2**20:g} MiB moved: {figure(s.gbytes_s)} GB/s")
     for c in profile.collectives:
