@@ -55,6 +55,8 @@ class Layer:
     count: int
     in_layers: bool = True
     """A product of the decoder layers (rerun by checkpointing), not the logits."""
+    token_share: float = 1.0
+    """The share of a micro-step's tokens one product runs on: an expert's, k of E (each token's k experts)."""
 
 
 def linear_layers(model: ModelConfig) -> list[Layer] | None:
@@ -65,14 +67,19 @@ def linear_layers(model: ModelConfig) -> list[Layer] | None:
     if model.family == "gpt_neox":
         f = model.intermediate_size or 4 * h
         return [Layer(h, 3 * h, layers), Layer(h, h, layers), Layer(h, f, layers), Layer(f, h, layers), logits]
-    if model.family in GATED_FAMILIES:
-        if model.intermediate_size is None:
-            return None
-        d = model.head_dim or h // model.num_heads
-        q, kv, f = model.num_heads * d, (model.num_kv_heads or model.num_heads) * d, model.intermediate_size
-        return [Layer(h, q, layers), Layer(h, kv, 2 * layers), Layer(q, h, layers), Layer(h, f, 2 * layers),
-                Layer(f, h, layers), logits]  # fmt: skip
-    return None
+    if model.intermediate_size is None or not (model.family in GATED_FAMILIES or model.num_experts):
+        return None
+    d = model.head_dim or h // model.num_heads
+    q, kv, f = model.num_heads * d, (model.num_kv_heads or model.num_heads) * d, model.intermediate_size
+    attention = [Layer(h, q, layers), Layer(h, kv, 2 * layers), Layer(q, h, layers)]
+    if not model.num_experts:
+        return [*attention, Layer(h, f, 2 * layers), Layer(f, h, layers), logits]
+    # A mixture of experts: the router over every token, and each token's k experts, each expert's products over
+    # the k/E of the tokens routed to it (the FLOPs of k whole SwiGLU MLPs a token, as the family counts them).
+    e, k = model.num_experts, model.num_experts_per_token or 1
+    share = k / e
+    return [*attention, Layer(h, e, layers), Layer(h, f, 2 * layers * k, token_share=share),
+            Layer(f, h, layers * k, token_share=share), logits]  # fmt: skip
 
 
 def attention_forward_flops_per_token(model: ModelConfig) -> float:
@@ -151,7 +158,7 @@ def sample_seconds(
     for layer in layers:
         flops = 2.0 * layer.fan_in * layer.fan_out * per_token * layer.count
         for i, key in enumerate(_keys(layer)):
-            per_flop = rates.seconds_per_flop(key, dtype, tokens)
+            per_flop = rates.seconds_per_flop(key, dtype, tokens * layer.token_share)
             if per_flop is None:
                 continue
             seconds, covered = seconds + flops * per_flop, covered + flops

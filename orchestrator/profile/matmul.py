@@ -33,7 +33,8 @@ def shapes_of(model: ModelConfig, tokens: int) -> list[LinearShape]:
     query-key-value (3h), the attention's output (h), the MLP's ``ffn`` and the output layer's ``vocab``; and, where
     the heads do not span the hidden size or the key/value heads are fewer (grouped-query attention), the separate
     query and key/value projections the llama-like families run (their down projection, ffn x h, is the MLP's
-    product transposed, which the predictor reads as the same shape)."""
+    product transposed, which the predictor reads as the same shape). A mixture of experts adds its experts' MLP
+    product over the rows routed to one expert (``tokens`` × k / E), the rows the predictor reads it at."""
     h = model.hidden_size
     ffn = model.intermediate_size or 4 * h
     d = model.head_dim or h // max(model.num_heads, 1)
@@ -43,7 +44,11 @@ def shapes_of(model: ModelConfig, tokens: int) -> list[LinearShape]:
         widths["q"] = q
     if kv not in (h, q):
         widths["kv"] = kv
-    return [LinearShape(f"{model.name} {name}", tokens, h, width) for name, width in widths.items()]
+    shapes = [LinearShape(f"{model.name} {name}", tokens, h, width) for name, width in widths.items()]
+    if model.num_experts and model.num_experts_per_token:
+        routed = max(1, tokens * model.num_experts_per_token // model.num_experts)
+        shapes.append(LinearShape(f"{model.name} expert", routed, h, ffn))
+    return shapes
 
 
 def unique(shapes: list[LinearShape]) -> list[LinearShape]:

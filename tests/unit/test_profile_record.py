@@ -140,6 +140,16 @@ def test_the_profile_times_grouped_query_attentions_own_key_value_width() -> Non
     assert {s.label.split()[-1] for s in shapes_of(full, 128)} == {"qkv", "out", "ffn", "vocab"}
 
 
+def test_the_profile_times_an_experts_product_over_the_rows_routed_to_it() -> None:
+    from orchestrator.config.schema import ModelConfig
+    from orchestrator.profile.matmul import shapes_of
+
+    moe = ModelConfig(name="e", family="olmoe", num_layers=2, hidden_size=64, num_heads=4, intermediate_size=64,
+                      vocab_size=512, num_experts=8, num_experts_per_token=2)  # fmt: skip
+    expert = [s for s in shapes_of(moe, 2048) if s.label.endswith("expert")]
+    assert [(s.tokens, s.fan_in, s.fan_out) for s in expert] == [(512, 64, 64)]  # 2,048 rows x 2 of 8 experts
+
+
 def test_collectives_on_the_cpu_are_timed_with_the_cores_busy() -> None:
     import threading
 

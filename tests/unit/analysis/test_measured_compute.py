@@ -107,3 +107,47 @@ def test_a_device_without_a_peak_puts_what_the_profile_lacks_at_its_median_rate(
     seconds = 64 / 2 * float(x.flops_per_sample[0]) / RATE
     assert compute(x, profile(), gpu="cpu") == pytest.approx(DEFAULT_EFFICIENCY * seconds, rel=1e-9)
     assert compute(x, profile(attention=False), gpu="cpu") == pytest.approx(DEFAULT_EFFICIENCY * seconds, rel=1e-9)
+
+
+MOE = {"model_family": "olmoe", "model_num_experts": 8, "model_num_experts_per_token": 2,
+       "model_intermediate_size": 256, "model_num_kv_heads": 4, "model_rotary_pct": 1.0}  # fmt: skip
+"""An OLMoE-shaped cell: 8 SwiGLU experts of width 256, 2 a token; 2,048 tokens a micro-step, 512 an expert."""
+
+
+def moe_profile(expert_rate: float = 1.0, expert_tokens: int = SEQ) -> Profile:
+    """Every product of the MoE cell's layers at :data:`RATE`, over a micro-step's tokens; the experts' products
+    (their shapes' own) also over ``expert_tokens`` rows at ``expert_rate`` times it; attention at the same rate."""
+    x = cell(**MOE)
+    matmuls = []
+    for layer in linear_layers(x.models[0]) or []:
+        a, b = layer.fan_in, layer.fan_out
+        expert = layer.token_share < 1.0
+        for tokens, rate in ((SEQ, RATE), *(((expert_tokens, RATE * expert_rate),) if expert else ())):
+            for step, (m, k, n) in (("forward", (tokens, a, b)), ("backward_input", (tokens, b, a)),
+                                    ("backward_weight", (b, tokens, a))):  # fmt: skip
+                matmuls.append(MatmulTime(f"{a}x{b}", step, m, k, n, "bf16", 2.0 * m * k * n / rate))
+    forward = 4.0 * SEQ * SEQ * HEADS * (H // HEADS) / RATE
+    heads = (AttentionTime(SEQ, HEADS, H // HEADS, 1, "bf16", forward, 2.0 * forward),)
+    return Profile(Identity("h100-80gb", 2, 1, "test", "2.13", "nccl"), "2026-01-01T00:00:00+00:00", 1.0,
+                   tuple(matmuls), heads, (), ())  # fmt: skip
+
+
+def test_a_mixture_of_experts_has_its_products_profiled_and_counts_the_flops_its_family_does() -> None:
+    x = cell(**MOE)
+    layers = linear_layers(x.models[0]) or []
+    experts = [layer for layer in layers if layer.token_share < 1.0]
+    assert [e.token_share for e in experts] == [0.25, 0.25]  # 2 of 8 experts a token
+    # At the peak's rate everywhere the term is the peak's: every FLOP the family counts is a profiled product's.
+    assert compute(x, moe_profile()) == pytest.approx(compute(x, None), rel=1e-9)
+
+
+def test_an_experts_products_are_read_at_the_tokens_routed_to_it() -> None:
+    x = cell(**MOE)
+    # The experts' shapes measured over 512 rows (2,048 tokens x 2 / 8) at half the rate: the term grows by the
+    # experts' share of the FLOPs; measured over 2,048 rows only, the experts' rate is the full micro-step's.
+    slow = compute(x, moe_profile(expert_rate=0.5, expert_tokens=SEQ * 2 // 8))
+    experts = sum(2.0 * e.fan_in * e.fan_out * SEQ * e.count * 3 for e in linear_layers(x.models[0]) or []
+                  if e.token_share < 1.0)  # fmt: skip
+    share = experts / float(x.flops_per_sample[0])
+    assert slow == pytest.approx(compute(x, None) * (1.0 + share), rel=1e-6)
+    assert 0.05 < share < 0.5  # the logits (50,304 wide) take most of the rest
