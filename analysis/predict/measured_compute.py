@@ -37,7 +37,7 @@ from analysis.predict.network import MeasuredProfile
 from orchestrator.config.schema import ModelConfig
 from orchestrator.engines.memory import GATED_FAMILIES
 from orchestrator.models import family_module
-from orchestrator.profile.outliers import slow_attention, slow_products
+from analysis.predict.outliers import slow_attention, slow_products
 
 INNER = "backward_weight"
 """The product whose token dimension is the inner one (``dy.T @ x``); the other two have it outer."""
@@ -93,7 +93,7 @@ class ProductRates:
 
     def __init__(self, profile: MeasuredProfile) -> None:
         # A figure that cannot be its operation's time (a one-off cost timed in its place) is left out: its FLOPs
-        # go to the fallback rate (orchestrator.profile.outliers).
+        # go to the fallback rate (analysis.predict.outliers).
         left_out = slow_products(profile.matmuls)
         matmuls = [t for i, t in enumerate(profile.matmuls) if i not in left_out]
         left_out = slow_attention(profile.attention)

@@ -187,7 +187,7 @@ def show(profile: Profile) -> None:
     """The profile's figures, a line each."""
     from orchestrator.cli.display import console
     from orchestrator.cli.display.figures import figure
-    from orchestrator.profile.outliers import slow_attention, slow_products
+    from analysis.predict.outliers import slow_attention, slow_products
 
     console.out(f"{profile.identity.describe()}, measured {profile.measured_at} in {profile.wall_s:.1f} s")
     slow = slow_products(profile.matmuls)

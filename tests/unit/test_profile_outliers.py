@@ -1,4 +1,4 @@
-"""Figures of a profile that cannot be their operation's time (orchestrator/profile/outliers.py): found, said
+"""Figures of a profile that cannot be their operation's time (analysis/predict/outliers.py): found, said
 beside the figure, and left out of the prediction."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 from analysis.predict.predictor import flat_cell, predict_frame
-from orchestrator.profile.outliers import IMPOSSIBLE, slow_attention, slow_products
+from analysis.predict.outliers import IMPOSSIBLE, slow_attention, slow_products
 from orchestrator.profile.record import Profile, read_profile
 
 DATA = Path(__file__).resolve().parents[1] / "data"
