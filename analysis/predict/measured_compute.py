@@ -34,10 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.predict.network import MeasuredProfile
+from analysis.predict.outliers import slow_attention, slow_products
 from orchestrator.config.schema import ModelConfig
 from orchestrator.engines.memory import GATED_FAMILIES
 from orchestrator.models import family_module
-from analysis.predict.outliers import slow_attention, slow_products
 
 INNER = "backward_weight"
 """The product whose token dimension is the inner one (``dy.T @ x``); the other two have it outer."""

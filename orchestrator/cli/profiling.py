@@ -185,9 +185,9 @@ def run(args: argparse.Namespace) -> int:
 
 def show(profile: Profile) -> None:
     """The profile's figures, a line each."""
+    from analysis.predict.outliers import slow_attention, slow_products
     from orchestrator.cli.display import console
     from orchestrator.cli.display.figures import figure
-    from analysis.predict.outliers import slow_attention, slow_products
 
     console.out(f"{profile.identity.describe()}, measured {profile.measured_at} in {profile.wall_s:.1f} s")
     slow = slow_products(profile.matmuls)

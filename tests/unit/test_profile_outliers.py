@@ -10,8 +10,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from analysis.predict.predictor import flat_cell, predict_frame
 from analysis.predict.outliers import IMPOSSIBLE, slow_attention, slow_products
+from analysis.predict.predictor import flat_cell, predict_frame
 from orchestrator.profile.record import Profile, read_profile
 
 DATA = Path(__file__).resolve().parents[1] / "data"
