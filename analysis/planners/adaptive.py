@@ -127,7 +127,7 @@ def decide(
     discrepancy = np.zeros(len(ids))
     for name in sorted(set(gpu.tolist())):
         gcal = calibration.for_gpu(name)
-        spread = gcal.spread_for(name) if gcal is not None else prior_spread(name)
+        spread = gcal.spread_for(name) if gcal is not None else prior_spread(name, name in (calibration.profiles or {}))
         covariance = spread.covariance if gcal is not None else prior_covariance(name, DEFAULT_COEFFICIENTS)
         covariances[name] = covariance
         discrepancy[gpu == name] = spread.step_time_sd**2

@@ -148,6 +148,7 @@ def calibrate(records: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | N
             prior_centre(str(name), least_squares),
             _memory_loo_errors(predicted_peak[rows], measured_peak[rows]),
             positions(x, accum).take(rows),
+            profiled=str(name) in (profiles or {}),
         )
         gcal = GpuCalibration(
             efficiency=1.0 / full[0],

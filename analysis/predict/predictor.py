@@ -14,7 +14,7 @@ Every formula works element-wise on numpy arrays, so the report predicts thousan
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,7 +72,7 @@ class _Coefficients:
     spreads: dict[str, Spread]
 
 
-def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
+def _coefficients(x: Inputs, calibration: Calibration | None, profiled: Collection[str] = ()) -> _Coefficients:
     size = len(x.gpu)
     out = _Coefficients(
         coef=np.full((size, len(TERMS)), np.nan),
@@ -95,7 +95,7 @@ def _coefficients(x: Inputs, calibration: Calibration | None) -> _Coefficients:
         out.records[rows] = max(gcal.num_records, 1)
         spreads[name] = gcal.spread_for(name)
     for name in set(x.gpu.tolist()):
-        spread = spreads.get(name) or prior_spread(str(name))
+        spread = spreads.get(name) or prior_spread(str(name), str(name) in profiled)
         rows = x.gpu == name
         out.covariance[rows] = spread.covariance
         out.spreads[name] = spread
@@ -115,7 +115,9 @@ def _predict(
     """Predictions for every cell of ``x``; ``micro`` and ``accum`` (NaN where not given) force those values;
     ``profiles``: the measured links by GPU name (else the calibration's, else the cited defaults)."""
     size = len(x.gpu)
-    c = _coefficients(x, calibration)
+    if profiles is None and calibration is not None:
+        profiles = calibration.profiles
+    c = _coefficients(x, calibration, tuple(profiles or ()))
     coef, mem_scale, mem_offset = c.coef, c.scale, c.offset
     terms_bytes = memory_terms(x)
     overhead = allocator_overhead(x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]))
@@ -142,8 +144,6 @@ def _predict(
     steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
     if accum is not None:
         steps = np.where(accum >= 1, accum, steps)
-    if profiles is None and calibration is not None:
-        profiles = calibration.profiles
     terms = step_terms(x, steps, profiles)
     where = positions(x, steps)  # the discrepancy grows with the distance to the records (uncertainty.Spread)
     for name, spread in c.spreads.items():

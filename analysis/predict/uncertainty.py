@@ -62,6 +62,13 @@ prior is then centred on the fitted value and says nothing."""
 STEP_TIME_DISCREPANCY = 0.076
 """The uncalibrated step time's discrepancy: the root mean square of log(measured / predicted) over the 14 H100
 records (largest: pythia-160m at default settings, 17% slower than predicted)."""
+PROFILED_DISCREPANCY = 0.045
+"""The uncalibrated step time's discrepancy where the GPU type has a profile (``gpudays profile``): the root mean
+square of log(measured / predicted) over the 13 H200 records no constant was set on, predicted with that machine's
+profile (``tests/data/gpu-records/h200`` and ``h200-round2``; largest: pythia-160m under mesh3d, 9.3% fast). Off
+the H200 it is doubled, as every prior width is off the GPU it was measured on."""
+PROFILED_REFERENCE_GPU = "h200"
+"""The GPU type :data:`PROFILED_DISCREPANCY` was measured on."""
 MEMORY_DISCREPANCY = 0.043
 """The uncalibrated peak memory's discrepancy: root mean square of log(measured / predicted reserved peak) over
 the same records (largest: pythia-1.4b, 7% under)."""
@@ -107,18 +114,16 @@ def prior_covariance(gpu: str, centre: np.ndarray | None = None) -> np.ndarray:
     return out
 
 
-def prior_spread(gpu: str) -> Spread:
+def prior_spread(gpu: str, profiled: bool = False) -> Spread:
     """An uncalibrated GPU type's spread: the prior alone, the same for every cell. Its widths are those of a cell
-    anywhere (the coefficients' priors, the discrepancy doubled off the reference GPU); the discrepancy's growth
-    rates were fitted on calibrated predictions only (:mod:`analysis.predict.discrepancy`), so they are not
-    applied here."""
+    anywhere (the coefficients' priors, the discrepancy doubled off the reference GPU: the H100's without a
+    profile, :data:`PROFILED_DISCREPANCY` where the GPU type is ``profiled``); the discrepancy's growth rates were
+    fitted on calibrated predictions only (:mod:`analysis.predict.discrepancy`), so they are not applied here."""
     factor = 1.0 if gpu == REFERENCE_GPU else OTHER_GPU_FACTOR
-    return Spread(
-        prior_covariance(gpu),
-        STEP_TIME_DISCREPANCY * factor,
-        MEMORY_DISCREPANCY * factor,
-        float(PRIOR_DOF),
-    )
+    step_sd = STEP_TIME_DISCREPANCY * factor
+    if profiled:
+        step_sd = PROFILED_DISCREPANCY * (1.0 if gpu == PROFILED_REFERENCE_GPU else OTHER_GPU_FACTOR)
+    return Spread(prior_covariance(gpu), step_sd, MEMORY_DISCREPANCY * factor, float(PRIOR_DOF))
 
 
 def pooled_sd(prior_sd: float, squared_errors: np.ndarray) -> float:
@@ -142,6 +147,7 @@ def fit_posterior(
     centre: np.ndarray,
     memory_errors: np.ndarray,
     where: Positions | None = None,
+    profiled: bool = False,
 ) -> tuple[np.ndarray, Spread]:
     """The coefficients' posterior mean and the spread of a GPU type calibrated on records with step-time
     ``terms`` (one row each) and measured ``times``; ``centre`` is the prior's (:func:`prior_centre`).
@@ -150,10 +156,12 @@ def fit_posterior(
     posterior of the others, less the variance that posterior already accounts for) set it: a few rounds of each
     given the other settle. ``memory_errors`` are the peak memory's leave-one-out log errors, computed by the
     caller (NaN where unmeasured); ``where`` the records' positions, kept with their leave-one-out residuals as
-    the neighbourhood a cell's discrepancy grows away from (:mod:`analysis.predict.discrepancy`). A coefficient the posterior puts below zero is taken as zero (compute: a
-    thousandth of the prior's), the posterior being Gaussian where the truth is not.
+    the neighbourhood a cell's discrepancy grows away from (:mod:`analysis.predict.discrepancy`); ``profiled``
+    whether the terms came from a profile of the GPU type (:func:`prior_spread`). A coefficient the posterior puts
+    below zero is taken as zero (compute: a thousandth of the prior's), the posterior being Gaussian where the
+    truth is not.
     """
-    prior = prior_spread(gpu)
+    prior = prior_spread(gpu, profiled)
     cov0 = prior_covariance(gpu, centre)
     precision0 = np.linalg.inv(cov0)
     weighted = terms / times[:, None]
