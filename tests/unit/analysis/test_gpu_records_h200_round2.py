@@ -66,3 +66,16 @@ def test_every_reserved_peak_falls_inside_its_interval(table: pd.DataFrame, prof
     assert ((low <= measured) & (measured <= high)).all(), dict(zip(table["name"], measured, strict=True))
     ratio = f["predicted_peak_memory_gib"].to_numpy() / measured - 1
     assert abs(ratio).max() < 0.11, dict(zip(table["name"], ratio.round(3), strict=True))
+
+
+def test_with_the_profile_every_step_time_falls_inside_a_narrower_interval(
+    table: pd.DataFrame, profile: Profile
+) -> None:
+    profiled, cited = frame(table, profile), frame(table, None)
+    measured = table["measured_s"].to_numpy()
+    low, high = profiled["predicted_step_time_s_low"].to_numpy(), profiled["predicted_step_time_s_high"].to_numpy()
+    assert ((low <= measured) & (measured <= high)).all()
+    ratio = high / low
+    assert (
+        ratio < cited["predicted_step_time_s_high"].to_numpy() / cited["predicted_step_time_s_low"].to_numpy()
+    ).all()

@@ -138,3 +138,20 @@ def test_a_calibrated_interval_widens_for_a_model_far_from_its_records(
     distance = np.log(params[far].max() / params[~far].max())
     assert added[~far] == pytest.approx(0.0, abs=1e-12)
     assert added[far] == pytest.approx((0.2 * distance) ** 2)
+
+
+def test_a_profiled_gpu_types_prior_discrepancy_is_the_profiled_predictors() -> None:
+    from analysis.predict.uncertainty import (
+        OTHER_GPU_FACTOR,
+        PROFILED_DISCREPANCY,
+        PROFILED_REFERENCE_GPU,
+        STEP_TIME_DISCREPANCY,
+        prior_spread,
+    )
+
+    # Measured where it was set (the H200's records with its profile), doubled elsewhere, as every prior width is.
+    assert prior_spread(PROFILED_REFERENCE_GPU, profiled=True).step_time_sd == PROFILED_DISCREPANCY
+    assert prior_spread("cpu", profiled=True).step_time_sd == OTHER_GPU_FACTOR * PROFILED_DISCREPANCY
+    assert prior_spread("cpu").step_time_sd == OTHER_GPU_FACTOR * STEP_TIME_DISCREPANCY
+    # Memory does not come from the profile: its width stays.
+    assert prior_spread("cpu", profiled=True).memory_sd == prior_spread("cpu").memory_sd
