@@ -66,6 +66,9 @@ CELLS: list[tuple[str, float, list[str]]] = [
     ),
     ("1b-mesh3d", 70, ["model=pythia-1b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
     ("1.4b-mesh3d", 80, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
+    # A llama-family cell: does its element-wise work cost what pythia's does per hidden unit (the memory-bound
+    # term's one constant, 3.97 s predicted) or what its counted bytes say (2.5 times as many, 5.46 s)?
+    ("smollm2-135m-ds", 70, ["model=smollm2-135m", "method.micro_batch_size=16"]),
     (
         "410m-fsdp-compile",
         90,
