@@ -62,7 +62,12 @@ CELLS: list[tuple[str, float, list[str]]] = [
     (
         "1.4b-fsdp-ckpt",
         80,
-        ["model=pythia-1.4b", "method.micro_batch_size=32", "method.engine=fsdp", "method.activation_checkpointing=true"],
+        [
+            "model=pythia-1.4b",
+            "method.micro_batch_size=32",
+            "method.engine=fsdp",
+            "method.activation_checkpointing=true",
+        ],
     ),
     ("1b-mesh3d", 70, ["model=pythia-1b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
     ("1.4b-mesh3d", 80, ["model=pythia-1.4b", "method.micro_batch_size=16", "method.engine=mesh3d"]),
