@@ -11,43 +11,15 @@ pythia-160m's step was 44,371 s against the 6.49 s measured."""
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Protocol, TypeVar
+from typing import TypeVar
+
+from analysis.predict.network import AttentionFigure, MatmulFigure
 
 IMPOSSIBLE = 20.0
 """How many times longer than a larger operation of its kind a figure may take before it is a one-off cost. Real
 figures stay well under it: in the committed profiles a smaller operation took at most 5.3 times as long as a
 larger one (bf16 products on this CPU) and 1.8 times on the H200; the lazily loaded attention backward above took
 28,958 times as long as the larger shape beside it."""
-
-
-class ProductFigure(Protocol):
-    @property
-    def m(self) -> int: ...
-    @property
-    def k(self) -> int: ...
-    @property
-    def n(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def seconds(self) -> float: ...
-
-
-class AttentionFigure(Protocol):
-    @property
-    def seq_len(self) -> int: ...
-    @property
-    def heads(self) -> int: ...
-    @property
-    def head_dim(self) -> int: ...
-    @property
-    def batch(self) -> int: ...
-    @property
-    def dtype(self) -> str: ...
-    @property
-    def forward_s(self) -> float: ...
-    @property
-    def backward_s(self) -> float: ...
 
 
 T = TypeVar("T")
@@ -67,7 +39,7 @@ def _one_off(figures: Sequence[T], work: Callable[[T], float], seconds: Callable
     return out
 
 
-def slow_products(products: Sequence[ProductFigure]) -> dict[int, str]:
+def slow_products(products: Sequence[MatmulFigure]) -> dict[int, str]:
     """The matrix products that cannot be their operation's time (:func:`_one_off` by FLOPs)."""
     return _one_off(products, lambda p: 2.0 * p.m * p.k * p.n, lambda p: p.seconds, lambda p: p.dtype)
 
