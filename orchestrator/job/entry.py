@@ -43,6 +43,7 @@ import submitit
 
 from orchestrator.cells import cell as cells
 from orchestrator.cells.cell import TIME_LIMIT_WARNING_S
+from orchestrator.job import start
 from orchestrator.job.env import (
     allocator_settings,
     node_jobs,
@@ -425,3 +426,9 @@ class CellJob(submitit.helpers.Checkpointable):
         signal.signal(signal.SIGTERM, on_terminate)
         if env.global_rank == 0:
             signal.signal(warning, on_warning)  # only rank 0 requeues (submitit's rule too)
+            came = start.held_warning()
+            if came is not None:  # it came before any handler but orchestrator.job.start's was in place
+                say(
+                    f"SLURM's time-limit warning came {time.time() - came:.1f} s ago, before this handler: taken up now"
+                )
+                on_warning(warning, None)

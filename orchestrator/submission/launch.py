@@ -254,7 +254,8 @@ def slurm_parameters(res: Resources) -> dict[str, Any]:
 def slurm_executor(res: Resources, folder: str | Path, max_num_timeout: int = 3) -> submitit.SlurmExecutor:
     """submitit's executor for one resource group: its parameters, and the job's Python (``cluster.python``, a
     container wrapper, or this interpreter)."""
-    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_num_timeout, python=res.python)
+    python = f"{res.python or shlex.quote(sys.executable)} -u -m orchestrator.job.start"  # see that module
+    executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=max_num_timeout, python=python)
     executor.update_parameters(**slurm_parameters(res))
     return executor
 

@@ -74,7 +74,7 @@ def test_srun_args_follow_the_cpus_and_python_is_the_wrapper(make_typed) -> None
     res = launch.resources(cell)
     executor = launch.slurm_executor(res, "/sweeps/demo/jobs/%j")
     command = executor._submitit_command_str
-    assert command.startswith(wrapper + " -u -m submitit.core._submit")
+    assert command.startswith(wrapper + " -u -m orchestrator.job.start -u -m submitit.core._submit")
     srun = next(
         line for line in executor._make_submission_file_text(command, "0").splitlines() if line.startswith("srun")
     )
