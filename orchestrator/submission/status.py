@@ -158,6 +158,11 @@ def cell_states(
     for cid in cell_ids:
         latest = attempts[cid][-1] if attempts[cid] else None
         state = classify(cid, latest, records[cid], acct, note, now)
+        if state.state is State.LOST and latest is not None and latest.backend == "local" and latest.job_id:
+            # Its process may have written the record and ended since the first read: read again, so that a cell
+            # that finished meanwhile is not taken for one that died without a record.
+            records[cid] = read_record(paths.record(cid), cid)
+            state = classify(cid, latest, records[cid], acct, note, now)
         if latest is not None and latest.intent_only and not _record_decides(records[cid], attempts[cid]):
             state = _cut_short(state, settled.never_submitted.get(cid), settled.unsure.get(cid))
         if state.state is State.NEW:

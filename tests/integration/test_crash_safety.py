@@ -431,7 +431,7 @@ def test_a_full_disk_never_leaves_a_half_written_file_and_exits_5(
 def test_a_local_cell_left_running_by_a_killed_sweep_is_waited_for_before_the_next_starts(tmp_path: Path) -> None:
     folder = tmp_path / "sweep"
     paths = SweepPaths(folder)
-    args = ["sweep", "--dir", str(folder), "--no-report", "cluster=local", *SLEEP, "probe.sleep_s=6"]
+    args = ["sweep", "--dir", str(folder), "--no-report", "cluster=local", *SLEEP, "probe.sleep_s=12"]
     # Killed right after the first cell's job started, before its process id was written: the job runs on.
     cut = gpudays([*args, "model.seq_length=33,34"], fault="local-started", log=tmp_path / "killed.log")
     assert cut.returncode == -signal.SIGKILL, cut.stdout + cut.stderr

@@ -275,6 +275,27 @@ def _running(sweep_dir: Path, config: dict[str, Any]) -> str:
     return cid
 
 
+def test_a_local_cell_that_ends_while_status_looks_is_ok_not_lost(
+    tmp_path: Path, tiny_config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The record is read first, the process asked after: a job that writes its record and ends in between was
+    # called lost ("no record, and its process is gone").
+    from orchestrator.submission import intents, status
+
+    ended = _cell(tmp_path, tiny_config, "ok")
+    paths = SweepPaths(tmp_path)
+    record = paths.record(ended).read_text()
+    paths.record(ended).unlink()
+
+    def ends_now(pid: int, started: float | None) -> bool:
+        paths.record(ended).write_text(record)  # the job writes its record and ends as it is asked about
+        return False
+
+    monkeypatch.setattr(intents, "process_alive", ends_now)
+    (state,) = status.cell_states(paths)
+    assert state.state == "ok", (state.state, state.reason)
+
+
 def test_status_check_exits_non_zero_while_a_cell_is_still_running(tmp_path: Path, tiny_config, capsys) -> None:
     _cell(tmp_path, tiny_config, "ok")
     _running(tmp_path, tiny_config)
