@@ -129,7 +129,9 @@ def calibrate(records: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | N
     terms = step_terms(x, accum, profiles)
     mem = memory_terms(x)
     allocated = mem["params"] + mem["grads"] + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
-    overhead = allocator_overhead(x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]))
+    overhead = allocator_overhead(
+        x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]), x.checkpointing, x.expandable
+    )
     predicted_peak = overhead * allocated / GIB
     # The prediction is of the reserved peak (what a GPU runs out of); the CPU's records have only one figure.
     reserved = _column(measured, "peak_memory_reserved_gib")

@@ -96,6 +96,9 @@ class Inputs:
     attention: np.ndarray
     checkpointing: np.ndarray
     compile: np.ndarray
+    expandable: np.ndarray
+    """Whether the CUDA allocator grows its segments in place (``allocator_expandable_segments``; the probe's
+    default where a table does not say)."""
     micro_setting: np.ndarray
     """The cell's fixed micro-batch; NaN for ``auto``."""
     method: Mapping[str, np.ndarray]
@@ -249,6 +252,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         attention=attention,
         checkpointing=checkpointing,
         compile=compiled,
+        expandable=flag("allocator_expandable_segments", True),
         micro_setting=np.where(micro_setting >= 1, np.floor(micro_setting), np.nan),
         method=method,
         models=_object_array(models),

@@ -120,7 +120,9 @@ def _predict(
     c = _coefficients(x, calibration, tuple(profiles or ()))
     coef, mem_scale, mem_offset = c.coef, c.scale, c.offset
     terms_bytes = memory_terms(x)
-    overhead = allocator_overhead(x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]))
+    overhead = allocator_overhead(
+        x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]), x.checkpointing, x.expandable
+    )
     # Reserved bytes: what is allocated times the allocator's overhead, then any calibrated scale and offset.
     mem = {k: v * overhead * mem_scale / GIB for k, v in terms_bytes.items() if k not in ("offloaded", "build")}
     build = terms_bytes["build"] * overhead / GIB  # before any step: nothing of the step's calibration applies

@@ -38,6 +38,7 @@ from orchestrator.cells.row import figure_columns, setting_columns
 from orchestrator.config.choices import MEASURING_PROBE_KINDS
 from orchestrator.config.schema import ProbeConfig
 from orchestrator.config.values import Row
+from orchestrator.engines.allocator import expandable_segments, recorded_conf
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
 from orchestrator.store.attempts import damaged_lines
@@ -184,6 +185,10 @@ def flatten_cell(
     row["finished_at"] = as_name(record.finished_at) if record else None
 
     row.update(figure_columns(cell))
+    if record is not None and row.get("allocator_expandable_segments") is not None:
+        # What the probe ran with, whatever the config asked: a record made before gpudays set the allocator, or
+        # one whose scheduler's environment set it, says so (environment pytorch_*alloc_conf, None where unset).
+        row["allocator_expandable_segments"] = expandable_segments(recorded_conf(environment))
     return row
 
 

@@ -11,7 +11,9 @@ they agree on every column they share. The columns are the dataclasses' fields, 
   engine that join an id only where set (``EngineSpec.identity_if_set``) are empty, not applicable (a DeepSpeed
   cell has no FSDP sharding);
 - every ``ModelConfig`` field as ``model_<field>``, every ``GpuConfig`` field as ``gpu_<field>``, the network the
-  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``), the cluster's ``cluster_goodput`` and ``probe_memory_limit_gib``.
+  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``), the cluster's ``cluster_goodput``, ``probe_memory_limit_gib``, and ``allocator_expandable_segments``: whether the CUDA
+  caching allocator grows its segments in place (``orchestrator.engines.memory.allocator_conf``; empty on the CPU;
+  a measured row says what its probe ran with).
 
 Each value is coerced by its field's kind (:func:`orchestrator.config.values.coerce`), so that a column is one kind
 of thing whatever a stored config held (``to_config`` checks a config's keys, not its values). A record's own
@@ -28,6 +30,7 @@ from typing import TypeVar
 from orchestrator.cells.cell import IDENTITY_METHOD_KEYS, IDENTITY_METHOD_KEYS_IF_SET
 from orchestrator.config.schema import Config, GpuConfig, MethodConfig, ModelConfig, compile_scope_of
 from orchestrator.config.values import Row, as_int, as_name, as_number, coerce, field_kinds
+from orchestrator.engines.allocator import allocator_conf, expandable_segments
 from orchestrator.engines.registry import DEFAULT_ENGINE, engine_names, engine_specs, method_type
 
 SETTING_KEYS = (*IDENTITY_METHOD_KEYS, *IDENTITY_METHOD_KEYS_IF_SET)
@@ -70,6 +73,8 @@ def figure_columns(cell: Config) -> Row:
     out["cluster_inter_node_gbits_s"] = as_number(cell.cluster.inter_node_gbits_s)
     out["cluster_goodput"] = as_number(cell.cluster.goodput)
     out["probe_memory_limit_gib"] = as_number(cell.probe.memory_limit_gib)
+    conf = allocator_conf(cell.cluster.env, str(cell.gpu.accelerator))
+    out["allocator_expandable_segments"] = None if conf is None else expandable_segments(conf)
     return out
 
 

@@ -14,6 +14,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from orchestrator.config.batch import divisors
+from orchestrator.engines.allocator import allocator_conf, expandable_segments
 from orchestrator.models import family_module, language_family
 from orchestrator.models.sequences import compiled_loss
 
@@ -22,16 +23,21 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 ALLOCATOR_OVERHEAD = 1.12
-"""Reserved over allocated bytes of PyTorch's CUDA caching allocator (fragmentation, rounding to blocks): the
-median of the 14 H100 records in tests/data/gpu-records (1.117; 1.021 to 1.167; the reserved peak is what a GPU
-runs out of), in-sample for them. Multiplies everything the step allocates. One figure for every setting: the
-records do not support a gap by setting. By compile, 7 records each: 1.145 compiled (1.021 to 1.149), 1.111 not
-(1.038 to 1.167); by micro-batch, 1.039 at 8 (2 records), 1.136 at 16 (6), 1.113 at 32 (6); none checkpointed.
-The same cell (pythia-160m, free-lunch, auto) measured twice gave 1.026 and 1.146, a spread as wide as any
-between settings. All ran without expandable segments, the probe's default since (:mod:`orchestrator.job.env`).
-With them, on the H200 (tests/data/gpu-records/h200), the gap is 1.02 to 1.11 without compile or checkpointing
-(six records), 1.12 and 1.14 with checkpointing: this figure stands for every setting but regional compile
-(:data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE`)."""
+"""Reserved over allocated bytes of PyTorch's CUDA caching allocator without expandable segments (fragmentation,
+rounding to blocks): the median of the 14 H100 records in tests/data/gpu-records (1.117; 1.021 to 1.167; the
+reserved peak is what a GPU runs out of), in-sample for them. Multiplies everything the step allocates. One figure
+for every setting: these records do not support a gap by setting. By compile, 7 records each: 1.145 compiled
+(1.021 to 1.149), 1.111 not (1.038 to 1.167); by micro-batch, 1.039 at 8 (2 records), 1.136 at 16 (6), 1.113 at
+32 (6); none checkpointed. The same cell (pythia-160m, free-lunch, auto) measured twice gave 1.026 and 1.146, a
+spread as wide as any between settings."""
+EXPANDABLE_OVERHEAD = 1.07
+"""The gap with expandable segments (:data:`DEFAULT_CUDA_ALLOC_CONF`, the probe's default), neither checkpointed
+nor compiled block by block: the median of the 14 such H200 records (tests/data/gpu-records/h200*: 1.066; 1.022
+to 1.114, the highest pythia-160m's three at micro-batch 32), in-sample for them."""
+EXPANDABLE_OVERHEAD_CHECKPOINTED = 1.13
+"""The gap with expandable segments and activation checkpointing: the four checkpointed H200 records (pythia-410m,
+1b and 1.4b under DeepSpeed, 1.4b under FSDP2) show 1.117 to 1.141, median 1.125, in-sample. Checkpointing frees
+each layer's activations as the backward passes it and makes them again, a churn of blocks of many sizes."""
 ALLOCATOR_OVERHEAD_REGIONAL_COMPILE = 1.03
 """The gap of a cell compiled block by block (``compile_scope: regional``, the engines' default) with expandable
 segments: 1.011 to 1.031 over the H200's five such records (pythia-160m under DeepSpeed twice and FSDP2, 410m and
@@ -107,10 +113,21 @@ def selective_bytes_per_sequence(model: ModelConfig, method: MethodConfig) -> fl
     return float(model.num_layers * kept * seq * scale + max(logits, (whole - kept) * seq * scale))
 
 
-def allocator_overhead(accelerator: ArrayLike, regional_compile: ArrayLike = False) -> Any:
-    """:data:`ALLOCATOR_OVERHEAD` on a CUDA device (:data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE` where the cell
-    compiles block by block); 1 on the CPU, which has no caching allocator."""
-    on_gpu = np.where(np.asarray(regional_compile, dtype=bool), ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, ALLOCATOR_OVERHEAD)
+def allocator_overhead(
+    accelerator: ArrayLike,
+    regional_compile: ArrayLike = False,
+    checkpointing: ArrayLike = False,
+    expandable: ArrayLike = True,
+) -> Any:
+    """Reserved over allocated bytes on a CUDA device: with expandable segments (the probe's default),
+    :data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE` where the cell compiles block by block, else
+    :data:`EXPANDABLE_OVERHEAD_CHECKPOINTED` where it checkpoints, else :data:`EXPANDABLE_OVERHEAD`; without them,
+    :data:`ALLOCATOR_OVERHEAD` (the regional figure where compiled so); 1 on the CPU, which has no caching
+    allocator. Element-wise."""
+    regional = np.asarray(regional_compile, dtype=bool)
+    grown = np.where(np.asarray(checkpointing, dtype=bool), EXPANDABLE_OVERHEAD_CHECKPOINTED, EXPANDABLE_OVERHEAD)
+    plain = np.where(np.asarray(expandable, dtype=bool), grown, ALLOCATOR_OVERHEAD)
+    on_gpu = np.where(regional, ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, plain)
     return scalar_or_array(np.where(np.asarray(accelerator, dtype=object) == "cpu", 1.0, on_gpu))
 
 
@@ -126,13 +143,16 @@ def peak_bytes(
     micro_batch_size: ArrayLike,
     accelerator: ArrayLike = "cuda",
     regional_compile: ArrayLike = False,
+    checkpointing: ArrayLike = False,
+    expandable: ArrayLike = True,
 ) -> Any:
     """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
     overhead (:func:`allocator_overhead`)."""
     allocated = np.asarray(fixed_bytes, dtype=float) + np.asarray(per_sequence_bytes, dtype=float) * np.asarray(
         micro_batch_size, dtype=float
     )
-    return scalar_or_array(np.asarray(allocator_overhead(accelerator, regional_compile)) * allocated)
+    overhead = allocator_overhead(accelerator, regional_compile, checkpointing, expandable)
+    return scalar_or_array(np.asarray(overhead) * allocated)
 
 
 def sequences_that_fit(
@@ -141,10 +161,12 @@ def sequences_that_fit(
     per_sequence_bytes: ArrayLike,
     accelerator: ArrayLike = "cuda",
     regional_compile: ArrayLike = False,
+    checkpointing: ArrayLike = False,
+    expandable: ArrayLike = True,
 ) -> Any:
     """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
     where the usable memory is unknown)."""
-    overhead = np.asarray(allocator_overhead(accelerator, regional_compile))
+    overhead = np.asarray(allocator_overhead(accelerator, regional_compile, checkpointing, expandable))
     with np.errstate(divide="ignore", invalid="ignore"):
         room = (np.asarray(usable_bytes, dtype=float) / overhead - np.asarray(fixed_bytes, dtype=float)) / (
             np.asarray(per_sequence_bytes, dtype=float)
@@ -190,6 +212,8 @@ def micro_batch_that_fits(cfg: Config, memory_gib: float, fixed_bytes: float) ->
         fixed_bytes,
         activation_bytes_per_sequence(cfg.model, cfg.method),
         regional_compile=compiles_regionally(cfg.method.compile, cfg.method.compile_scope),
+        checkpointing=cfg.method.activation_checkpointing,
+        expandable=expandable_segments(allocator_conf(cfg.cluster.env, cfg.gpu.accelerator)),
     )
     return max(1, int(fitting))
 

@@ -8,6 +8,8 @@ import os
 import socket
 import sys
 
+from orchestrator.engines.allocator import ALLOC_CONF_VARIABLES as ALLOC_CONF_VARIABLES
+from orchestrator.engines.allocator import DEFAULT_CUDA_ALLOC_CONF as DEFAULT_CUDA_ALLOC_CONF
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm import site as slurm_site
 
@@ -18,15 +20,6 @@ that another job's connection cannot hold the port when rank 0 binds it (EADDRIN
 
 MAX_NODE_JOBS = 20
 """At most this many of a node's other jobs are listed in a record."""
-
-ALLOC_CONF_VARIABLES = ("PYTORCH_ALLOC_CONF", "PYTORCH_CUDA_ALLOC_CONF")
-"""The caching allocator's settings, as torch reads them: ``PYTORCH_ALLOC_CONF`` first, the older
-``PYTORCH_CUDA_ALLOC_CONF`` where that is not set (``c10/core/AllocatorConfig.h``)."""
-DEFAULT_CUDA_ALLOC_CONF = "expandable_segments:True"
-"""What a CUDA probe's allocator runs with where the user set neither variable: segments that grow in place
-rather than new blocks beside the old, PyTorch's documented remedy for reserved memory lost to fragmentation
-(torch.cuda memory management notes; its out-of-memory message suggests it). Its effect on the reserved peak has
-not been measured on a GPU here: the H100 records of tests/data/gpu-records ran without it."""
 
 
 def say(message: str) -> None:

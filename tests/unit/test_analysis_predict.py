@@ -26,7 +26,7 @@ from analysis.sweeps.records import Catalog
 from orchestrator.config.batch import divisors
 from orchestrator.config.schema import to_config
 from orchestrator.engines.deepspeed.memory import estimate_micro_batch_size
-from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
+from orchestrator.engines.memory import EXPANDABLE_OVERHEAD, GIB
 from orchestrator.engines.registry import engine_specs
 from orchestrator.models import flops_per_token
 
@@ -59,7 +59,7 @@ def test_a_sharded_build_holds_its_shards_and_one_layer_and_a_cell_that_cannot_b
     for engine in ({"engine": "fsdp"}, {"engine": "mesh3d", "tp": 8, "pp": 8, "pp_microbatches": 16}):
         pred = predict_cell(synthetic.cell_config("llama-2-70b", "h100-80gb", 64, 8, catalog=catalog, **engine))
         share = psi / 64 if engine["engine"] == "fsdp" else ((psi - 2 * 32_000 * 8_192) / 64 + 32_000 * 8_192)
-        assert pred.build_peak_gib == pytest.approx(ALLOCATOR_OVERHEAD * 4 * (share + layer) / GIB), engine
+        assert pred.build_peak_gib == pytest.approx(EXPANDABLE_OVERHEAD * 4 * (share + layer) / GIB), engine
         assert pred.build_peak_gib < 12
     # A build that does not fit refuses the cell however small its step, and says so.
     monkeypatch.setattr(fsdp_memory, "build_bytes_of", lambda x: np.full(len(x.params), 200.0 * GIB))
@@ -67,7 +67,7 @@ def test_a_sharded_build_holds_its_shards_and_one_layer_and_a_cell_that_cannot_b
     pred = predict_cell(cell)
     assert not pred.fits and pred.peak_memory_gib < 72 and "cannot be built" in pred.reason
     row = plan([cell]).iloc[0]
-    assert not row["predicted_fits"] and row["predicted_build_peak_gib"] == pytest.approx(ALLOCATOR_OVERHEAD * 200)
+    assert not row["predicted_fits"] and row["predicted_build_peak_gib"] == pytest.approx(EXPANDABLE_OVERHEAD * 200)
     assert not row["predicted_fits_at_micro_batch_1"]
 
 
@@ -108,7 +108,7 @@ def test_breakdown_adds_up_and_margin_is_applied(catalog: Catalog) -> None:
     assert parts == pytest.approx(pred.peak_memory_gib)
     assert pred.usable_memory_gib == pytest.approx(30.0)
     # Reserved bytes: the allocated gradient partition times the caching allocator's overhead.
-    assert pred.grads_gib == pytest.approx(ALLOCATOR_OVERHEAD * 2 * 1_011_781_632 / 4 / GIB)
+    assert pred.grads_gib == pytest.approx(EXPANDABLE_OVERHEAD * 2 * 1_011_781_632 / 4 / GIB)
 
 
 def test_probe_memory_limit_replaces_the_gpu_memory(catalog: Catalog) -> None:

@@ -23,6 +23,7 @@ from orchestrator.cells import row as rows
 from orchestrator.cli.display.prediction import predict
 from orchestrator.cli.display.views import plan_rows
 from orchestrator.config.schema import to_config, to_container
+from orchestrator.engines.allocator import DEFAULT_CUDA_ALLOC_CONF
 from orchestrator.planning.plan import plan
 
 
@@ -53,6 +54,9 @@ def test_the_plan_the_cells_table_and_the_predictor_agree_on_every_column_they_s
     for cell in p.cells:
         config = to_container(cell.typed)
         record = synthetic.record(cell.cell_id, config, "ok", synthetic.metrics(config, 1.5, 4))
+        # As this version's probe records the allocator it ran with (orchestrator.job.env).
+        allocator = {"pytorch_alloc_conf": None, "pytorch_cuda_alloc_conf": DEFAULT_CUDA_ALLOC_CONF}
+        record = dataclasses.replace(record, environment={**record.environment, **allocator})
         synthetic.write_cell(sweep, cell.cell_id, config, record)
     table = load_cells([sweep], catalog=catalog).frame.set_index("cell_id")
     assert {c.typed.method.engine for c in p.cells} == {"deepspeed", "fsdp"}

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.predict.predictor import flat_cell, predict_frame
+from orchestrator.engines.allocator import expandable_segments, recorded_conf
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records" / "h100-80gb").glob("*.json"))
 FREE_LUNCH = [path for path in RECORDS if "free-lunch" in path.name]
@@ -19,10 +20,16 @@ def load(path: Path) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def row_of(record: dict[str, Any]) -> dict[str, Any]:
+    """The record's cell as cells.csv reads it: with the allocator it ran with (these, before gpudays set one)."""
+    conf = recorded_conf(record["environment"])
+    return {**flat_cell(record["config"]), "allocator_expandable_segments": expandable_segments(conf)}
+
+
 @pytest.fixture(scope="module")
 def predicted() -> dict[str, pd.Series]:
     records = [load(path) for path in RECORDS]
-    table = predict_frame(pd.DataFrame([flat_cell(r["config"]) for r in records]))
+    table = predict_frame(pd.DataFrame([row_of(r) for r in records]))
     return {path.name: row for path, (_, row) in zip(RECORDS, table.iterrows(), strict=True)}
 
 
@@ -48,6 +55,6 @@ def test_one_size_larger_is_predicted_not_to_fit_where_the_probe_ran_out_of_memo
         refused = [t["micro_batch_size"] for t in record["metrics"].get("search_tried", []) if t["outcome"] == "oom"]
         if not refused:
             continue
-        row = flat_cell(record["config"])
+        row = row_of(record)
         larger = predict_frame(pd.DataFrame([row]), micro_batch_size=pd.Series([float(min(refused))]))
         assert not bool(larger["predicted_fits"].iloc[0]), path.name

@@ -12,6 +12,7 @@ from orchestrator.config.schema import Config, MethodConfig, to_config
 from orchestrator.engines.deepspeed.memory import build_bytes, estimate_micro_batch_size, fixed_bytes, model_state_bytes
 from orchestrator.engines.memory import (
     ALLOCATOR_OVERHEAD,
+    EXPANDABLE_OVERHEAD,
     GIB,
     activation_bytes_per_sequence,
     largest_fitting_divisor,
@@ -103,7 +104,8 @@ def test_estimate_is_the_most_sequences_whose_reserved_peak_fits() -> None:
     usable = 0.9 * 80 * GIB
     assert peak_bytes(fixed, per_sequence, estimate) <= usable < peak_bytes(fixed, per_sequence, estimate + 1)
     assert sequences_that_fit(usable, fixed, per_sequence) == estimate
-    assert peak_bytes(fixed, 0, 1) == pytest.approx(ALLOCATOR_OVERHEAD * fixed)
+    assert peak_bytes(fixed, 0, 1) == pytest.approx(EXPANDABLE_OVERHEAD * fixed)  # the probe's allocator
+    assert peak_bytes(fixed, 0, 1, expandable=False) == pytest.approx(ALLOCATOR_OVERHEAD * fixed)
     assert peak_bytes(fixed, 0, 1, "cpu") == fixed  # no caching allocator on the host
     assert estimate_micro_batch_size(cfg, 0.5) == 1
     checkpointed = dataclasses.replace(cfg, method=method(activation_checkpointing=True))
@@ -124,6 +126,9 @@ def test_regional_compile_has_its_own_allocator_overhead() -> None:
     regional = compiles_regionally([True, True, False], ["regional", "whole", "regional"])
     assert regional.tolist() == [True, False, False]
     assert allocator_overhead(["cuda"] * 3, regional).tolist() == [
+        ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, EXPANDABLE_OVERHEAD, EXPANDABLE_OVERHEAD,
+    ]  # fmt: skip
+    assert allocator_overhead(["cuda"] * 3, regional, expandable=False).tolist() == [
         ALLOCATOR_OVERHEAD_REGIONAL_COMPILE, ALLOCATOR_OVERHEAD, ALLOCATOR_OVERHEAD,
     ]  # fmt: skip
     assert allocator_overhead("cpu", True) == 1.0

@@ -25,7 +25,7 @@ from orchestrator.config.domains import domain_of
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import Config, MethodConfig, to_config
 from orchestrator.engines import registry
-from orchestrator.engines.memory import ALLOCATOR_OVERHEAD, GIB
+from orchestrator.engines.memory import EXPANDABLE_OVERHEAD, GIB
 from orchestrator.engines.registry import engine_folders
 from orchestrator.engines.spec import MEMORY_HOLDERS, STEP_TIME_TERMS, EngineSpec, Links
 from orchestrator.planning.plan import plan
@@ -303,7 +303,9 @@ def test_a_third_engines_field_reaches_the_inputs_the_table_the_labels_and_its_t
     piped = with_method(base, PipeMethod, engine="pipe", pipe_stages=2)
     assert flat_cell(piped)["pipe_stages"] == 2
     prediction = predict_cell(piped, micro_batch_size=1)
-    assert prediction.params_gib == pytest.approx(PIPE_BYTES / 2 * ALLOCATOR_OVERHEAD / GIB)
+    assert prediction.params_gib == pytest.approx(
+        PIPE_BYTES / 2 * EXPANDABLE_OVERHEAD / GIB
+    )  # a planned cell: the probe's allocator
     assert prediction.offloaded_gib == pytest.approx(PIPE_BYTES / 2 / GIB)
 
 
