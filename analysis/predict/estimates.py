@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 from numpy.typing import ArrayLike
-from scipy import stats
+from scipy import special
 
 SECONDS_PER_DAY = 86_400.0
 SECONDS_PER_HOUR = 3_600.0
@@ -179,7 +179,7 @@ def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = No
     std = pd.to_numeric(pd.Series(std_s, dtype="object"), errors="coerce").astype(float)
     n = pd.to_numeric(pd.Series(steps_timed, dtype="object"), errors="coerce").astype(float)
     dof = (n - 1.0).where(n >= 2)  # NaN below two steps, and scipy gives NaN for a NaN dof
-    t = pd.Series(stats.t.ppf(0.975, dof.to_numpy(dtype=float)), index=n.index)
+    t = pd.Series(special.stdtrit(dof.to_numpy(dtype=float), 0.975), index=n.index)
     rebuilt = 100.0 * t * std / np.sqrt(n) / mean
     out = ci.where(ci.notna(), rebuilt)
     return out

@@ -33,7 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import special
 
 from analysis.predict.discrepancy import Neighbourhood, Positions, cell_sd
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS
@@ -196,8 +196,9 @@ def fit_posterior(
 
 
 def quantile(dof: np.ndarray | float) -> np.ndarray:
-    """The two-sided :data:`LEVEL` quantile of Student's t (1.645 for many degrees of freedom)."""
-    out = np.asarray(stats.t.ppf(0.5 + LEVEL / 2.0, np.asarray(dof, dtype=float)), dtype=float)
+    """The two-sided :data:`LEVEL` quantile of Student's t (1.645 for many degrees of freedom):
+    ``scipy.special.stdtrit``, what ``scipy.stats.t.ppf`` computes, without importing scipy.stats (seconds)."""
+    out = np.asarray(special.stdtrit(np.asarray(dof, dtype=float), 0.5 + LEVEL / 2.0), dtype=float)
     return out
 
 
