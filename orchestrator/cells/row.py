@@ -11,9 +11,10 @@ they agree on every column they share. The columns are the dataclasses' fields, 
   engine that join an id only where set (``EngineSpec.identity_if_set``) are empty, not applicable (a DeepSpeed
   cell has no FSDP sharding);
 - every ``ModelConfig`` field as ``model_<field>``, every ``GpuConfig`` field as ``gpu_<field>``, the network the
-  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``), the cluster's ``cluster_goodput``, ``probe_memory_limit_gib``, and ``allocator_expandable_segments``: whether the CUDA
-  caching allocator grows its segments in place (``orchestrator.engines.memory.allocator_conf``; empty on the CPU;
-  a measured row says what its probe ran with).
+  cell's nodes share (``cluster_gpus_per_node``, ``cluster_inter_node_gbits_s``), the cluster's ``cluster_goodput``,
+  ``probe_memory_limit_gib``, and ``allocator_expandable_segments``: whether the CUDA caching allocator grows its
+  segments in place (``orchestrator.engines.allocator.allocator_conf``; empty on the CPU; a measured row says what
+  its probe ran with).
 
 Each value is coerced by its field's kind (:func:`orchestrator.config.values.coerce`), so that a column is one kind
 of thing whatever a stored config held (``to_config`` checks a config's keys, not its values). A record's own
