@@ -186,6 +186,7 @@ def stage_costs(num_layers: int, num_stages: int, end_weight: float = 0.0, layer
     ]
 
 
+@functools.lru_cache(maxsize=65536)  # a layout search asks for the same few shapes thousands of times
 def peak_rank_layers(
     num_layers: int, num_stages: int, end_weight: float = 0.0, per_rank: int = 1, layers: object = None,
     microbatches: int = 1, schedule: str = "1f1b",
@@ -194,20 +195,8 @@ def peak_rank_layers(
     ``pipeline.in_flight_share`` counts): each rank keeps ``pipeline.in_flight_stages`` stage forwards of its own
     stages (r, r + p, ...; their mean layers) of the split :func:`stage_costs` takes (the user's ``pp_layers``, or
     balanced by cost, the end stages lighter). BLOOM's 70 layers in stages of 5, ten of 6, 5 peak on the second
-    rank: 11 forwards of 6 layers against the first rank's 12 of 5. 1 without a pipeline. Kept per shape: a layout
-    search asks for the same few shapes thousands of times."""
-    return _peak_rank_layers(
-        int(num_layers), int(num_stages), float(end_weight), int(per_rank), _hashable(layers), int(microbatches),
-        str(schedule),
-    )  # fmt: skip
-
-
-@functools.lru_cache(maxsize=65536)
-def _peak_rank_layers(
-    num_layers: int, num_stages: int, end_weight: float, per_rank: int, layers: object, microbatches: int,
-    schedule: str,
-) -> float:  # fmt: skip
-    """:func:`peak_rank_layers` of one shape, computed once."""
+    rank: 11 forwards of 6 layers against the first rank's 12 of 5. 1 without a pipeline. ``layers`` must be
+    hashable (a string, a tuple or None): the answer is kept per shape."""
     stages = num_stages * max(per_rank, 1)
     if num_stages <= 1 or stages > num_layers:
         return 1.0
@@ -220,24 +209,13 @@ def _peak_rank_layers(
     return peak / first
 
 
+@functools.lru_cache(maxsize=65536)  # as peak_rank_layers
 def pipeline_imbalance(
     num_layers: int, num_stages: int, end_weight: float = 0.0, per_rank: int = 1, layers: object = None
 ) -> float:
     """The costliest rank over the mean one (1 for a perfectly balanced pipeline) of ``num_stages`` pipeline
     ranks holding ``per_rank`` stages each (looped), split as :func:`stage_costs` says: the slowest rank sets the
-    pace of the whole pipeline, so a schedule lasts this many times what an even spread of the work would. Kept per
-    shape, as :func:`peak_rank_layers` is."""
-    return _pipeline_imbalance(int(num_layers), int(num_stages), float(end_weight), int(per_rank), _hashable(layers))
-
-
-def _hashable(layers: object) -> object:
-    """``method.pp_layers`` as a cache key: a list as a tuple, anything else (a string, None) as it is."""
-    return tuple(layers) if isinstance(layers, list) else layers
-
-
-@functools.lru_cache(maxsize=65536)
-def _pipeline_imbalance(num_layers: int, num_stages: int, end_weight: float, per_rank: int, layers: object) -> float:
-    """:func:`pipeline_imbalance` of one shape, computed once."""
+    pace of the whole pipeline, so a schedule lasts this many times what an even spread of the work would."""
     stages = num_stages * max(per_rank, 1)
     if num_stages <= 1 or stages > num_layers:
         return 1.0
