@@ -42,7 +42,9 @@ def test_a_running_cell_cancelled_with_scancel_is_cancelled_and_says_so(
     running = wait_until(
         lambda: (lambda s: s if s.state == "running" else None)(status.cell_states(paths)[0]), 60, "the cell to run"
     )
-    wait_until(lambda: any(paths.cell_dir(cid).glob("ranks/*.json")), 30, "the probe to start", 0.2)
+    # Both ranks past their handlers (a rank writes its file after them): a SIGTERM before would end a rank
+    # without a word, as SLURM's default, and the test would judge the start-up, not the cancel.
+    wait_until(lambda: len(list(paths.cell_dir(cid).glob("ranks/*.json"))) == 2, 30, "both ranks to start", 0.2)
     slurm_cluster.run_client(["scancel", str(running.job_id)])
     wait_until(lambda: _done(paths), 60, "the cancel to end the job", 1)
     # sacct says CANCELLED a moment before the job has written its record: wait for the record (or its absence).
