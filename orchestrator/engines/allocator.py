@@ -27,7 +27,7 @@ def expandable_segments(conf: str | None) -> bool:
     return bool(said) and said[-1] == "True"
 
 
-def allocator_conf(env: Mapping[str, object] | None, accelerator: str) -> str | None:
+def allocator_conf(env: Mapping[str, str] | None, accelerator: str) -> str | None:
     """The allocator setting a probe runs with, from the variables its job sets (``cluster.env``): the user's, the
     first of :data:`ALLOC_CONF_VARIABLES` set, else :data:`DEFAULT_CUDA_ALLOC_CONF` on a CUDA device; None on the CPU
     (a variable in the scheduler's environment that the job inherits is not seen here: the record says)."""

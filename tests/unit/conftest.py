@@ -8,6 +8,18 @@ processes, which read ``OMP_NUM_THREADS`` and the cores they are given, not this
 
 from __future__ import annotations
 
+import signal
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import yaml
+
+if TYPE_CHECKING:
+    from orchestrator.job.entry import CellJob
+
 try:
     import torch
 except ImportError:  # pragma: no cover - torch is a dependency; the tests that need it say so themselves
@@ -15,3 +27,43 @@ except ImportError:  # pragma: no cover - torch is a dependency; the tests that 
 
 if torch is not None:
     torch.set_num_threads(1)
+
+
+@pytest.fixture
+def slurm_cell_job(
+    tmp_path: Path, make_cell: Callable[..., dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[..., CellJob]]:
+    """A ``CellJob`` as submitit starts it on SLURM, for one rank of ``num_tasks``: submitit's job environment
+    faked, the job side's signal state fresh, ``was_cancelled`` answering ``cancelled``, and cell ``abc`` of
+    ``overrides`` written to a sweep in ``tmp_path``. The process's SIGTERM, SIGUSR2 and SIGINT handlers are put
+    back afterwards."""
+    from orchestrator.job import entry as jobside
+    from orchestrator.slurm import commands as slurm
+    from orchestrator.store.paths import CELL_CONFIG_NAME, SweepPaths
+
+    def _job(*overrides: str, rank: int = 0, num_tasks: int = 1, cancelled: bool = False) -> CellJob:
+        fake = SimpleNamespace(
+            global_rank=rank, num_tasks=num_tasks, local_rank=rank, num_nodes=1, job_id="7", hostnames=["here"]
+        )
+        fake._usr_sig = lambda: signal.SIGUSR2
+        monkeypatch.setattr(jobside.submitit, "JobEnvironment", lambda: fake)
+        monkeypatch.setattr(jobside, "set_distributed_env", lambda *args: None)
+        monkeypatch.setattr(jobside, "_time_limit_signal", None)
+        monkeypatch.setattr(jobside, "_probe_done", False)
+        monkeypatch.setattr(jobside, "_requeuing", False)
+        monkeypatch.setattr(slurm, "was_cancelled", lambda job_id: cancelled and job_id == "7")
+        monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
+        monkeypatch.setenv("SLURM_JOB_ID", "7")
+        for name in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "SLURM_JOB_NODELIST", "SLURM_ARRAY_JOB_ID"):
+            monkeypatch.delenv(name, raising=False)
+        paths = SweepPaths(tmp_path)
+        paths.cell_dir("abc").mkdir(parents=True, exist_ok=True)
+        (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(make_cell(*overrides)))
+        return jobside.CellJob(str(tmp_path), "abc", 1)
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)}
+    try:
+        yield _job
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

@@ -9,15 +9,11 @@ import signal
 import subprocess
 import sys
 import time
-from types import SimpleNamespace
 
 import pytest
-import yaml
 
 from orchestrator.job import entry as jobside
 from orchestrator.job import start
-from orchestrator.slurm import commands as slurm
-from orchestrator.store.paths import CELL_CONFIG_NAME, SweepPaths
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -55,38 +51,17 @@ def test_the_job_python_starts_with_the_holder(make_typed) -> None:
     assert " -u -m orchestrator.job.start -u -m submitit.core._submit " in executor._submitit_command_str
 
 
-def _cell_job(tmp_path, make_cell, monkeypatch: pytest.MonkeyPatch, left_s: float) -> jobside.CellJob:
-    fake = SimpleNamespace(global_rank=0, num_tasks=1, local_rank=0, num_nodes=1, job_id="7", hostnames=["here"])
-    fake._usr_sig = lambda: signal.SIGUSR2
-    monkeypatch.setattr(jobside.submitit, "JobEnvironment", lambda: fake)
-    monkeypatch.setattr(jobside, "set_distributed_env", lambda *args: None)
-    monkeypatch.setattr(jobside, "_time_limit_signal", None)
-    monkeypatch.setattr(jobside, "_probe_done", False)
-    monkeypatch.setattr(jobside, "_requeuing", False)
-    monkeypatch.setattr(jobside, "seconds_left", lambda job_id, fallback_end: left_s)
-    monkeypatch.setattr(slurm, "was_cancelled", lambda job_id: False)
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
-    for name in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "SLURM_JOB_NODELIST", "SLURM_ARRAY_JOB_ID"):
-        monkeypatch.delenv(name, raising=False)
-    paths = SweepPaths(tmp_path)
-    paths.cell_dir("abc").mkdir(parents=True)
-    cell = make_cell(
-        "model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=0.1", "cluster.time_limit_min=1"
-    )
-    (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
-    return jobside.CellJob(str(tmp_path), "abc", 1)
-
-
 class Requeued(SystemExit):
     """What submitit's handler ends the process with once it has asked SLURM to requeue the job."""
 
 
 @pytest.mark.parametrize("held", [True, False])
 def test_a_held_warning_is_taken_up_by_the_cells_handler(
-    tmp_path, make_cell, monkeypatch: pytest.MonkeyPatch, capsys, held: bool
+    slurm_cell_job, monkeypatch: pytest.MonkeyPatch, capsys, held: bool
 ) -> None:
-    job = _cell_job(tmp_path, make_cell, monkeypatch, left_s=10.0)  # under REQUEUE_MARGIN_S: requeue at once
+    overrides = ("model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=0.1", "cluster.time_limit_min=1")
+    job = slurm_cell_job(*overrides)
+    monkeypatch.setattr(jobside, "seconds_left", lambda job_id, fallback_end: 10.0)  # under REQUEUE_MARGIN_S
     asked: list[int] = []
 
     def submitit_warning(signum, frame):  # noqa: ANN001, ANN202 - stands in for submitit's requeue handler
@@ -94,19 +69,14 @@ def test_a_held_warning_is_taken_up_by_the_cells_handler(
         job.checkpoint()
         raise Requeued(0)
 
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)}
     signal.signal(signal.SIGUSR2, submitit_warning)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)
     monkeypatch.setattr(start, "_held", time.time() - 1.5 if held else None)
-    try:
-        if held:
-            with pytest.raises(Requeued):
-                job()
-        else:
-            assert job() == "ok"
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
+    if held:
+        with pytest.raises(Requeued):
+            job()
+    else:
+        assert job() == "ok"
     assert asked == ([signal.SIGUSR2] if held else [])
     assert job.requeues.get("timeout", 0) == (1 if held else 0), job.requeues
     assert start.held_warning() is None

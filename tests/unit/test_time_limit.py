@@ -42,38 +42,20 @@ def test_a_cancel_is_not_the_time_limit(monkeypatch: pytest.MonkeyPatch) -> None
     assert jobside.seconds_to_limit("7", 0.0) < jobside.SLURM_CHECK_INTERVAL_S, "at the limit it is the limit"
 
 
-def test_a_cancel_ends_every_rank_with_a_record_and_no_traceback(
-    tmp_path, make_cell, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_a_cancel_ends_every_rank_with_a_record_and_no_traceback(tmp_path, slurm_cell_job) -> None:
     # Rank 1 of two, cancelled while its probe runs: submitit's handler only logged the SIGTERM, so the rank ran on
     # until SLURM killed it, and a rank that did end raised RankEnded, a traceback in the job's log.
     import os
     import signal
     import threading
     import time
-    from types import SimpleNamespace
 
-    import yaml
-
-    from orchestrator.store.paths import CELL_CONFIG_NAME, SweepPaths
+    from orchestrator.store.paths import SweepPaths
     from orchestrator.store.record import Record, read_record
 
-    fake = SimpleNamespace(global_rank=1, num_tasks=2, local_rank=1, num_nodes=1, job_id="7", hostnames=["here"])
-    fake._usr_sig = lambda: signal.SIGUSR2
-    monkeypatch.setattr(jobside.submitit, "JobEnvironment", lambda: fake)
-    monkeypatch.setattr(jobside, "set_distributed_env", lambda *args: None)
-    monkeypatch.setattr(jobside, "_time_limit_signal", None)
-    monkeypatch.setattr(jobside, "_probe_done", False)
-    monkeypatch.setattr(slurm, "was_cancelled", lambda job_id: job_id == "7")
-    monkeypatch.setenv("SUBMITIT_EXECUTOR", "slurm")
-    monkeypatch.setenv("SLURM_JOB_ID", "7")
-    for name in ("DS_ACCELERATOR", "OMP_NUM_THREADS", "SLURM_JOB_NODELIST", "SLURM_ARRAY_JOB_ID"):
-        monkeypatch.delenv(name, raising=False)
+    overrides = ("model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=8", "num_gpus=2")
+    job = slurm_cell_job(*overrides, rank=1, num_tasks=2, cancelled=True)
     paths = SweepPaths(tmp_path)
-    paths.cell_dir("abc").mkdir(parents=True)
-    cell = make_cell("model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "probe.sleep_s=8", "num_gpus=2")
-    (paths.cell_dir("abc") / CELL_CONFIG_NAME).write_text(yaml.safe_dump(cell))
-    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR2, signal.SIGINT)}
     submitit_warning = lambda signum, frame: None  # noqa: E731 - stands in for submitit's requeue handler
     signal.signal(signal.SIGUSR2, submitit_warning)
     signal.signal(signal.SIGTERM, lambda signum, frame: None)  # submitit's: it only logs the signal
@@ -81,13 +63,11 @@ def test_a_cancel_ends_every_rank_with_a_record_and_no_traceback(
     try:
         started = time.monotonic()
         timer.start()
-        status = jobside.CellJob(str(tmp_path), "abc", 1)()  # raised RankEnded for rank 0; slept on for rank 1
+        status = job()  # raised RankEnded for rank 0; slept on for rank 1
         took = time.monotonic() - started
         assert signal.getsignal(signal.SIGUSR2) is submitit_warning, "only rank 0 requeues"
     finally:
         timer.cancel()
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
     assert status == "cancelled" and took < 5, (status, took)
     record = read_record(paths.record("abc"), "abc")
     assert isinstance(record, Record) and record.status.value == "cancelled"
