@@ -78,7 +78,14 @@ PRIOR_RECORDS = 1
 """How many records' worth the prior's discrepancy weighs against the leave-one-out errors. One: on the synthetic
 grid of ``tests/unit/analysis/test_uncertainty.py`` three kept 120 records' 90% intervals at 94-99% coverage, over-wide."""
 PRIOR_DOF = 4
-"""Degrees of freedom of an uncalibrated interval (Student's t, 2.13 at 90%); a calibrated one adds its records."""
+"""Degrees of freedom a calibrated interval starts from (Student's t, 2.13 at 90%), adding its records: its
+discrepancy weighs the prior's as :data:`PRIOR_RECORDS` record beside the leave-one-out errors."""
+UNCALIBRATED_DOF = 14
+"""Degrees of freedom of an uncalibrated interval (Student's t, 1.76 at 90%): the records its discrepancies were
+estimated from, :data:`STEP_TIME_DISCREPANCY`'s and :data:`MEMORY_DISCREPANCY`'s 14 H100 records
+(:data:`PROFILED_DISCREPANCY`'s 13 H200 ones where the GPU type is profiled)."""
+PROFILED_DOF = 13
+"""Degrees of freedom of an uncalibrated interval on a profiled GPU type (:data:`UNCALIBRATED_DOF`)."""
 
 
 @dataclass
@@ -123,7 +130,8 @@ def prior_spread(gpu: str, profiled: bool = False) -> Spread:
     step_sd = STEP_TIME_DISCREPANCY * factor
     if profiled:
         step_sd = PROFILED_DISCREPANCY * (1.0 if gpu == PROFILED_REFERENCE_GPU else OTHER_GPU_FACTOR)
-    return Spread(prior_covariance(gpu), step_sd, MEMORY_DISCREPANCY * factor, float(PRIOR_DOF))
+    dof = PROFILED_DOF if profiled else UNCALIBRATED_DOF
+    return Spread(prior_covariance(gpu), step_sd, MEMORY_DISCREPANCY * factor, float(dof))
 
 
 def pooled_sd(prior_sd: float, squared_errors: np.ndarray) -> float:
