@@ -151,19 +151,24 @@ def best_by_count(
     found: dict[int, list[LayoutEstimate]] = {n: [] for n in counts}
     seen: set[Layout] = set()
 
-    def predict(layouts: Iterable[Layout]) -> None:
+    def predict(layouts: Iterable[Layout], checked: bool = False) -> None:
+        """Predict the layouts not yet predicted; ``checked``: the engine accepted them already (:func:`accepted`)."""
         fresh = [lay for lay in dict.fromkeys(layouts) if lay not in seen]
         seen.update(fresh)
-        fresh = [lay for lay in fresh if accepted(model, lay, global_batch_size, per_node, gpu)]
+        if not checked:
+            fresh = [lay for lay in fresh if accepted(model, lay, global_batch_size, per_node, gpu)]
         for est in estimate_layouts(model, gpu, fresh, global_batch_size, network, efficiency):
             if est.fits and np.isfinite(est.step_time_s):
                 found[est.layout.num_gpus].append(est)
 
     predict(
-        lay
-        for n in counts
-        for lay in candidate_layouts(model, n, global_batch_size, per_node, engine, gpu, settings=False)
-        if not (data_parallel_only and (lay.tensor > 1 or lay.pipeline > 1))
+        [
+            lay
+            for n in counts
+            for lay in candidate_layouts(model, n, global_batch_size, per_node, engine, gpu, settings=False)
+            if not (data_parallel_only and (lay.tensor > 1 or lay.pipeline > 1))
+        ],
+        checked=True,
     )
     if refine:
         predict(

@@ -28,8 +28,7 @@ from orchestrator.cells.row import method_column
 from orchestrator.cells.row import row as cell_row
 from orchestrator.config.schema import ClusterConfig, Config, GpuConfig, MethodConfig, ModelConfig
 from orchestrator.config.values import Row
-from orchestrator.engines.mesh3d.pipeline import INTERLEAVED, ZERO_BUBBLE_SHARE
-from orchestrator.engines.mesh3d.step_time import bubble
+from orchestrator.engines.mesh3d.pipeline import INTERLEAVED, ZERO_BUBBLE_SHARE, bubble_share
 from orchestrator.models import flops_per_token
 
 PREDICTOR = (
@@ -238,7 +237,8 @@ def estimate_layouts(
                 optimizer_gib=float(p["optimizer_gib"][i] + p["buffers_gib"][i]),
                 activations_gib=float(p["activations_gib"][i]), memory_gib=float(p["peak_memory_gib"][i]),
                 usable_memory_gib=float(p["usable_memory_gib"][i]), build_memory_gib=float(p["build_peak_gib"][i]),
-                fits=bool(p["fits"][i]), bubble_fraction=float(bubble(layout.pipeline, k, layout.pp_schedule, layout.pp_chunks)),
+                fits=bool(p["fits"][i]),
+                bubble_fraction=bubble_share(layout.pipeline, k, layout.pp_chunks, layout.pp_schedule),
                 compute_s=comp, communication_s=comm + offl, overhead_s=step - comp - comm - offl,
                 step_time_s=step, tokens_per_s_per_gpu=tokens / step / n,
                 model_tflops_per_gpu=model_flops / step / n / 1e12, mfu=model_flops / step / n / 1e12 / peak,
