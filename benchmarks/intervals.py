@@ -57,7 +57,7 @@ from analysis.predict.inputs import flat_cell  # noqa: E402
 from analysis.predict.predictor import Profiles, predict_frame  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
 from orchestrator.config.schema import to_config  # noqa: E402
-from orchestrator.engines.allocator import expandable_segments, recorded_conf  # noqa: E402
+from orchestrator.engines.allocator import recorded_expandable  # noqa: E402
 from orchestrator.store.paths import SweepPaths  # noqa: E402
 from orchestrator.store.record import read_cell_config  # noqa: E402
 
@@ -213,7 +213,7 @@ def records_table(folders: str = "h100-80gb*") -> pd.DataFrame:
         m = record["metrics"]
         row = {**flat_cell(record["config"]), "cell_id": f"{path.parent.name}/{path.stem}", "status": record["status"]}
         # The allocator it ran with, as cells.csv reads it (the H100's ran before gpudays set one).
-        row["allocator_expandable_segments"] = expandable_segments(recorded_conf(record.get("environment") or {}))
+        row["allocator_expandable_segments"] = recorded_expandable(record.get("environment") or {})
         for key in ("step_time_s", "micro_batch_size", "grad_accum_steps", "peak_memory_reserved_gib"):
             row[key] = m.get(key)
         row["peak_memory_gib"] = m.get("peak_memory_allocated_gib")

@@ -38,7 +38,7 @@ from orchestrator.cells.row import figure_columns, setting_columns
 from orchestrator.config.choices import MEASURING_PROBE_KINDS
 from orchestrator.config.schema import ProbeConfig
 from orchestrator.config.values import Row
-from orchestrator.engines.allocator import expandable_segments, recorded_conf
+from orchestrator.engines.allocator import recorded_expandable
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
 from orchestrator.store.attempts import damaged_lines
@@ -188,7 +188,7 @@ def flatten_cell(
     if record is not None and row.get("allocator_expandable_segments") is not None:
         # What the probe ran with, whatever the config asked: a record made before gpudays set the allocator, or
         # one whose scheduler's environment set it, says so (environment pytorch_*alloc_conf, None where unset).
-        row["allocator_expandable_segments"] = expandable_segments(recorded_conf(environment))
+        row["allocator_expandable_segments"] = recorded_expandable(environment)
     return row
 
 

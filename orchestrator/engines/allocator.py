@@ -43,3 +43,9 @@ def recorded_conf(environment: Mapping[str, object]) -> str | None:
     torch reads them): None where neither was set, or where the record predates their being recorded."""
     values = [environment.get(name.lower()) for name in ALLOC_CONF_VARIABLES]
     return next((str(v) for v in values if v), None)
+
+
+def recorded_expandable(environment: Mapping[str, object]) -> bool:
+    """Whether a probe ran with expandable segments, by its record's ``environment`` (:func:`recorded_conf`): what
+    ``cells.csv`` and the benchmarks read, whatever the cell's config asked."""
+    return expandable_segments(recorded_conf(environment))

@@ -8,8 +8,7 @@ import os
 import socket
 import sys
 
-from orchestrator.engines.allocator import ALLOC_CONF_VARIABLES as ALLOC_CONF_VARIABLES
-from orchestrator.engines.allocator import DEFAULT_CUDA_ALLOC_CONF as DEFAULT_CUDA_ALLOC_CONF
+from orchestrator.engines.allocator import ALLOC_CONF_VARIABLES, allocator_conf
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm import site as slurm_site
 
@@ -83,10 +82,14 @@ def set_distributed_env(
 
 
 def set_allocator_env(accelerator: str) -> None:
-    """On a CUDA device, :data:`DEFAULT_CUDA_ALLOC_CONF` unless the user set either of
-    :data:`ALLOC_CONF_VARIABLES` (theirs wins); before torch is imported, as the allocator reads it once."""
-    if accelerator != "cpu" and not any(os.environ.get(name) for name in ALLOC_CONF_VARIABLES):
-        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = DEFAULT_CUDA_ALLOC_CONF
+    """The allocator setting the predictor assumes (``orchestrator.engines.allocator.allocator_conf``: on a CUDA
+    device, ``DEFAULT_CUDA_ALLOC_CONF``) unless the user set either of :data:`ALLOC_CONF_VARIABLES` (theirs wins);
+    before torch is imported, as the allocator reads it once."""
+    if any(os.environ.get(name) for name in ALLOC_CONF_VARIABLES):
+        return
+    conf = allocator_conf(None, accelerator)
+    if conf:
+        os.environ["PYTORCH_CUDA_ALLOC_CONF"] = conf
 
 
 def allocator_settings() -> dict[str, str | None]:

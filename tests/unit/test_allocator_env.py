@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.job.env import DEFAULT_CUDA_ALLOC_CONF, allocator_settings, set_allocator_env
+from orchestrator.engines.allocator import DEFAULT_CUDA_ALLOC_CONF
+from orchestrator.job.env import allocator_settings, set_allocator_env
 
 
 @pytest.fixture(autouse=True)

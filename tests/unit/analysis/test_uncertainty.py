@@ -16,7 +16,7 @@ from analysis.predict.calibration import calibrate
 from analysis.predict.inputs import inputs_from_columns
 from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame, prediction_detail
 from analysis.predict.uncertainty import bounds, quantile
-from orchestrator.engines.allocator import expandable_segments, recorded_conf
+from orchestrator.engines.allocator import recorded_expandable
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("h100-80gb*/*.json"))
 
@@ -103,7 +103,7 @@ def test_the_uncalibrated_intervals_hold_every_real_h100_record() -> None:
     assert len(records) == 14
     table = pd.DataFrame([flat_cell(r["config"]) for r in records])
     # As cells.csv reads them: these probes ran before gpudays set the allocator (no expandable segments).
-    table["allocator_expandable_segments"] = [expandable_segments(recorded_conf(r["environment"])) for r in records]
+    table["allocator_expandable_segments"] = [recorded_expandable(r["environment"]) for r in records]
     assert not table["allocator_expandable_segments"].any()
     micro = pd.Series([float(r["metrics"]["micro_batch_size"]) for r in records])
     pred = predict_frame(table, micro_batch_size=micro)
