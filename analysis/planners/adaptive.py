@@ -22,6 +22,8 @@ import pandas as pd
 
 from analysis.planners.selection import STARTUP_GPU_S, Candidates, ProbeSteps, choose_round, measurement_cost_gpu_s
 from analysis.predict.calibration import Calibration, calibrate
+from analysis.predict.discrepancy import positions
+from analysis.predict.inputs import inputs_from_columns
 from analysis.predict.network import MeasuredProfile
 from analysis.predict.predictor import prediction_detail
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS
@@ -170,6 +172,8 @@ def decide(
         decision.stop = STOP_BUDGET
         return decision
     rows = np.flatnonzero(known & fits)
+    # Where each cell lies, for the distances its discrepancy grows with (as the predictor's own).
+    where = positions(inputs_from_columns({c: grid[c] for c in grid.columns}, len(grid)), detail["grad_accum_steps"])
     candidates = Candidates(
         group=gpu[rows],
         weighted=weighted[rows],
@@ -177,6 +181,7 @@ def decide(
         cost_gpu_s=cost[rows],
         measured=is_measured[rows],
         blocked=blocked_mask[rows],
+        positions=where.take(rows),
     )
     picked = choose_round(candidates, covariances, goal.round_cells, budget_left)
     decision.chosen = [str(ids[rows[j]]) for j in picked]

@@ -10,12 +10,14 @@ from analysis.planners.selection import (
     Candidates,
     ProbeSteps,
     choose_round,
+    distance_terms,
     expected_reduction,
     grid_uncertainty,
     measurement_cost_gpu_s,
     unchecked,
     updated_covariance,
 )
+from analysis.predict.discrepancy import Neighbourhood, Positions, distance_variance
 
 
 def candidates(weighted: np.ndarray, cost: np.ndarray | None = None, measured: np.ndarray | None = None) -> Candidates:
@@ -130,3 +132,63 @@ def test_a_measurement_costs_its_gpus_times_start_up_and_timed_steps() -> None:
     cost = measurement_cost_gpu_s(np.array([1, 8, 2]), np.array([0.5, 0.5, np.nan]), probe, startup_s=30.0)
     # 10 steps of 0.5 s; 8 GPUs cost 8 times as much; no step time: the whole budget.
     assert cost.tolist() == [35.0, 280.0, 100.0]
+
+
+def sized(params: np.ndarray, cost: np.ndarray, measured: np.ndarray) -> Candidates:
+    """Cells alike in every term, of the model sizes ``params``, on one GPU type."""
+    n = len(params)
+    return Candidates(
+        group=np.array(["a100-80gb"] * n),
+        weighted=np.tile([0.9, 0.1, 0.0, 0.0], (n, 1)),
+        discrepancy_var=np.full(n, 0.05**2),
+        cost_gpu_s=cost,
+        measured=measured,
+        positions=Positions(
+            np.ones(n),
+            np.ones(n),
+            params,
+            np.full(n, "gpt_neox", dtype=object),
+            np.full(n, "deepspeed", dtype=object),
+            np.full(n, np.nan),
+        ),
+    )
+
+
+def test_the_distance_a_measurement_takes_off_is_the_discrepancys_own() -> None:
+    rng = np.random.default_rng(3)
+    params = rng.choice([7e7, 1.6e8, 4.1e8, 1e9, 2.8e9], size=25)
+    measured = np.zeros(25, dtype=bool)
+    measured[[0, 1]] = True
+    c = sized(params, np.ones(25), measured)
+    own, gain = distance_terms(c, measured)
+
+    def total(done: np.ndarray, skip: int | None = None) -> float:
+        open_ = ~done
+        if skip is not None:
+            open_[skip] = False
+        near = Neighbourhood(c.positions.take(done))  # type: ignore[union-attr]
+        return float(distance_variance(c.positions.take(open_), near).sum())  # type: ignore[union-attr]
+
+    near = Neighbourhood(c.positions.take(measured))  # type: ignore[union-attr]
+    assert np.allclose(own[~measured], distance_variance(c.positions.take(~measured), near))  # type: ignore[union-attr]
+    for j in np.flatnonzero(~measured)[:6]:
+        after = measured.copy()
+        after[j] = True
+        assert gain[j] == pytest.approx(total(measured, skip=j) - total(after), abs=1e-12)
+
+
+def test_past_the_first_cell_a_far_model_is_worth_its_price() -> None:
+    params = np.array([1e8] * 10 + [1e9] * 10)
+    cost = np.array([1.0] * 10 + [4.0] * 10)
+    measured = np.zeros(20, dtype=bool)
+    measured[0] = True
+    covs = {"a100-80gb": np.diag([0.1, 0.5, 0.5, 2.0]) ** 2}
+    chosen = choose_round(sized(params, cost, measured), covs, 1)
+    assert params[chosen[0]] == 1e9
+    # Without the distances, the cheaper small model teaches as much per GPU-second.
+    plain = sized(params, cost, measured)
+    plain.positions = None
+    assert params[choose_round(plain, covs, 1)[0]] == 1e8
+    # A GPU type with no record has no distance terms yet: its first cell is the cheap one.
+    first = choose_round(sized(params, cost, np.zeros(20, dtype=bool)), covs, 1)
+    assert params[first[0]] == 1e8
