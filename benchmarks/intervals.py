@@ -129,11 +129,28 @@ def replay(
 
 
 def random_baseline(
-    grid: pd.DataFrame, truth: pd.DataFrame, n: int, seed: int, profiles: Profiles = None
+    grid: pd.DataFrame,
+    truth: pd.DataFrame,
+    n: int,
+    seed: int,
+    profiles: Profiles = None,
+    budget_gpu_s: float | None = None,
 ) -> dict[str, float]:
-    """The same number of measured cells, chosen at random among those that ran, for comparison."""
+    """The same number of measured cells, chosen at random among those that ran, for comparison; with
+    ``budget_gpu_s``, as many as that many GPU-seconds buy instead (cells in a random order, each taken where it
+    fits what is left), so that a selection that spends less is compared at its own cost too."""
     ok = truth[truth["status"] == "ok"]
-    chosen = ok.sample(n=min(n, len(ok)), random_state=seed)
+    if budget_gpu_s is None:
+        chosen = ok.sample(n=min(n, len(ok)), random_state=seed)
+    else:
+        order = ok.sample(frac=1.0, random_state=seed)
+        cost = (pd.to_numeric(order.get("probe_wall_s"), errors="coerce").fillna(0.0)
+                * pd.to_numeric(order["num_gpus"], errors="coerce").fillna(1.0)).to_numpy()  # fmt: skip
+        keep, left = np.zeros(len(order), dtype=bool), float(budget_gpu_s)
+        for i, c in enumerate(cost):
+            if c <= left:
+                keep[i], left = True, left - c
+        chosen = order[keep]
     wall = pd.to_numeric(chosen.get("probe_wall_s"), errors="coerce").fillna(0.0)
     spent_gpu_hours = float((wall * pd.to_numeric(chosen["num_gpus"], errors="coerce").fillna(1.0)).sum()) / 3600
     rest = grid[~grid["cell_id"].isin(chosen["cell_id"])]
@@ -146,7 +163,7 @@ def random_baseline(
         }
     )
     figures = judge(renamed[["step_time_s", "step_time_low_s", "step_time_high_s"]], ok.set_index("cell_id"))
-    return {**figures, "spent_gpu_hours": spent_gpu_hours}
+    return {**figures, "spent_gpu_hours": spent_gpu_hours, "measured": float(len(chosen))}
 
 
 def show(title: str, lines: list[dict], size: int) -> None:
