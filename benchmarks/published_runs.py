@@ -9,8 +9,9 @@ planned with the code ``gpudays plan`` runs (``orchestrator.planning.plan.plan``
 DeepSpeed ZeRO 0-3 and FSDP full/grad_op, each with and without activation checkpointing, plus the 3-D layouts the
 plan offers (``analysis.predict.layouts.offers``, each planned as the mesh3d cell its sweep line describes). The row's
 answer is the fastest of those predicted to fit, as the plan's answer line gives it. Beside it, where the run
-published its layout and the planner can express it (mesh3d tp/pp, or FSDP data parallelism), that layout's
-prediction; where it cannot, the reason (the engine's refusal).
+published its layout and the planner can express it (mesh3d tp/pp, FSDP data parallelism, or DeepSpeed ZeRO data
+parallelism), that layout's prediction, with checkpointing and the micro-batch as published where they were;
+where it cannot, the reason (the engine's refusal).
 
 For each row: predicted / published GPU-hours, the plan's 90% interval, whether the published figure falls inside
 it, and the interval's high/low ratio. Steady-state figures (FLOP/s, tokens/s, step time) are turned into the
@@ -258,20 +259,24 @@ def published_layout(run: Run) -> Answer | None:
     if not lay:
         return None
     tp, pp = int(lay.get("tp", 1)), int(lay.get("pp", 1))
+    # Checkpointing as published where it was, else the faster of with and without.
+    published = lay.get("checkpointing")
+    checkpointing = "method.activation_checkpointing=" + (
+        "false,true" if published is None else str(bool(published)).lower()
+    )
     if lay.get("fsdp"):
-        method = ["method.engine=fsdp", "method.activation_checkpointing=false,true"]
+        method = ["method.engine=fsdp", checkpointing]
+    elif "zero_stage" in lay and tp == pp == 1:
+        method = ["method.engine=deepspeed", f"method.zero_stage={int(lay['zero_stage'])}", checkpointing]
     else:
-        method = [
-            "method.engine=mesh3d",
-            f"method.tp={tp}",
-            f"method.pp={pp}",
-            "method.activation_checkpointing=false,true",
-        ]
+        method = ["method.engine=mesh3d", f"method.tp={tp}", f"method.pp={pp}", checkpointing]
         if pp > 1:
             micro = int(lay.get("micro_batch", 1))
             replicas = max(1, run.num_gpus // (tp * pp))
             method += [f"method.micro_batch_size={micro}"]
             method += [f"method.pp_microbatches={max(1, run.global_batch // (replicas * micro))}"]
+    if pp == 1 and "micro_batch" in lay:
+        method += [f"method.micro_batch_size={int(lay['micro_batch'])}"]
     try:
         cells, skipped = planned([*run.overrides(), *method], run_anyway=True)
     except SweepError as e:
@@ -385,6 +390,8 @@ def _layout_text(run: Run) -> str:
     lay = run.layout
     if lay.get("fsdp"):
         return "FSDP"
+    if "zero_stage" in lay and int(lay.get("tp", 1)) == int(lay.get("pp", 1)) == 1:
+        return f"DeepSpeed ZeRO-{int(lay['zero_stage'])} dp{run.num_gpus}"
     return (
         f"tp{lay.get('tp', 1)} pp{lay.get('pp', 1)} dp{run.num_gpus // (int(lay.get('tp', 1)) * int(lay.get('pp', 1)))}"
     )

@@ -85,3 +85,18 @@ def test_steady_state_figures_become_gpu_hours_of_the_same_tokens(bench: ModuleT
     assert run.train_steps == 36_000
     assert bench.published_gpu_hours(run, flops_per_token=1.0) == pytest.approx(1.0)
     assert math.isclose(bench.published_gpu_hours(bench.Run(**base, figure="gpu_hours", value=7.0), 1.0), 7.0)
+
+
+def test_a_published_zero_layout_is_planned_as_published(bench: ModuleType) -> None:
+    """DeepSpeed ZeRO data parallelism, its checkpointing and micro-batch, as the run's config gave them."""
+    run = bench.Run(
+        id="x", name="x", source="s", verified="v", kind="wall-clock", figure="gpu_hours", value=1.0,
+        gpu="a100-80gb", num_gpus=8, model="pythia-70m", seq_length=2048, global_batch=64, tokens=1e9,
+        layout={"tp": 1, "pp": 1, "zero_stage": 1, "micro_batch": 4, "checkpointing": True},
+    )  # fmt: skip
+    answer = bench.published_layout(run)
+    assert answer is not None and answer.answered, answer
+    assert answer.setting == "zero1 ckpt bf16 mb=4"
+    assert bench._layout_text(run) == "DeepSpeed ZeRO-1 dp8"
+    unchecked = bench.published_layout(bench.Run(**{**run.__dict__, "layout": {"zero_stage": 2, "micro_batch": 4}}))
+    assert unchecked is not None and unchecked.setting in ("zero2 bf16 mb=4", "zero2 ckpt bf16 mb=4")
