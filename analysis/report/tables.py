@@ -15,7 +15,7 @@ from analysis.predict import estimates as est
 from analysis.predict.inputs import inputs_from_columns
 from analysis.predict.predictor import DEFAULT_MARGIN, Calibration, predict_frame
 from analysis.report.accuracy import answer_column
-from analysis.sweeps.catalog import method_kinds
+from analysis.sweeps.catalog import method_column, method_kinds
 from analysis.sweeps.records import MEASURED_DOES_NOT_FIT, MEASURED_FITS, rows_of
 from orchestrator.config.schema import MethodConfig
 from orchestrator.engines.registry import engine_specs, identity_keys, identity_keys_if_set, method_label
@@ -31,6 +31,8 @@ BOOL_COLUMNS = (
     *(k for k, kind in _ENGINE_KINDS.items() if kind == "bool"), "activation_checkpointing", "compile", "tf32",
     "predicted_fits", "measured_fits", "fit_agrees",
 )  # fmt: skip
+_METHOD_KEYS = (*method_kinds(), *(method_column(key) for key in method_kinds()))
+"""Every key a method label may read from a row: each method field by its name and by its column's."""
 SETTING_COLUMNS = (
     "engine", *identity_keys_if_set(), *identity_keys(), "activation_checkpointing", "precision", "micro_batch_size",
     "grad_accum_steps", "compile", "compile_scope", "tf32", "attention",
@@ -359,8 +361,8 @@ def csv_cells(cells: pd.DataFrame, columns: tuple[str, ...]) -> pd.DataFrame:
     out = cells.reindex(columns=list(columns)).copy()
     if cells.empty:
         return out
-    if "sharding" in out.columns:
-        out["sharding"] = [engine_label(row) for row in cells.to_dict(orient="records")]
+    if "sharding" in out.columns:  # a label reads method fields only: those columns, not every one of a wide table
+        out["sharding"] = [engine_label(row) for row in rows_of(cells, _METHOD_KEYS)]
     engine = cells["engine"] if "engine" in cells.columns else pd.Series(None, index=cells.index, dtype=object)
     for spec in engine_specs():
         other = engine.notna() & (engine != spec.name)
