@@ -179,13 +179,15 @@ def add_predictions(
     """
     out = frame.copy()
     measured = out["status"].isin(MEASURED_FITS) if "status" in out.columns else pd.Series(False, index=out.index)
-    as_set = predict_frame(out, calibration, margin)
+    x = inputs_from_columns({c: out[c] for c in out.columns}, len(out))  # one reading for both predictions
+    as_set = predict_frame(out, calibration, margin, inputs=x)
     as_run = predict_frame(
         out,
         calibration,
         margin,
         micro_batch_size=_col(out, "micro_batch_size").where(measured),
         grad_accum_steps=_col(out, "grad_accum_steps").where(measured),
+        inputs=x,
     )
     out["predicted_fits"] = as_set["predicted_fits"]
     out["predicted_micro_batch_size"] = as_run["predicted_micro_batch_size"]
@@ -349,7 +351,8 @@ def normalise_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
             out[name] = whole.round().astype("Int64")
     for name in BOOL_COLUMNS:
         if name in out.columns and out[name].dtype != "boolean":
-            out[name] = pd.array([v if isinstance(v, (bool, np.bool_)) else None for v in out[name]], dtype="boolean")
+            flags = [v if isinstance(v, (bool, np.bool_)) else None for v in out[name].tolist()]
+            out[name] = pd.array(flags, dtype="boolean")
     return out
 
 
