@@ -132,9 +132,9 @@ def spread_labels(fig: Figure) -> None:
             if chosen.size:
                 j = int(chosen[0])
                 side, x, k = tries[j]
-                offset, extents = (x, y0 + k * LINE_PT), (left[j], bottom[j], far[j], top[j])
+                offset, extents = (x, y0 + k * LINE_PT), np.array([left[j], bottom[j], far[j], top[j]])
             else:
-                side, offset, extents = ha, (x0, y0), tuple(box.extents)
+                side, offset, extents = ha, (x0, y0), np.asarray(box.extents, dtype=float)
             label.set_horizontalalignment(side)
             label.xyann = offset
             x_low, x_high = sorted(extents[0::2])
