@@ -141,17 +141,19 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         values = columns.get(name)
         if values is None:
             return np.full(length, default, dtype=object)
-        return np.array([v if isinstance(v, str) and v else default for v in values], dtype=object)
+        return np.array([v if isinstance(v, str) and v else default for v in _listed(values)], dtype=object)
 
     def raw(name: str) -> list[Any]:
         values = columns.get(name)
-        return [None] * length if values is None else list(values)
+        return [None] * length if values is None else _listed(values)
 
     def flag(name: str, default: bool) -> np.ndarray:
         values = columns.get(name)
         if values is None:
             return np.full(length, default)
-        return np.array([bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in values], dtype=bool)
+        return np.array(
+            [bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in _listed(values)], dtype=bool
+        )
 
     def value(name: str, default: Any) -> np.ndarray:
         out = np.empty(length, dtype=object)
@@ -314,7 +316,7 @@ def _plain_column(values: Iterable[object] | None, length: int) -> list[object]:
     if isinstance(values, pd.Series) and values.dtype != object:
         plain: list[object] = values.astype(object).where(values.notna(), None).tolist()
         return plain
-    return [None if _missing(v) else _plain(v) for v in values]
+    return [None if _missing(v) else _plain(v) for v in _listed(values)]
 
 
 def _buildable(model: ModelConfig | None) -> ModelConfig | None:
@@ -328,6 +330,11 @@ def _object_array(values: list[ModelConfig | None]) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
+
+
+def _listed(values: Iterable[Any]) -> list[Any]:
+    """A column's values as a list: a Series' ``tolist`` (the values its iteration gives, without boxing each one)."""
+    return values.tolist() if isinstance(values, pd.Series) else list(values)
 
 
 def _missing(value: Any) -> bool:

@@ -219,9 +219,11 @@ def predict_frame(
     micro_batch_size: pd.Series | None = None,
     grad_accum_steps: pd.Series | None = None,
     profiles: Profiles = None,
+    inputs: Inputs | None = None,
 ) -> pd.DataFrame:
-    """:func:`predict_cell` for every row of a cells table at once (columns: :data:`PREDICTION_COLUMNS`)."""
-    x = inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
+    """:func:`predict_cell` for every row of a cells table at once (columns: :data:`PREDICTION_COLUMNS`);
+    ``inputs``: the table's own (:func:`inputs_from_columns`) where the caller has them already."""
+    x = inputs if inputs is not None else inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
 
     def forced(series: pd.Series | None) -> np.ndarray | None:
         if series is None:

@@ -183,14 +183,13 @@ def fit_posterior(
     for _ in range(4):
         precision = precision0 + weighted.T @ weighted / sd**2
         rhs = precision0 @ centre + weighted.sum(axis=0) / sd**2
-        errors, residuals = np.zeros(n), np.zeros(n)
-        for i in range(n):
-            w = weighted[i]
-            mean_i, cov_i = solve(precision - np.outer(w, w) / sd**2, rhs - w / sd**2)
-            predicted = max(float(terms[i] @ mean_i), 1e-3 * times[i])
-            v = terms[i] / predicted  # the prediction's own relative variance is v Σ vᵀ
-            residuals[i] = np.log(times[i] / predicted)
-            errors[i] = residuals[i] ** 2 - float(v @ cov_i @ v)
+        # Every record's leave-one-out posterior at once: a stack of the small systems, each solved as alone.
+        cov_i = np.linalg.inv(precision - weighted[:, :, None] * weighted[:, None, :] / sd**2)
+        mean_i = (cov_i @ (rhs - weighted / sd**2)[:, :, None])[:, :, 0]
+        predicted = np.maximum((terms[:, None, :] @ mean_i[:, :, None])[:, 0, 0], 1e-3 * times)
+        v = terms / predicted[:, None]  # the prediction's own relative variance is v Σ vᵀ
+        residuals = np.log(times / predicted)
+        errors = residuals**2 - ((v[:, None, :] @ cov_i) @ v[:, :, None])[:, 0, 0]
         # One record alone has no other to be predicted from: its error is the prior's, not the model's.
         sd = pooled_sd(prior.step_time_sd, errors if n > 1 else errors[:0])
     precision = precision0 + weighted.T @ weighted / sd**2

@@ -45,13 +45,13 @@ def compare_engines(cells: pd.DataFrame) -> pd.DataFrame:
     measured["_engine"] = engine.fillna("deepspeed")
     measured["_step"] = step[measured.index]
     measured = measured.sort_values([*KEYS, "_engine", "_step", "cell_id"], kind="stable")
-    measured["settings"] = [settings_label(r) for r in rows_of(measured, measured.columns)]
     order = pd.to_numeric(measured.get("num_parameters"), errors="coerce")
     keys = measured[list(KEYS)].assign(_order=order).drop_duplicates(list(KEYS))
     out = keys.reset_index(drop=True)
     for name in ENGINES:
         mine = measured[measured["_engine"] == name]
         best = mine.groupby(list(KEYS), sort=False).head(1)
+        best = best.assign(settings=[settings_label(r) for r in rows_of(best, best.columns)])  # the fastest only
         counts = mine.groupby(list(KEYS)).size().rename(f"{name}_cells_compared").reset_index()
         best = best.reindex(columns=[*KEYS, *(c for c in PER_ENGINE if c != "cells_compared")])
         best = best.rename(columns={c: f"{name}_{c}" for c in PER_ENGINE})

@@ -18,7 +18,6 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.text import Annotation
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullFormatter, NullLocator
-from matplotlib.transforms import Bbox
 
 RGBA = tuple[float, float, float, float]
 """A colour as matplotlib's colormaps give it."""
@@ -106,12 +105,14 @@ def label_points(ax: Axes, x: Iterable[float], y: Iterable[float], labels: Itera
 def spread_labels(fig: Figure) -> None:
     """Move each point's label up or down a line at a time, on its side of the point and then on the other, until
     it overlaps no label placed before it and stays inside its panel; where no place does both, the first that
-    overlaps nothing (else where it was). Each label is measured once: another place only moves its box."""
+    overlaps nothing (else where it was). Each label is measured once: another place only moves its box, and every
+    place a label may take is tested against the labels placed before it at once."""
     renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # Agg's, which every figure here has
     px = renderer.points_to_pixels(1.0)
+    steps = np.array([k for k in LABEL_STEPS for _ in range(2)], dtype=float)
     for ax in fig.axes:
         inside = ax.get_window_extent(renderer)
-        placed: list[Bbox] = []
+        placed = np.empty((0, 4))  # x0, y0, x1, y1 (each pair ordered) of the labels placed so far
         for label in [t for t in ax.texts if t.get_gid() == "point-label" and isinstance(t, Annotation)]:
             box = label.get_window_extent(renderer)
             x0, y0 = label.xyann
@@ -119,16 +120,33 @@ def spread_labels(fig: Figure) -> None:
             anchor = (box.x1 if ha == "right" else box.x0) - x0 * px  # the point, in pixels
             other: Side = "right" if ha == "left" else "left"
             tries = [(side, x, k) for k in LABEL_STEPS for side, x in ((ha, x0), (other, -x0 - 2))]  # 4 pt <-> -6
-            free: list[tuple[Side, tuple[float, float], Bbox]] = []
-            for side, x, k in tries:
-                left = anchor + x * px - (box.width if side == "right" else 0.0)
-                moved = Bbox.from_bounds(left, box.y0 + k * LINE_PT * px, box.width, box.height)
-                if not any(moved.overlaps(b) for b in placed):
-                    free.append((side, (x, y0 + k * LINE_PT), moved))
-                    if inside.x0 <= moved.x0 and moved.x1 <= inside.x1 and inside.y0 <= moved.y0 <= moved.y1 <= inside.y1:
-                        free.insert(0, free.pop())
-                        break
-            side, offset, box = free[0] if free else (ha, (x0, y0), box)
+            xs = np.array([x for _, x, _ in tries], dtype=float)
+            right = np.array([side == "right" for side, _, _ in tries])
+            left = anchor + xs * px - np.where(right, box.width, 0.0)
+            bottom = box.y0 + steps * LINE_PT * px
+            top, far = bottom + box.height, left + box.width
+            free = ~_overlaps_any(np.column_stack([left, bottom, far, top]), placed)
+            within = (inside.x0 <= left) & (far <= inside.x1) & (inside.y0 <= bottom) & (bottom <= top) & (top <= inside.y1)
+            chosen = np.flatnonzero(free & within)
+            chosen = chosen if chosen.size else np.flatnonzero(free)
+            if chosen.size:
+                j = int(chosen[0])
+                side, x, k = tries[j]
+                offset, extents = (x, y0 + k * LINE_PT), np.array([left[j], bottom[j], far[j], top[j]])
+            else:
+                side, offset, extents = ha, (x0, y0), np.asarray(box.extents, dtype=float)
             label.set_horizontalalignment(side)
             label.xyann = offset
-            placed.append(box)
+            x_low, x_high = sorted(extents[0::2])
+            y_low, y_high = sorted(extents[1::2])
+            placed = np.vstack([placed, [x_low, y_low, x_high, y_high]])
+
+
+def _overlaps_any(boxes: np.ndarray, placed: np.ndarray) -> np.ndarray:
+    """For each box (x0, y0, x1, y1), whether it overlaps any of ``placed`` (ordered extents): edges that touch
+    overlap, as in ``Bbox.overlaps``."""
+    x0, x1 = np.minimum(boxes[:, 0], boxes[:, 2])[:, None], np.maximum(boxes[:, 0], boxes[:, 2])[:, None]
+    y0, y1 = np.minimum(boxes[:, 1], boxes[:, 3])[:, None], np.maximum(boxes[:, 1], boxes[:, 3])[:, None]
+    hit = (x0 <= placed[:, 2]) & (placed[:, 0] <= x1) & (y0 <= placed[:, 3]) & (placed[:, 1] <= y1)
+    out: np.ndarray = hit.any(axis=1)
+    return out

@@ -29,6 +29,7 @@ from numpy.typing import ArrayLike
 from analysis.report.marks import POINT_PT, count_ticks, label_points, log_ticks, short, spread_labels
 from analysis.report.scaling import KNEE_MARGINAL_SPEEDUP
 from analysis.report.tables import settings_label
+from analysis.sweeps.records import rows_of
 
 RGBA = tuple[float, float, float, float]
 """A colour as matplotlib's colormaps give it."""
@@ -264,7 +265,7 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
         basis = str(front["cost_basis"].iloc[0])
         bases.add(basis)
         part = measured[measured["model"] == model]
-        for gpu, points in part.groupby("gpu", sort=True):
+        for gpu, points in part[["gpu", "time_to_train_days", basis]].groupby("gpu", sort=True):  # what is drawn
             ax.plot(
                 points["time_to_train_days"].astype(float),
                 points[basis].astype(float),
@@ -278,7 +279,7 @@ def plot_cost_vs_days(cells: pd.DataFrame, frontier: pd.DataFrame, path: Path) -
         named = part if len(part) <= MAX_LABELLED_POINTS else part[part["cell_id"].isin(front["cell_id"])]
         named_colours = [colours.get(str(g), (0.0, 0.0, 0.0, 1.0)) for g in named["gpu"]]
         label_points(ax, named["time_to_train_days"].astype(float), named[basis].astype(float),
-               [f"{n:g}× {short(settings_label(r))}" for n, r in zip(named["num_gpus"], named.to_dict("records"), strict=True)],
+               [f"{n:g}× {short(settings_label(r))}" for n, r in zip(named["num_gpus"], rows_of(named, named.columns), strict=True)],
                named_colours)  # fmt: skip
         _ring_nodes(ax, named["time_to_train_days"], named[basis], named["num_nodes"], named_colours)
         # The frontier as a staircase (everything above and right of it is beaten), its cells ringed so their
@@ -340,7 +341,8 @@ def plot_scaling(scaling: pd.DataFrame, path: Path, knee: float = KNEE_MARGINAL_
         part = scaling[scaling["model"] == model].assign(
             _n=lambda f: f["num_gpus"].astype(float), _eff=lambda f: f["scaling_efficiency"].astype(float)
         )
-        part = part.sort_values(["gpu", "sharding", "_n", "_eff"], ascending=[True, True, True, False])
+        drawn = [c for c in ("gpu", "sharding", "num_nodes", "knee_num_gpus", "_n", "_eff") if c in part.columns]
+        part = part[drawn].sort_values(["gpu", "sharding", "_n", "_eff"], ascending=[True, True, True, False])
         fastest = part.drop_duplicates(["gpu", "sharding", "_n"])
         # All lines of a panel as one collection, the points as one scatter per marker: a few artists per panel.
         segments, line_colours, line_styles = [], [], []

@@ -28,9 +28,10 @@ while it was timed."""
 _ASIDE_PREFIX = "record.attempt"
 
 
-def _record_files(sweep_dirs: Iterable[Path]) -> dict[str, list[tuple[str, Path]]]:
-    """(sweep, file) of every record of every cell, the kept one and those kept aside, by cell id."""
-    found: dict[str, list[tuple[str, Path]]] = {}
+def _record_files(sweep_dirs: Iterable[Path]) -> dict[str, list[tuple[str, str, str]]]:
+    """(sweep, cell folder, file name) of every record of every cell, the kept one and those kept aside, by cell id
+    (plain strings: a path is made only for the cells read again)."""
+    found: dict[str, list[tuple[str, str, str]]] = {}
     for sweep_dir in dict.fromkeys(Path(d) for d in sweep_dirs):
         paths = SweepPaths(sweep_dir)
         try:
@@ -43,7 +44,7 @@ def _record_files(sweep_dirs: Iterable[Path]) -> dict[str, list[tuple[str, Path]
             except OSError:
                 continue
             files = [n for n in names if n == RECORD_NAME or (n.startswith(_ASIDE_PREFIX) and n.endswith(".json"))]
-            found.setdefault(cell.name, []).extend((paths.root.name, Path(cell.path, n)) for n in sorted(files))
+            found.setdefault(cell.name, []).extend((paths.root.name, cell.path, n) for n in sorted(files))
     return found
 
 
@@ -54,7 +55,8 @@ def repeat_measurements(sweep_dirs: Iterable[Path]) -> pd.DataFrame:
     for cell_id, files in _record_files(sweep_dirs).items():
         if len(files) < 2:
             continue
-        for sweep, path in files:
+        for sweep, folder, name in files:
+            path = Path(folder, name)
             record = read_record(path, cell_id)
             if not isinstance(record, Record) or record.status.value not in MEASURED_FITS:
                 continue

@@ -293,7 +293,7 @@ def write_report(
 
 
 def _write_csv(frame: pd.DataFrame, path: Path) -> Path:
-    frame.to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
+    tables.floats_as_text(frame, CSV_FLOAT_FORMAT).to_csv(path, index=False, float_format=CSV_FLOAT_FORMAT)
     return path
 
 
