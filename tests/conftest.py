@@ -27,10 +27,20 @@ def lane(nodeid: str) -> str | None:
     return "slurm" if path in SLURM_FILES else "local"
 
 
+SHARED_COMPOSITIONS = {
+    "tests/unit/test_domains.py": "every shipped model on 8 A100s",
+    "tests/unit/analysis/test_predictor_models.py": "every shipped model on 8 A100s",
+}
+"""Unit test files that plan the same grid (every model in conf/model, ~40 Hydra compositions): on one worker,
+the second plans it from the compositions the first kept (:func:`compositions_kept_between_plans`)."""
+
+
 def scope(nodeid: str) -> str:
     """What one xdist worker runs whole: a lane, or a unit test file (so that its module fixtures, some of which
-    compose dozens of configs, are made once rather than on both workers)."""
-    return lane(nodeid) or nodeid.split("::", 1)[0]
+    compose dozens of configs, are made once rather than on both workers), or the files that compose the same
+    configs (:data:`SHARED_COMPOSITIONS`)."""
+    path = nodeid.split("::", 1)[0]
+    return lane(nodeid) or SHARED_COMPOSITIONS.get(path, path)
 
 
 @pytest.hookimpl(optionalhook=True)

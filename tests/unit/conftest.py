@@ -8,6 +8,7 @@ processes, which read ``OMP_NUM_THREADS`` and the cores they are given, not this
 
 from __future__ import annotations
 
+import inspect
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,6 +28,35 @@ except ImportError:  # pragma: no cover - torch is a dependency; the tests that 
 
 if torch is not None:
     torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def layout_searches_kept() -> Iterator[None]:
+    """The tests ask the layout search (``analysis.predict.layout_search.best_by_count``, a second or more each)
+    the same question many times: ``budget`` and ``shortest`` run at each terminal width and as JSON, the planners
+    and the commands over the same budget, the settling rounds of a compute-optimal size. The search reads nothing
+    but its arguments, so for the session a question asked before is answered from the first answer (fresh lists,
+    which callers may sort or extend); a test that patches what the search calls must ask a question of its own."""
+    from analysis.planners import shortest
+    from analysis.predict import layout_search
+
+    search = layout_search.best_by_count
+    signature = inspect.signature(search)
+    kept: dict[str, dict[int, list[Any]]] = {}
+
+    def remembered(*args: Any, **kwargs: Any) -> dict[int, list[Any]]:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        bound.arguments["counts"] = list(bound.arguments["counts"])  # a generator's repr is not its values
+        key = repr(sorted(bound.arguments.items()))
+        if key not in kept:
+            kept[key] = search(*bound.args, **bound.kwargs)
+        return {n: list(found) for n, found in kept[key].items()}
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(layout_search, "best_by_count", remembered)
+        patch.setattr(shortest, "best_by_count", remembered)
+        yield
 
 
 @pytest.fixture

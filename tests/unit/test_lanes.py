@@ -21,9 +21,12 @@ def test_unit_tests_belong_to_no_lane() -> None:
 
 
 def test_a_unit_test_file_runs_whole_on_one_worker_and_a_lane_whole_on_one() -> None:
+    assert scope("tests/unit/test_search.py::test_a[x-y]") == "tests/unit/test_search.py"
+    # The two files that plan every shipped model share one worker, and no other file's.
     assert (
         scope("tests/unit/analysis/test_predictor_models.py::test_a[x-y]")
-        == "tests/unit/analysis/test_predictor_models.py"
+        == scope("tests/unit/test_domains.py::test_b")
+        != scope("tests/unit/test_conf.py::test_b")
     )
     assert scope("tests/unit/test_search.py::test_b") != scope("tests/unit/test_sweep.py::test_b")
     assert (
