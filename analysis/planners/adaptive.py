@@ -114,7 +114,8 @@ def decide(
     done = answered(measured)
     measured_ids = set(done[done].index)
     calibration = _calibrate(measured, profiles)
-    detail = prediction_detail(grid, calibration)
+    x = inputs_from_columns({c: grid[c] for c in grid.columns}, len(grid))  # one reading, for both uses below
+    detail = prediction_detail(grid, calibration, inputs=x)
     ids = grid["cell_id"].astype(str).to_numpy()
     is_measured = np.array([i in measured_ids for i in ids])
     central = detail["step_time_s"].astype(float)
@@ -173,7 +174,7 @@ def decide(
         return decision
     rows = np.flatnonzero(known & fits)
     # Where each cell lies, for the distances its discrepancy grows with (as the predictor's own).
-    where = positions(inputs_from_columns({c: grid[c] for c in grid.columns}, len(grid)), detail["grad_accum_steps"])
+    where = positions(x, detail["grad_accum_steps"])
     candidates = Candidates(
         group=gpu[rows],
         weighted=weighted[rows],

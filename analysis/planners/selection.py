@@ -38,14 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.predict.discrepancy import (
-    GPU_RATE,
-    MICRO_STEP_RATE,
-    NODE_RATE,
-    SIZE_RATE,
-    Positions,
-    nearest_log_distance,
-)
+from analysis.predict.discrepancy import Positions, nearest_log_distance, rated_dimensions
 from analysis.predict.step_time import TERMS
 
 STARTUP_GPU_S = 30.0
@@ -137,13 +130,6 @@ def updated_covariance(cov: np.ndarray, v: np.ndarray, noise_var: float) -> np.n
     return out
 
 
-def _dimensions(positions: Positions) -> list[tuple[float, np.ndarray]]:
-    """The distance dimensions with a growth rate: (rate, each cell's value)."""
-    dims = ((GPU_RATE, positions.gpus), (NODE_RATE, positions.nodes), (SIZE_RATE, positions.params),
-            (MICRO_STEP_RATE, positions.micro_steps))  # fmt: skip
-    return [(rate, np.asarray(values, dtype=float)) for rate, values in dims if rate > 0]
-
-
 def distance_terms(c: Candidates, measured: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Each cell's distance variance given the ``measured`` cells of its GPU type, and for every unmeasured cell
     ``j`` how much measuring it would take off the other unmeasured cells' distance variances (every cell is as
@@ -160,7 +146,9 @@ def distance_terms(c: Candidates, measured: np.ndarray) -> tuple[np.ndarray, np.
         if not done.any():
             continue
         open_ = rows & ~measured
-        for rate, values in _dimensions(c.positions):
+        for rate, values in rated_dimensions(c.positions):
+            if rate <= 0:
+                continue
             near = nearest_log_distance(values, values[done])
             ok = open_ & np.isfinite(values) & (values > 0)
             if not ok.any():

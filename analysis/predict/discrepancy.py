@@ -139,18 +139,21 @@ def group_variance(
     return out
 
 
+def rated_dimensions(cells: Positions) -> list[tuple[float, np.ndarray]]:
+    """Each distance dimension's growth rate and the cells' values in it, in one order: GPU count, node count,
+    parameters, micro-steps."""
+    return [(GPU_RATE, cells.gpus), (NODE_RATE, cells.nodes), (SIZE_RATE, cells.params),
+            (MICRO_STEP_RATE, cells.micro_steps)]  # fmt: skip
+
+
 def distance_variance(cells: Positions, near: Neighbourhood | None) -> np.ndarray:
     """The distance terms' variance at each cell (the dimensions' rates times their log distances, squared and
     summed); with no neighbourhood at all, none."""
+    out = np.zeros(len(cells))
     if near is None or len(near.records) == 0:
-        return np.zeros(len(cells))
-    r = near.records
-    out: np.ndarray = (
-        (GPU_RATE * nearest_log_distance(cells.gpus, r.gpus)) ** 2
-        + (NODE_RATE * nearest_log_distance(cells.nodes, r.nodes)) ** 2
-        + (SIZE_RATE * nearest_log_distance(cells.params, r.params)) ** 2
-        + (MICRO_STEP_RATE * nearest_log_distance(cells.micro_steps, r.micro_steps)) ** 2
-    )
+        return out
+    for (rate, mine), (_, theirs) in zip(rated_dimensions(cells), rated_dimensions(near.records), strict=True):
+        out += (rate * nearest_log_distance(mine, theirs)) ** 2
     return out
 
 
@@ -172,5 +175,5 @@ def cell_sd(base: float, cells: Positions, near: Neighbourhood | None) -> np.nda
 
 __all__ = [
     "FAMILY_SD", "GPU_RATE", "METHOD_SD", "MICRO_STEP_RATE", "NODE_RATE", "SIZE_RATE", "Neighbourhood", "Positions", "cell_sd",
-    "distance_variance", "group_variance", "nearest_log_distance", "positions",
+    "distance_variance", "group_variance", "nearest_log_distance", "positions", "rated_dimensions",
 ]  # fmt: skip

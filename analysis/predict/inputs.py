@@ -332,7 +332,7 @@ def _object_array(values: list[ModelConfig | None]) -> np.ndarray:
     return out
 
 
-def _listed(values: Iterable[Any]) -> list[Any]:
+def _listed(values: Iterable[object]) -> list[object]:
     """A column's values as a list: a Series' ``tolist`` (the values its iteration gives, without boxing each one)."""
     return values.tolist() if isinstance(values, pd.Series) else list(values)
 

@@ -193,12 +193,13 @@ def _predict(
 
 
 def prediction_detail(
-    cells: pd.DataFrame, calibration: Calibration | None = None, profiles: Profiles = None
+    cells: pd.DataFrame, calibration: Calibration | None = None, profiles: Profiles = None, inputs: Inputs | None = None
 ) -> dict[str, np.ndarray]:
     """The predictor's arrays for every row of a cells table: each figure of :class:`Prediction` by name, the
     step-time ``terms`` (one row per cell, columns :data:`analysis.predict.step_time.TERMS`) and each cell's ``gpu``;
-    ``profiles``: a measured profile by GPU name (``gpudays profile``) whose links replace the cited defaults."""
-    x = inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
+    ``profiles``: a measured profile by GPU name (``gpudays profile``) whose links replace the cited defaults;
+    ``inputs``: the table's own (:func:`inputs_from_columns`) where the caller has them already."""
+    x = inputs if inputs is not None else inputs_from_columns({c: cells[c] for c in cells.columns}, len(cells))
     out = _predict(x, calibration, DEFAULT_MARGIN, profiles=profiles)
     out["gpu"] = x.gpu
     return out
