@@ -317,11 +317,15 @@ def optimal_for_budget(
     curve: list[LayoutEstimate] = []
     note = ""
     hours = grant.gpu_hours
+    sized: tuple[int, int] | None = None
     for _ in range(3):
         flops = hours * 3600.0 * rate
         n_opt, d_opt = compute_optimal(flops)
         batch = critical_batch_sequences(chinchilla_loss(n_opt, d_opt), seq_length)
         model = sized_model(n_opt, seq_length, vocab_size, batch)
+        if (num_parameters(model), batch) == sized:
+            break  # settled: the same model and batch give the same layouts, and so the same rate
+        sized = (num_parameters(model), batch)
         if grant.num_gpus is not None:
             est, note = fixed_count_layout(model, gpu, grant.num_gpus, batch, network, efficiency)
             curve = [est] if est else []

@@ -91,6 +91,25 @@ def test_sizes_and_sized_models() -> None:
         assert model.num_layers % 4 == 0
 
 
+def test_a_settled_model_size_is_planned_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Sizing repeats until the model settles; once a size comes back, its layouts (the same model, batch and
+    # GPUs) would be searched again for the same rate.
+    import analysis.planners.budget as budget
+
+    planned: list[tuple[int, int]] = []
+    curve = budget.scaling_curve
+
+    def counted(model: ModelConfig, *args: object, **kwargs: object) -> object:
+        planned.append((num_parameters(model), model.global_batch_size))
+        return curve(model, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(budget, "scaling_curve", counted)
+    a100 = _gpu("a100-80gb")
+    rows = optimal_for_budget(a100, parse_budget(gpu_hours=1e6), network_for(a100))
+    assert planned and len(planned) == len(set(planned)), planned
+    assert rows[0]["num_parameters"] == planned[-1][0]
+
+
 def test_one_million_a100_hours_is_sane() -> None:
     a100 = _gpu("a100-80gb")
     rows = optimal_for_budget(a100, parse_budget(gpu_hours=1e6), network_for(a100))
