@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -12,19 +13,36 @@ from orchestrator.planning import compose_cache
 from orchestrator.planning.plan import plan
 
 INTEGRATION = Path(__file__).parent / "integration"
-SLURM_FILES = frozenset(
-    f"tests/integration/{path.name}" for path in INTEGRATION.glob("test_*.py") if "mark.slurm" in path.read_text()
-)
-"""Integration test files with SLURM tests: they share one local cluster, and one kills a node another's job uses."""
+
+
+def _slurm_tests(path: Path) -> set[str]:
+    """The tests of an integration file that use the local SLURM cluster: "*" for all of them (the module's
+    ``pytestmark`` has ``slurm``), else the names of the test functions marked ``@pytest.mark.slurm``."""
+    tree = ast.parse(path.read_text())
+    for node in tree.body:
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets) and "slurm" in ast.unparse(node):
+            return {"*"}
+    return {
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.FunctionDef) and any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
+    }
+
+
+SLURM_TESTS = {f"tests/integration/{path.name}": _slurm_tests(path) for path in INTEGRATION.glob("test_*.py")}
+"""Integration tests that use SLURM, by file: they share one local cluster, and one kills a node another's job
+uses."""
 
 
 def lane(nodeid: str) -> str | None:
     """The lane an integration test runs in, one test at a time: ``slurm`` or ``local`` (DeepSpeed and FSDP on
     this machine's CPU, and local sweeps); None for a unit test, which may run anywhere, beside anything."""
-    path = nodeid.split("::", 1)[0]
+    path, _, name = nodeid.partition("::")
     if not path.startswith("tests/integration/"):
         return None
-    return "slurm" if path in SLURM_FILES else "local"
+    marked = SLURM_TESTS.get(path, set())
+    return "slurm" if "*" in marked or name.split("[", 1)[0] in marked else "local"
 
 
 SHARED_COMPOSITIONS = {

@@ -11,7 +11,8 @@
 - A small tmpfs, filled to within a few pages of full: ``sweep``, ``report`` and ``resume --only ok`` exit 5
   (naming the file) or succeed, and never leave a half-written file or move a record; once space is freed, the
   loop ends every cell ok.
-- A local cell's job left running by a killed gpudays is waited for before the next cell starts.
+
+A local cell's job left running by a killed gpudays: tests/integration/test_local_concurrency.py.
 
 Cells sleep a second (``probe.kind=sleep``); each case's cells have their own job names (``name=``), by which
 ``sacct`` tells its jobs from the others'.
@@ -423,31 +424,3 @@ def test_a_full_disk_never_leaves_a_half_written_file_and_exits_5(
     fill(small_disk, 1 << 30)
     one_job_per_attempt(slurm_cluster, paths, since_s, f"crash-disk{len(folders) - 1}")
     assert [s.state for s in status.cell_states(paths)] == [State.OK] * 3
-
-
-# ---- a local cell left running by a killed gpudays -------------------------------------------------------------
-
-
-def test_a_local_cell_left_running_by_a_killed_sweep_is_waited_for_before_the_next_starts(tmp_path: Path) -> None:
-    folder = tmp_path / "sweep"
-    paths = SweepPaths(folder)
-    args = ["sweep", "--dir", str(folder), "--no-report", "cluster=local", *SLEEP, "probe.sleep_s=12"]
-    # Killed right after the first cell's job started, before its process id was written: the job runs on.
-    cut = gpudays([*args, "model.seq_length=33,34"], fault="local-started", log=tmp_path / "killed.log")
-    assert cut.returncode == -signal.SIGKILL, cut.stdout + cut.stderr
-    states = {s.cell_id: s for s in status.cell_states(paths)}
-    (first,) = [c for c, s in states.items() if s.attempt == 1]
-    assert states[first].state is State.RUNNING, (states[first].state, states[first].reason)
-    (second,) = set(states) - {first}
-    assert states[second].state is State.NEW
-    resumed = gpudays(["resume", str(folder), "--wait", "--interval", "1"])
-    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
-    assert [s.state for s in status.cell_states(paths)] == [State.OK, State.OK]
-    records = {cid: read_record(paths.record(cid), cid) for cid in (first, second)}
-    assert all(isinstance(r, Record) and r.attempt == 1 for r in records.values()), records
-    ran_first, ran_second = records[first], records[second]
-    assert isinstance(ran_first, Record) and isinstance(ran_second, Record)
-    assert (ran_first.finished_at or "") <= (ran_second.started_at or ""), "the two cells ran side by side"
-    # The orphan was adopted with its process id, never started again.
-    assert [a.attempt for a in read_attempts(paths, first)] == [1]
-    assert read_attempts(paths, first)[0].job_id == str(ran_first.environment.get("job_id"))

@@ -1,17 +1,24 @@
 """Two commands on one sweep folder at once, on this machine (real processes, cluster=local, a probe that returns at
-once): each cell is submitted once, each failed cell rerun once, and the failed attempt's record is kept."""
+once): each cell is submitted once, each failed cell rerun once, and the failed attempt's record is kept. And a
+local cell's job left running by a killed gpudays is waited for before the next cell starts."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+from test_crash_safety import SLEEP, gpudays
+
 from orchestrator.cli import main as cli
 from orchestrator.store.attempts import read_attempts
 from orchestrator.store.paths import SweepPaths
+from orchestrator.store.record import Record, read_record
+from orchestrator.store.states import State
+from orchestrator.submission import status
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,7 +79,6 @@ def test_two_sweeps_at_once_into_one_folder_submit_each_cell_once(tmp_path: Path
 
 def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     # Exit 130 and `gpudays: error: interrupted`, then submitit's controller printed its KeyboardInterrupt traceback.
-    import signal
     import time
 
     sweep_dir = tmp_path / "s"
@@ -103,3 +109,28 @@ def test_ctrl_c_during_a_local_sweep_ends_with_one_line_and_no_traceback(tmp_pat
     record = json.loads(paths.record(cid).read_text())
     assert record["status"] == "cancelled", record
     assert record["reason"].startswith("interrupted (Ctrl-C: SIGINT at "), record["reason"]
+
+
+def test_a_local_cell_left_running_by_a_killed_sweep_is_waited_for_before_the_next_starts(tmp_path: Path) -> None:
+    folder = tmp_path / "sweep"
+    paths = SweepPaths(folder)
+    args = ["sweep", "--dir", str(folder), "--no-report", "cluster=local", *SLEEP, "probe.sleep_s=12"]
+    # Killed right after the first cell's job started, before its process id was written: the job runs on.
+    cut = gpudays([*args, "model.seq_length=33,34"], fault="local-started", log=tmp_path / "killed.log")
+    assert cut.returncode == -signal.SIGKILL, cut.stdout + cut.stderr
+    states = {s.cell_id: s for s in status.cell_states(paths)}
+    (first,) = [c for c, s in states.items() if s.attempt == 1]
+    assert states[first].state is State.RUNNING, (states[first].state, states[first].reason)
+    (second,) = set(states) - {first}
+    assert states[second].state is State.NEW
+    resumed = gpudays(["resume", str(folder), "--wait", "--interval", "1"])
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert [s.state for s in status.cell_states(paths)] == [State.OK, State.OK]
+    records = {cid: read_record(paths.record(cid), cid) for cid in (first, second)}
+    assert all(isinstance(r, Record) and r.attempt == 1 for r in records.values()), records
+    ran_first, ran_second = records[first], records[second]
+    assert isinstance(ran_first, Record) and isinstance(ran_second, Record)
+    assert (ran_first.finished_at or "") <= (ran_second.started_at or ""), "the two cells ran side by side"
+    # The orphan was adopted with its process id, never started again.
+    assert [a.attempt for a in read_attempts(paths, first)] == [1]
+    assert read_attempts(paths, first)[0].job_id == str(ran_first.environment.get("job_id"))

@@ -16,9 +16,11 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import forked_ranks
 import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
@@ -33,9 +35,11 @@ RUN_TIMEOUT_S = 300
 
 # A pythia-tiny whose activations dominate its memory (eager attention keeps the a*s^2 scores, fp32 doubles
 # everything): on one rank a trial at micro-batch 16 needs about 0.4 GiB above the resident set before the model
-# was built, 8 about 0.2-0.25, 4 about 0.15-0.18, 1 about 0.05 (measured on this machine kind). So 16 never fits
-# in 0.3 GiB and nothing in 0.01. Two ZeRO-2 ranks hold more each (DeepSpeed's buffers, gloo's): 4 about
-# 0.27-0.30, 2 about 0.19-0.21, 1 about 0.14-0.15 (measured), so 0.245 GiB parts 2 from 4 with room either side.
+# was built, 8 about 0.2-0.25, 4 about 0.15-0.18, 1 about 0.05-0.09 (measured on this machine kind), and building
+# the model 0.009-0.014 (the more in a forked rank, which faults its libraries' pages in again). So 16 never fits
+# in 0.3 GiB, and in 0.03 the model builds but nothing trains. Two ZeRO-2 ranks hold more each (DeepSpeed's
+# buffers, gloo's): 4 about 0.27-0.30, 2 about 0.19-0.21, 1 about 0.14-0.15 (measured), so 0.245 GiB parts 2 from
+# 4 with room either side.
 MEMORY_HUNGRY = ["model.seq_length=512", "method.attention=eager", "method.precision=fp32"]
 
 
@@ -64,11 +68,16 @@ def run_probe_ranks(
     ranks: list[int] | None = None,
     env: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """Run ``ranks`` (default: all) of a ``world_size``-rank probe as separate processes; their results."""
+    """Run ``ranks`` (default: all) of a ``world_size``-rank probe, each its own process; their results.
+
+    The ranks are forked from a process that has imported torch and transformers (``forked_ranks``), unless
+    ``env`` adds more than the ranks' own variables: then each is a fresh ``python -m orchestrator.job.by_hand``.
+    """
     cell_yaml = tmp_path / "cell.yaml"
     OmegaConf.save(OmegaConf.create(cell), cell_yaml)
     port = str(_free_port())
-    procs = []
+    fresh = bool(set(env or {}) - RANK_VARIABLES)
+    procs: list[tuple[int, Path, Path, Any]] = []
     for rank in ranks if ranks is not None else range(world_size):
         rank_env = {
             **os.environ,
@@ -82,24 +91,43 @@ def run_probe_ranks(
             "OMP_NUM_THREADS": "1",
             **(env or {}),
         }
-        out = tmp_path / f"rank{rank}.json"
-        log = open(tmp_path / f"rank{rank}.log", "w")  # noqa: SIM115 - closed below
-        cmd = [sys.executable, "-m", "orchestrator.job.by_hand", str(cell_yaml), "--out", str(out)]
-        procs.append((rank, out, log, subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=log, stderr=log)))
+        out, log = tmp_path / f"rank{rank}.json", tmp_path / f"rank{rank}.log"
+        argv = [str(cell_yaml), "--out", str(out)]
+        if fresh:
+            with open(log, "w") as stream:
+                cmd = [sys.executable, "-m", "orchestrator.job.by_hand", *argv]
+                proc: Any = subprocess.Popen(cmd, cwd=REPO, env=rank_env, stdout=stream, stderr=stream)
+        else:
+            proc = forked_ranks.start_rank(argv, rank_env, str(REPO), str(log))
+        procs.append((rank, out, log, proc))
+    deadline = time.monotonic() + RUN_TIMEOUT_S
     results = []
     for rank, out, log, proc in procs:
-        try:
-            proc.wait(timeout=RUN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
+        if not _ended(proc, deadline - time.monotonic()):
             for *_, other in procs:
                 other.kill()
-            pytest.fail(f"rank {rank} still running after {RUN_TIMEOUT_S} s; log: {log.name}")
-        finally:
-            log.close()
-        tail = (tmp_path / f"rank{rank}.log").read_text()[-3000:]
-        assert out.exists(), f"rank {rank} wrote no result (exit {proc.returncode}):\n{tail}"
+            pytest.fail(f"rank {rank} still running after {RUN_TIMEOUT_S} s; log: {log}")
+        tail = log.read_text()[-3000:]
+        code = proc.returncode if fresh else proc.exitcode
+        assert out.exists(), f"rank {rank} wrote no result (exit {code}):\n{tail}"
         results.append(json.loads(out.read_text()))
     return results
+
+
+RANK_VARIABLES = frozenset({"LOCAL_WORLD_SIZE"})
+"""What ``env`` may set and still run forked ranks: a rank's own place, read when the probe starts."""
+
+
+def _ended(proc: Any, timeout_s: float) -> bool:
+    """Whether a rank (a Popen or a forked Process) ended within ``timeout_s``."""
+    if isinstance(proc, subprocess.Popen):
+        try:
+            proc.wait(timeout=max(0.0, timeout_s))
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+    proc.join(max(0.0, timeout_s))
+    return proc.exitcode is not None
 
 
 def assert_measured(result: dict[str, Any], cell: dict[str, Any]) -> dict[str, Any]:
@@ -258,12 +286,12 @@ def test_fp16_on_a_cpu_without_it_is_refused_in_one_line(tmp_path: Path) -> None
 
 
 def test_auto_micro_batch_when_nothing_fits_is_a_result(tmp_path: Path) -> None:
-    cell = compose_cell("method.micro_batch_size=auto", "probe.memory_limit_gib=0.01", *MEMORY_HUNGRY)
+    cell = compose_cell("method.micro_batch_size=auto", "probe.memory_limit_gib=0.03", *MEMORY_HUNGRY)
     (result,) = run_probe_ranks(cell, tmp_path)
     assert result["status"] == "does_not_fit", (result["reason"], result["traceback"])
     assert result["traceback"] is None
     m = result["metrics"]
-    assert m["micro_batch_size"] == 1 and "1" in result["reason"] and "memory_limit_gib=0.01" in result["reason"]
+    assert m["micro_batch_size"] == 1 and "1" in result["reason"] and "memory_limit_gib=0.03" in result["reason"]
     assert [t["outcome"] for t in m["search_tried"]] == ["oom"] * len(m["search_tried"])
     assert min(t["micro_batch_size"] for t in m["search_tried"]) == 1
     assert "step_time_s" not in m

@@ -2,17 +2,32 @@
 
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
-from tests.conftest import SLURM_FILES, lane, scope
+from tests.conftest import SLURM_TESTS, lane, scope
+
+INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 
-def test_every_integration_file_with_slurm_tests_is_in_the_slurm_lane() -> None:
-    integration = Path(__file__).resolve().parents[1] / "integration"
-    for path in integration.glob("test_*.py"):
-        expected = "slurm" if "pytest.mark.slurm" in path.read_text() else "local"
-        assert lane(f"tests/integration/{path.name}::test_x[a@b]") == expected, path.name
-    assert {"tests/integration/test_soak.py", "tests/integration/test_slurm_sweep.py"} <= SLURM_FILES
+def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
+    for path in INTEGRATION.glob("test_*.py"):
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+                uses = "slurm_cluster" in [a.arg for a in node.args.args]
+                marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
+                whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
+                expected = "slurm" if whole or uses or marked else "local"
+                assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
+    assert {"*"} == SLURM_TESTS["tests/integration/test_soak.py"] == SLURM_TESTS["tests/integration/test_faults.py"]
+
+
+def test_a_files_local_tests_leave_the_slurm_lane() -> None:
+    # One file, an adaptive sweep on this machine and one on the cluster: only the second waits for SLURM's turn.
+    adaptive = "tests/integration/test_adaptive_sweep.py::test_an_adaptive_sweep_"
+    assert lane(adaptive + "here_runs_its_rounds_to_the_end") == "local"
+    assert lane(adaptive + "on_slurm_submits_a_round_and_resume_goes_on") == "slurm"
 
 
 def test_unit_tests_belong_to_no_lane() -> None:
