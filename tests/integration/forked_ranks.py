@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
+from unittest import mock
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "transformers", "transformers.modeling_utils"]
 """What every rank imports before it reads its cell, whichever the engine and model."""
@@ -36,16 +37,8 @@ def _server() -> ForkServerContext:
     if _context is None:
         context = multiprocessing.get_context("forkserver")
         context.set_forkserver_preload(PRELOAD)
-        saved = {key: os.environ.get(key) for key in SERVER_ENV}
-        os.environ.update(SERVER_ENV)
-        try:
+        with mock.patch.dict(os.environ, SERVER_ENV):
             forkserver.ensure_running()
-        finally:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
         _context = context
     return _context
 
