@@ -27,8 +27,14 @@ def say(message: str) -> None:
 
 
 def rendezvous(job_id: str, hostnames: list[str]) -> tuple[str, int]:
-    """Address and port of rank 0, from the scheduler's environment."""
+    """Address and port of rank 0, from the scheduler's environment.
+
+    The port comes from SLURM_JOB_ID where SLURM sets it: one number per job and per array task, the same in every
+    task of the job, and different for any two jobs that share a node. submitit's ``job_id`` (``ARRAY_TASK`` for
+    an array task) is the fallback: its digits run together, so task 3 of array 12 would take job 123's port.
+    """
     address = os.environ.get("SLURM_LAUNCH_NODE_IPADDR") or (hostnames[0] if hostnames else "127.0.0.1")
+    job_id = os.environ.get("SLURM_JOB_ID") or job_id
     digits = "".join(ch for ch in job_id if ch.isdigit()) or "0"
     return address, PORT_BASE + int(digits) % PORT_SPAN
 
