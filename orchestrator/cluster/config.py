@@ -17,6 +17,9 @@ from orchestrator.cluster.ports import ClusterPorts
 
 TEMPLATES_DIR = Path(__file__).resolve().parent / "templates"
 
+MAX_JOB_ID = 67_043_328
+"""SLURM's default MaxJobId (0x03ff0000), also the largest it accepts."""
+
 
 @dataclass(frozen=True)
 class AccountingDatabase:
@@ -52,6 +55,10 @@ class ClusterSpec:
     gpus_per_node: int = 4
     max_array_size: int = 1001
     """SLURM's MaxArraySize: array indexes go from 0 to max_array_size - 1."""
+    job_ids: tuple[int, int] = (1, MAX_JOB_ID)
+    """The first and the last job id (SLURM's FirstJobId and MaxJobId; past the last, ids start again at the
+    first). Clusters that share a host get ranges of their own, so that no job id, and no rendezvous port derived
+    from one (``orchestrator.job.env.rendezvous``), is in use on two at once."""
     kill_wait_s: int = 2
     """Seconds between SIGTERM and SIGKILL at a time limit (SLURM's default is 30)."""
     slurmd_timeout_s: int = 20
@@ -69,6 +76,9 @@ class ClusterSpec:
             raise ValueError(f"the cluster's ports must be distinct, got {self.ports}")
         if not 1 <= self.max_array_size <= 4_000_001:
             raise ValueError(f"max_array_size must be between 1 and 4000001, got {self.max_array_size}")
+        first, last = self.job_ids
+        if not 1 <= first < last <= MAX_JOB_ID:
+            raise ValueError(f"job_ids must be a range (first, last) inside 1..{MAX_JOB_ID}, got {self.job_ids}")
         if self.gpus_per_node < 1:
             raise ValueError(f"gpus_per_node must be at least 1, got {self.gpus_per_node}")
         object.__setattr__(self, "node_names", node_names(self.num_nodes))

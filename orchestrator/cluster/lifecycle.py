@@ -18,6 +18,7 @@ from filelock import FileLock
 import orchestrator.cluster.processes as processes
 from orchestrator.cluster.client import SlurmClient
 from orchestrator.cluster.config import (
+    MAX_JOB_ID,
     ClusterSpec,
     node_names,
     render_gres_conf,
@@ -43,11 +44,15 @@ class LocalCluster:
     mknod); SLURM's commands, and submitit, find the cluster through the variables of :meth:`env`.
     """
 
-    def __init__(self, state_dir: Path | str | None = None, num_nodes: int = 2) -> None:
+    def __init__(
+        self, state_dir: Path | str | None = None, num_nodes: int = 2, job_ids: tuple[int, int] = (1, MAX_JOB_ID)
+    ) -> None:
         if state_dir is None:
             state_dir = os.environ.get(STATE_DIR_ENV) or DEFAULT_STATE_DIR
         self.layout = ClusterLayout(Path(state_dir))
         self.node_names = node_names(num_nodes)
+        self.job_ids = job_ids
+        """Its jobs' ids (:attr:`ClusterSpec.job_ids`): clusters sharing this host get ranges of their own."""
         self.client = SlurmClient(self.layout)
         self._daemons = DaemonSet(self.layout, self.client)
 
@@ -232,6 +237,7 @@ class LocalCluster:
             num_nodes=len(self.node_names),
             max_array_size=max_array_size,
             real_memory_mib=processes.host_memory_mib(),
+            job_ids=self.job_ids,
         )
         write_text_atomic(paths.slurm_conf, render_slurm_conf(spec))
         write_text_atomic(paths.gres_conf, render_gres_conf(spec))

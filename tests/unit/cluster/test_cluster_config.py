@@ -144,6 +144,19 @@ def test_spec_rejects_inconsistent_ports_and_nodes(ports: ClusterPorts, num_node
         make_spec(ports=ports, num_nodes=num_nodes)
 
 
+def test_job_ids_stay_in_the_clusters_own_range() -> None:
+    conf = settings(render_slurm_conf(make_spec()))
+    assert (conf["FirstJobId"], conf["MaxJobId"]) == ("1", "67043328")
+    conf = settings(render_slurm_conf(make_spec(job_ids=(4001, 8000))))
+    assert (conf["FirstJobId"], conf["MaxJobId"]) == ("4001", "8000")
+
+
+@pytest.mark.parametrize("job_ids", [(0, 10), (10, 10), (10, 5), (1, 67_043_329)])
+def test_spec_rejects_a_job_id_range_slurm_does_not_accept(job_ids: tuple[int, int]) -> None:
+    with pytest.raises(ValueError, match="job_ids"):
+        make_spec(job_ids=job_ids)
+
+
 def test_spec_rejects_a_max_array_size_slurm_does_not_accept() -> None:
     with pytest.raises(ValueError, match="max_array_size"):
         make_spec(max_array_size=0)
