@@ -31,18 +31,36 @@ def _slurm_tests(path: Path) -> set[str]:
 
 
 SLURM_TESTS = {f"tests/integration/{path.name}": _slurm_tests(path) for path in INTEGRATION.glob("test_*.py")}
-"""Integration tests that use SLURM, by file: they share one local cluster, and one kills a node another's job
-uses."""
+"""Integration tests that use SLURM, by file: a lane's tests share one local cluster, and one kills a node another's
+job uses."""
+
+FAULT_FILES = frozenset(
+    f"tests/integration/{name}"
+    for name in (
+        "test_crash_safety.py",
+        "test_faults.py",
+        "test_lifecycle.py",
+        "test_cluster.py",
+        "test_slurm_states.py",
+    )
+)
+"""The SLURM tests of lane ``slurm-faults``: they kill submitters, daemons and nodes, and spend most of their time
+waiting for SLURM's timeouts. The other SLURM tests (sweeps, the engines across nodes, site limits) are lane
+``slurm``. The two lanes take about the same time, and each runs on a cluster of its own
+(tests/integration/conftest.py), so that one's faults never reach the other's jobs."""
 
 
 def lane(nodeid: str) -> str | None:
-    """The lane an integration test runs in, one test at a time: ``slurm`` or ``local`` (DeepSpeed and FSDP on
-    this machine's CPU, and local sweeps); None for a unit test, which may run anywhere, beside anything."""
+    """The lane an integration test runs in, one test at a time: ``slurm-faults`` or ``slurm`` (each on its own
+    local cluster) or ``local`` (DeepSpeed and FSDP on this machine's CPU, and local sweeps); None for a unit test,
+    which may run anywhere, beside anything."""
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/integration/"):
         return None
     marked = SLURM_TESTS.get(path, set())
-    return "slurm" if "*" in marked or name.split("[", 1)[0] in marked else "local"
+    if "*" in marked or name.split("[", 1)[0] in marked:
+        return "slurm-faults" if path in FAULT_FILES else "slurm"
+    return "local"
 
 
 SHARED_COMPOSITIONS = {
@@ -63,8 +81,12 @@ def scope(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on
-    either (:func:`scope`).
+    """With ``-n 3``: each lane whole on one worker, its tests one after another; each unit test file whole on
+    any (:func:`scope`).
+
+    Scopes go out in the order they are collected, not xdist's largest first: tests/integration is collected
+    before tests/unit, so the three lanes, the suite's longest scopes, start at once on the three workers, and
+    the unit test files fill in behind them.
 
     xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,
     and pytest 9.2 builds node ids without it, so grouped tests spread over both workers.
@@ -75,6 +97,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return scope(nodeid)
 
+    config.option.loadscopereorder = False
     return LaneScheduling(config, log)
 
 

@@ -1,16 +1,17 @@
-"""The suite's two lanes on two xdist workers (tests/conftest.py): SLURM tests never beside each other."""
+"""The suite's three lanes on three xdist workers (tests/conftest.py): SLURM tests never beside each other on
+one cluster."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from tests.conftest import SLURM_TESTS, lane, scope
+from tests.conftest import FAULT_FILES, SLURM_TESTS, lane, scope
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 
-def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
+def test_every_test_that_uses_the_cluster_is_in_a_slurm_lane() -> None:
     for path in INTEGRATION.glob("test_*.py"):
         tree = ast.parse(path.read_text())
         for node in tree.body:
@@ -18,9 +19,18 @@ def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
                 uses = "slurm_cluster" in [a.arg for a in node.args.args]
                 marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
                 whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
-                expected = "slurm" if whole or uses or marked else "local"
+                slurm = "slurm-faults" if f"tests/integration/{path.name}" in FAULT_FILES else "slurm"
+                expected = slurm if whole or uses or marked else "local"
                 assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
     assert {"*"} == SLURM_TESTS["tests/integration/test_soak.py"] == SLURM_TESTS["tests/integration/test_faults.py"]
+
+
+def test_the_fault_lane_holds_whole_slurm_files_that_exist() -> None:
+    # A renamed file would silently move its tests to the other SLURM lane.
+    for path in FAULT_FILES:
+        assert SLURM_TESTS[path] == {"*"}, path
+    assert lane("tests/integration/test_faults.py::test_status_tells_each_fault_apart") == "slurm-faults"
+    assert lane("tests/integration/test_slurm_sweep.py::test_sweep_of_five_cells_with_a_two_node_cell") == "slurm"
 
 
 def test_a_files_local_tests_leave_the_slurm_lane() -> None:
