@@ -274,7 +274,9 @@ def test_a_torn_attempt_line_links_stray_entries_and_a_fifo_record_are_named_and
     since_s, name = time.time() - 1, "crash-damaged"
     folder = tmp_path / "sweep"
     paths = SweepPaths(folder)
-    done = gpudays(sweep_args(folder, name, "probe.sleep_s=6", "cluster.max_array_size=3"))
+    # The cells sleep 20 s: `status --check` below must find the torn cell's job still pending or running, after
+    # two commands' start-up on a busy machine (6 s was once not enough: every cell had ended).
+    done = gpudays(sweep_args(folder, name, "probe.sleep_s=20", "cluster.max_array_size=3"))
     assert done.returncode == 0, done.stdout + done.stderr
     torn, linked, fifo = paths.cell_ids()
     # A resume killed mid-way through writing attempt 2's intent (never submitted: sbatch comes after it).

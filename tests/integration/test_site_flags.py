@@ -245,10 +245,11 @@ def test_cells_sharing_a_node_are_recorded_and_flagged_by_the_report(
     slurm_cluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     sweep_dir = tmp_path / "shared"
+    # Each cell sleeps 15 s, so that the two overlap even when one job's start-up is slow on a busy machine.
     code = cli.main(
         [
             "sweep", "-m", "--dir", str(sweep_dir), "cluster=slurm", "model=pythia-tiny", "gpu=cpu",
-            "probe.kind=sleep", "probe.sleep_s=6", "model.seq_length=32,33", "cluster.cpus_per_gpu=1",
+            "probe.kind=sleep", "probe.sleep_s=15", "model.seq_length=32,33", "cluster.cpus_per_gpu=1",
             "cluster.time_limit_min=5", "cluster.exclusive=false", "+cluster.sbatch_extra.nodelist=node1", "--wait",
         ]
     )  # fmt: skip

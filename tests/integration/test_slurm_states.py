@@ -74,7 +74,8 @@ def test_a_pending_cell_says_why_and_resume_wait_waits_for_the_cell_it_released(
     slurm_cluster: LocalCluster, tmp_path: Path, capsys
 ) -> None:
     sweep_dir = tmp_path / "released"
-    args = ["--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=3", "cluster.array_parallelism=1"]
+    # The first cell sleeps 10 s: the second, behind it, stays pending long enough to be seen on a busy machine.
+    args = ["--dir", str(sweep_dir), "--no-report", *COMMON, "probe.sleep_s=10", "cluster.array_parallelism=1"]
     assert cli.main(["sweep", *args, "model.seq_length=90,91"]) == 0
     paths = SweepPaths(sweep_dir)
     # status showed no reason where squeue said (JobArrayTaskLimit), (Resources) or (Priority).
