@@ -31,38 +31,19 @@ def _slurm_tests(path: Path) -> set[str]:
 
 
 SLURM_TESTS = {f"tests/integration/{path.name}": _slurm_tests(path) for path in INTEGRATION.glob("test_*.py")}
-"""Integration tests that use SLURM, by file: a lane's tests share one local cluster, and one kills a node another's
-job uses."""
-
-
-def _files(*names: str) -> frozenset[str]:
-    return frozenset(f"tests/integration/{name}" for name in names)
-
-
-FAULT_FILES = _files(
-    "test_crash_safety.py", "test_faults.py", "test_lifecycle.py", "test_cluster.py", "test_slurm_states.py"
-)
-"""The SLURM tests of lane ``slurm-faults``: they kill submitters, daemons and nodes, and spend most of their time
-waiting for SLURM's timeouts. The other SLURM tests (sweeps, the engines across nodes, site limits) are lane
-``slurm``. Each of the two runs on a cluster of its own (tests/integration/conftest.py), so that one's faults never
-reach the other's jobs."""
-
-LOCAL_SWEEP_FILES = _files("test_local_sweep.py", "test_local_concurrency.py", "test_adaptive_sweep.py")
-"""The local tests of lane ``local-sweeps``: whole sweeps on this machine, each cell a fresh job. The other local
-tests (the probe on DeepSpeed, FSDP and mesh3d, one cell at a time) are lane ``local``."""
+"""Integration tests that use SLURM, by file: they share one local cluster, and one kills a node another's job
+uses."""
 
 
 def lane(nodeid: str) -> str | None:
-    """The lane an integration test runs in, one test at a time: ``slurm-faults`` or ``slurm`` (each on its own
-    local cluster), ``local-sweeps`` or ``local`` (this machine's CPU); None for a unit test, which may run
-    anywhere, beside anything. The four lanes take about the same time."""
+    """The lane an integration test runs in, one test at a time: ``slurm`` (on this worker's local cluster) or
+    ``local`` (DeepSpeed and FSDP on this machine's CPU, and local sweeps); None for a unit test, which may run
+    anywhere, beside anything."""
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/integration/"):
         return None
     marked = SLURM_TESTS.get(path, set())
-    if "*" in marked or name.split("[", 1)[0] in marked:
-        return "slurm-faults" if path in FAULT_FILES else "slurm"
-    return "local-sweeps" if path in LOCAL_SWEEP_FILES else "local"
+    return "slurm" if "*" in marked or name.split("[", 1)[0] in marked else "local"
 
 
 SHARED_COMPOSITIONS = {
@@ -83,11 +64,11 @@ def scope(nodeid: str) -> str:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``-n 4``: each lane whole on one worker, its tests one after another; each unit test file whole on
+    """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on
     any (:func:`scope`).
 
     Scopes go out in the order they are collected, not xdist's largest first: tests/integration is collected
-    before tests/unit, so the four lanes, the suite's longest scopes, start at once on the four workers, and
+    before tests/unit, so the two lanes, the suite's longest scopes, start at once on the two workers, and
     the unit test files fill in behind them.
 
     xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,

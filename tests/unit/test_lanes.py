@@ -1,17 +1,16 @@
-"""The suite's four lanes on four xdist workers (tests/conftest.py): SLURM tests never beside each other on
-one cluster."""
+"""The suite's two lanes on two xdist workers (tests/conftest.py): SLURM tests never beside each other."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from tests.conftest import FAULT_FILES, LOCAL_SWEEP_FILES, SLURM_TESTS, lane, scope
+from tests.conftest import SLURM_TESTS, lane, scope
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 
-def test_every_test_that_uses_the_cluster_is_in_a_slurm_lane() -> None:
+def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
     for path in INTEGRATION.glob("test_*.py"):
         tree = ast.parse(path.read_text())
         for node in tree.body:
@@ -19,28 +18,15 @@ def test_every_test_that_uses_the_cluster_is_in_a_slurm_lane() -> None:
                 uses = "slurm_cluster" in [a.arg for a in node.args.args]
                 marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
                 whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
-                name = f"tests/integration/{path.name}"
-                slurm = "slurm-faults" if name in FAULT_FILES else "slurm"
-                local = "local-sweeps" if name in LOCAL_SWEEP_FILES else "local"
-                expected = slurm if whole or uses or marked else local
+                expected = "slurm" if whole or uses or marked else "local"
                 assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
     assert {"*"} == SLURM_TESTS["tests/integration/test_soak.py"] == SLURM_TESTS["tests/integration/test_faults.py"]
-
-
-def test_the_fault_lane_holds_whole_slurm_files_that_exist() -> None:
-    # A renamed file would silently move its tests to the other SLURM lane.
-    for path in FAULT_FILES:
-        assert SLURM_TESTS[path] == {"*"}, path
-    for path in LOCAL_SWEEP_FILES:
-        assert path in SLURM_TESTS and SLURM_TESTS[path] != {"*"}, path
-    assert lane("tests/integration/test_faults.py::test_status_tells_each_fault_apart") == "slurm-faults"
-    assert lane("tests/integration/test_slurm_sweep.py::test_sweep_of_five_cells_with_a_two_node_cell") == "slurm"
 
 
 def test_a_files_local_tests_leave_the_slurm_lane() -> None:
     # One file, an adaptive sweep on this machine and one on the cluster: only the second waits for SLURM's turn.
     adaptive = "tests/integration/test_adaptive_sweep.py::test_an_adaptive_sweep_"
-    assert lane(adaptive + "here_runs_its_rounds_to_the_end") == "local-sweeps"
+    assert lane(adaptive + "here_runs_its_rounds_to_the_end") == "local"
     assert lane(adaptive + "on_slurm_submits_a_round_and_resume_goes_on") == "slurm"
 
 
