@@ -52,7 +52,9 @@ def watch(seen: dict[tuple[int, float], list[object]], since: float, stop: threa
                 continue
             key, cpu_s = (info["pid"], info["create_time"]), info["cpu_times"].user + info["cpu_times"].system
             if key not in seen:
-                seen[key] = [kind(" ".join(info["cmdline"] or [])), 0.0, cpu_s if info["create_time"] < since else 0.0]
+                seen[key] = ["", 0.0, cpu_s if info["create_time"] < since else 0.0]
+            # The kind at every look: a child seen between its fork and its exec still has its parent's command.
+            seen[key][0] = kind(" ".join(info["cmdline"] or []))
             seen[key][1] = cpu_s - float(seen[key][2])  # type: ignore[arg-type]
         stop.wait(0.5)
 
