@@ -65,7 +65,7 @@ def scope(nodeid: str) -> str:
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on
-    any (:func:`scope`).
+    either (:func:`scope`).
 
     Scopes go out in the order they are collected, not xdist's largest first: tests/integration is collected
     before tests/unit, so the two lanes, the suite's longest scopes, start at once on the two workers, and

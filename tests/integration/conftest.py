@@ -36,8 +36,8 @@ def require_slurm_packages() -> None:
 
 def worker_cluster() -> LocalCluster:
     """The cluster of this test process: ``$GPUDAYS_CLUSTER_DIR`` (default /tmp/gpudays-cluster) in one process;
-    under pytest-xdist, one of its own per worker (``...-gw0``, ``...-gw1``), as two SLURM lanes run at once and a
-    test that kills a node must not reach the other lane's jobs.
+    under pytest-xdist, one of its own per worker (``...-gw0``, ``...-gw1``), so that SLURM tests on two workers
+    at once never share a cluster: a test that kills a node must not reach another's jobs.
 
     Each worker's cluster also has a range of job ids of its own: every cluster runs its jobs on this one host,
     and rank 0's port comes from the job id (``orchestrator.job.env.rendezvous``), so two clusters handing out

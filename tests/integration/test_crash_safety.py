@@ -20,7 +20,6 @@ Cells sleep a second (``probe.kind=sleep``); each case's cells have their own jo
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -35,6 +34,7 @@ from types import ModuleType
 
 import pytest
 import yaml
+from benchmark_loader import load_benchmark
 from waiting import wait_until
 
 from orchestrator.cluster import LocalCluster
@@ -62,14 +62,7 @@ UNTIL_LOOP = (
 
 def load_soak() -> ModuleType:
     """benchmarks/soak.py, whose check_jobs counts each attempt's jobs in sacct."""
-    if "soak" in sys.modules:
-        return sys.modules["soak"]
-    spec = importlib.util.spec_from_file_location("soak", REPO / "benchmarks" / "soak.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("soak")
 
 
 def gpudays(

@@ -2,22 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
-BENCHMARK = Path(__file__).resolve().parents[2] / "benchmarks" / "report_10k.py"
+from benchmark_loader import load_benchmark
 
 
 @pytest.mark.benchmark
 def test_report_over_ten_thousand_records(tmp_path: Path, record_property: Callable[[str, object], None]) -> None:
-    spec = importlib.util.spec_from_file_location("report_10k", BENCHMARK)
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_benchmark("report_10k")
 
     sweep = tmp_path / "sweep"
     bench.generate(sweep, 10_000)

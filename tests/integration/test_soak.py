@@ -4,28 +4,20 @@ with one job per attempt. ``benchmarks/soak.py`` is the full size."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import tempfile
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+from benchmark_loader import load_benchmark
 
 from orchestrator.cluster import LocalCluster
 
 pytestmark = pytest.mark.slurm
 
-SOAK = Path(__file__).resolve().parents[2] / "benchmarks" / "soak.py"
-
 
 def load_soak() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("soak", SOAK)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["soak"] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("soak")
 
 
 def test_a_sweep_under_faults_ends_with_every_cell_ok_once(slurm_cluster: LocalCluster) -> None:

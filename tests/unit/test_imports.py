@@ -11,6 +11,7 @@ import importlib.util
 import pkgutil
 
 import pytest
+from benchmark_loader import load_benchmark
 
 import analysis
 import orchestrator
@@ -29,13 +30,7 @@ def test_module_imports(name: str) -> None:
 
 
 def test_the_submission_benchmark_says_when_the_launcher_it_compares_against_is_missing() -> None:
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "submit_1000.py"
-    spec = importlib.util.spec_from_file_location("submit_1000", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_benchmark("submit_1000")
     # With no hydra_plugins package installed, importlib's find_spec raises instead of answering None.
     assert module._launcher_installed() is (importlib.util.find_spec("hydra_plugins") is not None)
 

@@ -3,25 +3,16 @@ and its scoring is right on a small row made up here (no planning: fast)."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "published_runs.py"
+from benchmark_loader import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("published_runs", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("published_runs")
 
 
 def test_the_table_parses_and_every_row_has_a_source_and_its_kind(bench: ModuleType) -> None:

@@ -2,23 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
-
-PATH = Path(__file__).resolve().parents[2] / "benchmarks" / "suite_cpu.py"
+from benchmark_loader import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("suite_cpu", PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("suite_cpu")
 
 
 def test_each_kind_of_process_is_named(bench: ModuleType) -> None:
