@@ -24,6 +24,7 @@ against the steps' own. The summary gives the share within ±30%, the median
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import statistics
 import sys
@@ -139,6 +140,22 @@ def published_gpu_hours(run: Run, flops_per_token: float) -> float:
     if run.figure == "step_s":
         return run.train_steps * run.value * run.num_gpus / 3600.0
     raise ValueError(f"{run.id}: unknown figure {run.figure!r}")
+
+
+def mfu(run: Run, gpu_hours: float, flops_per_token: float, peak_tflops: float) -> float:
+    """The model-FLOPs utilisation ``gpu_hours`` imply for the run's tokens: model FLOPs (the project's count per
+    token, times the tokens) over the GPU-seconds at the GPU's dense 16-bit peak. Of a wall-clock figure it is the
+    effective one, restarts and evaluations included."""
+    return run.tokens * flops_per_token / (gpu_hours * 3600.0 * peak_tflops * 1e12)
+
+
+@functools.cache
+def dense_peak_tflops(gpu: str) -> float:
+    """The GPU's dense bf16 peak (fp16 where it has no bf16), from its conf/gpu file; NaN where it has neither."""
+    from analysis.sweeps.catalog import Catalog
+
+    conf = Catalog.load().gpus[gpu]
+    return _float(conf.get("peak_tflops_bf16") or conf.get("peak_tflops_fp16"))
 
 
 @dataclass(frozen=True)
@@ -295,6 +312,16 @@ class Row:
     """The published figure as GPU-hours."""
     answer: Answer
     layout: Answer | None
+    flops_per_token: float = math.nan
+    """The model's FLOPs per token (:func:`orchestrator.models.flops_per_token`), for :meth:`mfus`."""
+
+    def mfus(self) -> tuple[float, float]:
+        """The model-FLOPs utilisation the published figure implies, and the one of the scored prediction."""
+        peak = dense_peak_tflops(self.run.gpu)
+        a = self.answer
+        g = a.goodput if self.run.kind == "wall-clock" else 1.0
+        predicted = mfu(self.run, a.gpu_hours / g, self.flops_per_token, peak) if a.answered else math.nan
+        return mfu(self.run, self.published, self.flops_per_token, peak), predicted
 
     def _score(self, a: Answer | None) -> Score | None:
         if a is None or not a.answered:
@@ -315,8 +342,9 @@ def evaluate(run: Run) -> Row:
     from orchestrator.models import flops_per_token
 
     answer, model = fastest(run)
-    published = published_gpu_hours(run, flops_per_token(model)) if model is not None else math.nan
-    return Row(run, published, answer, published_layout(run))
+    per_token = flops_per_token(model) if model is not None else math.nan
+    published = published_gpu_hours(run, per_token) if model is not None else math.nan
+    return Row(run, published, answer, published_layout(run), per_token)
 
 
 def summary(scores: Sequence[Score]) -> str:
@@ -347,7 +375,7 @@ def _score_cells(s: Score | None) -> list[str]:
 
 def render(rows: Sequence[Row]) -> str:
     head = ["run", "kind", "gpus", "published_gpu_h", "fastest setting", "pred_gpu_h", "90% interval",
-            "pred/pub", "inside", "hi/lo", "published layout", "layout pred/pub"]  # fmt: skip
+            "pred/pub", "inside", "hi/lo", "MFU pub/pred", "published layout", "layout pred/pub"]  # fmt: skip
     table: list[list[str]] = [head]
     below: list[str] = []
     for row in rows:
@@ -372,18 +400,25 @@ def render(rows: Sequence[Row]) -> str:
             lay_text, lay_ratio = "cannot express", "-"
             below.append(f"  {r.id} published layout {_layout_text(r)}: {lay.reason}")
         table.append([r.id + flag, r.kind, gpus, _num(row.published), setting, pred, interval,
-                      *_score_cells(row.score), lay_text, lay_ratio])  # fmt: skip
+                      *_score_cells(row.score), _mfu_text(row), lay_text, lay_ratio])  # fmt: skip
     widths = [max(len(line[i]) for line in table) for i in range(len(head))]
     text = "\n".join("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() for line in table)
     notes = "\n".join(f"  {r.run.id}: stand-in: {r.run.stand_in}" for r in rows if r.run.stand_in)
     out = [text, "* GPU count not published: assumed (see the table's notes)",
            "pred_gpu_h: the whole run's (wall-clock, at the plan's goodput) for a wall-clock row, the steps' for a "
-           "steady-state one"]  # fmt: skip
+           "steady-state one",
+           "MFU pub/pred: the model-FLOPs utilisation the published and the predicted figure imply (the model's FLOPs "
+           "per token x tokens over GPU-hours at the GPU's dense 16-bit peak; a wall-clock row's includes goodput)"]  # fmt: skip
     if below:
         out += ["why a row has no figure:", *below]
     if notes:
         out += ["stand-ins (no model family for the shape):", notes]
     return "\n".join(out)
+
+
+def _mfu_text(row: Row) -> str:
+    published, predicted = row.mfus()
+    return "/".join("-" if not math.isfinite(m) else f"{m:.0%}" for m in (published, predicted))
 
 
 def _layout_text(run: Run) -> str:
