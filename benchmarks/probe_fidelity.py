@@ -110,7 +110,14 @@ def run_cell(cell: dict[str, Any], workdir: Path, timeout_s: float = 3600) -> tu
     for rank in range(world_size):
         env = rank_env(rank, world_size, port)
         log = open(workdir / f"rank{rank}.log", "w")  # noqa: SIM115 - closed after the wait
-        cmd = [sys.executable, "-m", "orchestrator.job.by_hand", str(cell_yaml), "--out", str(workdir / "rank{rank}.json")]
+        cmd = [
+            sys.executable,
+            "-m",
+            "orchestrator.job.by_hand",
+            str(cell_yaml),
+            "--out",
+            str(workdir / "rank{rank}.json"),
+        ]
         procs.append((subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=log), log))
     for proc, log in procs:
         proc.wait(timeout=timeout_s)

@@ -126,7 +126,9 @@ def spread_labels(fig: Figure) -> None:
             bottom = box.y0 + steps * LINE_PT * px
             top, far = bottom + box.height, left + box.width
             free = ~_overlaps_any(np.column_stack([left, bottom, far, top]), placed)
-            within = (inside.x0 <= left) & (far <= inside.x1) & (inside.y0 <= bottom) & (bottom <= top) & (top <= inside.y1)
+            within = (
+                (inside.x0 <= left) & (far <= inside.x1) & (inside.y0 <= bottom) & (bottom <= top) & (top <= inside.y1)
+            )
             chosen = np.flatnonzero(free & within)
             chosen = chosen if chosen.size else np.flatnonzero(free)
             if chosen.size:

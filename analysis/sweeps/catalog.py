@@ -43,8 +43,13 @@ except AttributeError:  # pragma: no cover - depends on how PyYAML was built
 
 
 GPU_PRICE_KEYS = (
-    "board_power_w", "purchase_price_usd", "purchase_price_source", "purchase_price_date", "cloud_usd_per_gpu_hour",
-    "cloud_price_source", "cloud_price_date",
+    "board_power_w",
+    "purchase_price_usd",
+    "purchase_price_source",
+    "purchase_price_date",
+    "cloud_usd_per_gpu_hour",
+    "cloud_price_source",
+    "cloud_price_date",
 )
 """Figures that change over time: taken from today's ``conf/gpu`` when the GPU is known there."""
 

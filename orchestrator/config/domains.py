@@ -94,7 +94,9 @@ def _in_bounds(d: Domain, value: Any) -> bool:
     if not math.isfinite(value) or (d.integer and value != int(value)):
         return False
     return not (
-        (d.ge is not None and value < d.ge) or (d.gt is not None and value <= d.gt) or (d.le is not None and value > d.le)
+        (d.ge is not None and value < d.ge)
+        or (d.gt is not None and value <= d.gt)
+        or (d.le is not None and value > d.le)
     )
 
 

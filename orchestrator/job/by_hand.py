@@ -56,7 +56,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ended.status is RecordStatus.OK else 1
 
 
-
-
 if __name__ == "__main__":
     sys.exit(main())

@@ -423,5 +423,3 @@ def jobs_on_nodes(nodes: str, timeout_s: float = 10) -> list[tuple[str, str, str
     out = checked(["squeue", "-h", "-t", "RUNNING", "-w", nodes, "-o", "%A|%i|%u"], timeout_s=timeout_s)
     rows = [(line.split("|") + ["", ""])[:3] for line in out.splitlines() if line.strip()]
     return [(row[0], row[1], row[2]) for row in rows]
-
-

@@ -26,6 +26,4 @@ def explain_failure(cmd: str, returncode: int, stderr: str) -> str:
 
 def controller_down(message: str) -> bool:
     """Whether a SLURM command's failure says the controller could not be reached (or found at all)."""
-    return any(
-        marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "find no configuration", "did not answer")
-    )
+    return any(marker in message for marker in (*CONTROLLER_DOWN_MARKERS, "find no configuration", "did not answer"))

@@ -120,7 +120,7 @@ def problems(cluster: ClusterConfig) -> list[Refusal]:
                 Refusal(
                     f"cluster.setup[{i}]",
                     f"{line!r}: an #SBATCH line after the job's first command is ignored by sbatch; "
-                    'put the option in cluster.sbatch_extra (e.g. `reservation: lab-week`) instead',
+                    "put the option in cluster.sbatch_extra (e.g. `reservation: lab-week`) instead",
                 )
             )
     return out

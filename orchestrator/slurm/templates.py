@@ -36,5 +36,3 @@ def resolved(cell: Config, search_dirs: Sequence[Path]) -> Config:
     if found is None:
         return cell
     return replace(cell, cluster=replace(cell.cluster, template=str(found)))
-
-

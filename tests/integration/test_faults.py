@@ -43,8 +43,11 @@ FAULTS: dict[str, list[str]] = {
     # DeepSpeed builds its CPU comm op first: minutes on a busy machine. A time-limit warning during that build
     # would make the cell a timeout (the build dies of the signal), so this cell gets room to reach its fault.
     "failed": [
-        "probe=quick", "method.micro_batch_size=4", "+cluster.env.TORCH_DISTRIBUTED_DEBUG=bogus",
-        "cluster.time_limit_min=20", "probe.profile=false",
+        "probe=quick",
+        "method.micro_batch_size=4",
+        "+cluster.env.TORCH_DISTRIBUTED_DEBUG=bogus",
+        "cluster.time_limit_min=20",
+        "probe.profile=false",
     ],  # fmt: skip
 }
 FIXES: dict[str, list[str]] = {

@@ -119,7 +119,11 @@ def test_a_swept_value_is_checked_on_a_copy_of_its_section_not_of_the_whole_conf
     monkeypatch.setattr(plan_mod.copy, "deepcopy", deepcopy)
     cells = plan(["model=pythia-tiny", "gpu=cpu", "probe.kind=sleep", "model.seq_length=range(64,74)"]).cells
     assert len(cells) == 10
-    whole = [c for c in copied if isinstance(c, DictConfig) and not c._is_none() and {"model", "cluster"} <= set(c) and "hydra" not in c]
+    whole = [
+        c
+        for c in copied
+        if isinstance(c, DictConfig) and not c._is_none() and {"model", "cluster"} <= set(c) and "hydra" not in c
+    ]
     assert not whole and len(copied) >= 10
     with pytest.raises(plan_mod.SweepError, match="unknown key 'model.nonexistent'"):
         plan(["model=pythia-tiny", "gpu=cpu", "model.nonexistent=3"])

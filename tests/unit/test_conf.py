@@ -111,7 +111,9 @@ def test_plan_prints_every_cell_with_its_prediction_and_writes_nothing(tmp_path:
     assert code == 0
     assert "pythia-12b a100-80gb x8" in out and "predicted not to fit" in out
     rows = [line.split() for line in out.splitlines()]
-    assert any(r[1:5] == ["pythia-1b", "a100-80gb", "8", "1"] and r[5:9] == ["zero0", "bf16", "mb=8", "yes"] for r in rows)
+    assert any(
+        r[1:5] == ["pythia-1b", "a100-80gb", "8", "1"] and r[5:9] == ["zero0", "bf16", "mb=8", "yes"] for r in rows
+    )
     assert "pythia-1b on 8 × A100-80GB: " in out and "pythia-12b on 8 × A100-80GB: no answer yet" in out
     assert "1 cell(s) would be submitted" in out
     assert not sweep_dir.exists()

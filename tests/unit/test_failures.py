@@ -214,7 +214,9 @@ def test_a_probe_interrupted_by_ctrl_c_is_cancelled_and_rerun_not_failed() -> No
     ctrl_c = TimeSignal("SIGINT", time.time())
     status, reason = decide_status(Happened(RAISED, "KeyboardInterrupt: interrupted by SIGINT (Ctrl-C)"), ctrl_c)
     assert status is RecordStatus.CANCELLED and needs_rerun(state_of_record(status))
-    assert reason is not None and reason.startswith("interrupted (Ctrl-C: SIGINT at ") and "not a probe failure" in reason
+    assert (
+        reason is not None and reason.startswith("interrupted (Ctrl-C: SIGINT at ") and "not a probe failure" in reason
+    )
     assert "KeyboardInterrupt" not in reason
     # What died of the interrupt (a compiler) is said; an answer the probe reached before it stands.
     status, reason = decide_status(NINJA, ctrl_c)

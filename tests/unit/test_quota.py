@@ -34,7 +34,11 @@ def _queued(n: int, qos: str = "normal", user: str = "ada", account: str = "lab"
 
 def test_limits_are_read_from_the_qos_the_associations_and_the_partitions(monkeypatch: pytest.MonkeyPatch) -> None:
     listings = {
-        "qos": [["normal", "", "", "", ""], ["short", "3", "", "40", "DenyOnLimit,OverPartQOS"], ["part", "", "", "", ""]],
+        "qos": [
+            ["normal", "", "", "", ""],
+            ["short", "3", "", "40", "DenyOnLimit,OverPartQOS"],
+            ["part", "", "", "", ""],
+        ],
         "assoc": [
             ["root", "", "", "", "", "", ""],
             ["lab", "", "", "root", "", "100", ""],

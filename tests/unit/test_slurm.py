@@ -89,7 +89,9 @@ def test_squeue_overrides_sacct_where_asked() -> None:
 
 
 def test_sinfo_lines_describe_each_partition() -> None:
-    (debug, gpu) = slurm_site.parse_sinfo("debug|2|4|7900|gpu:a100:4|(null)|1:00:00\ngpu|1|8|64000|(null)|a100|infinite\n")
+    (debug, gpu) = slurm_site.parse_sinfo(
+        "debug|2|4|7900|gpu:a100:4|(null)|1:00:00\ngpu|1|8|64000|(null)|a100|infinite\n"
+    )
     assert debug.name == "debug" and debug.gres == "gpu:a100:4" and gpu.time_limit == "infinite"
     assert debug.describe() == (
         "partition debug: 2 node(s) of 4 CPUs, 7900 MB, gres gpu:a100:4, features (null), time limit 1:00:00"

@@ -37,7 +37,11 @@ class AnswerKeys:
 
 
 PREDICTED = AnswerKeys(
-    "predicted_time_to_train_days", "predicted_gpu_hours", "predicted_cost_usd_cloud", "90%", "predicted_wall_clock_days"
+    "predicted_time_to_train_days",
+    "predicted_gpu_hours",
+    "predicted_cost_usd_cloud",
+    "90%",
+    "predicted_wall_clock_days",
 )
 MEASURED = AnswerKeys("time_to_train_days", "gpu_hours", "cost_usd_cloud", "95%", "wall_clock_days")
 

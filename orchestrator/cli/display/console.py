@@ -259,9 +259,7 @@ class LocalProgress:
             self.live.__enter__()
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.live is not None:
             self.live.__exit__(kind, exc, tb)
 
@@ -330,9 +328,7 @@ class WaitProgress:
             self.task = self.progress.add_task("", total=self.total)
         return self
 
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
         if self.progress is not None:
             self.progress.__exit__(kind, exc, tb)
 

@@ -75,7 +75,9 @@ def model_state_bytes(
     on_host = np.asarray(offload, dtype=bool)
     params = np.where(on_host, 0.0, 4.0 * psi / shards)
     whole = np.asarray(accumulation, dtype=object) == "unsharded"
-    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + np.where(whole, psi * np.asarray(reduce_bytes(reduce_precision)), 0.0)
+    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + np.where(
+        whole, psi * np.asarray(reduce_bytes(reduce_precision)), 0.0
+    )
     optimizer = np.where(on_host, 0.0, 8.0 * psi / shards)
     return _out(params), _out(grads), _out(optimizer)
 

@@ -213,7 +213,9 @@ def test_point_labels_name_the_micro_batch_and_do_not_overlap(
         assert panel.x0 <= box.x0 and box.x1 <= panel.x1, f"{labels[i].get_text()} leaves its panel"
 
 
-def test_the_frontiers_corner_points_have_room_for_their_ring_and_label(two_counts, tmp_path: Path, monkeypatch) -> None:
+def test_the_frontiers_corner_points_have_room_for_their_ring_and_label(
+    two_counts, tmp_path: Path, monkeypatch
+) -> None:
     figures = _drawn(monkeypatch)
     plots.plot_cost_vs_days(two_counts.cells, two_counts.frontier, tmp_path / "cost.png")
     ax = figures[0].axes[0]

@@ -143,8 +143,9 @@ def test_changing_an_architecture_field_the_family_reads_changes_plans_memory_an
 
 def test_plan_with_an_architecture_override_differs_from_the_shipped_model() -> None:
     # `plan model=llama-3.2-1b model.num_kv_heads=32` once printed what `plan model=llama-3.2-1b` prints.
-    shipped, changed = composed("model=llama-3.2-1b"), composed(
-        "model=llama-3.2-1b", "model.num_kv_heads=32", "model.num_parameters=null"
+    shipped, changed = (
+        composed("model=llama-3.2-1b"),
+        composed("model=llama-3.2-1b", "model.num_kv_heads=32", "model.num_parameters=null"),
     )
     frame = predict_plan([*shipped, *changed])
     assert frame["predicted_peak_memory_gib"].iloc[1] > frame["predicted_peak_memory_gib"].iloc[0]
