@@ -24,7 +24,6 @@ against the steps' own. The summary gives the share within ±30%, the median
 from __future__ import annotations
 
 import argparse
-import functools
 import math
 import statistics
 import sys
@@ -32,9 +31,13 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomllib
+
+if TYPE_CHECKING:
+    from orchestrator.config.schema import Config
+    from orchestrator.planning.plan import Cell
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -144,18 +147,9 @@ def published_gpu_hours(run: Run, flops_per_token: float) -> float:
 
 def mfu(run: Run, gpu_hours: float, flops_per_token: float, peak_tflops: float) -> float:
     """The model-FLOPs utilisation ``gpu_hours`` imply for the run's tokens: model FLOPs (the project's count per
-    token, times the tokens) over the GPU-seconds at the GPU's dense 16-bit peak. Of a wall-clock figure it is the
+    token, times the tokens) over the GPU-seconds at the GPU's dense peak for the precision. Of a wall-clock figure it is the
     effective one, restarts and evaluations included."""
     return run.tokens * flops_per_token / (gpu_hours * 3600.0 * peak_tflops * 1e12)
-
-
-@functools.cache
-def dense_peak_tflops(gpu: str) -> float:
-    """The GPU's dense bf16 peak (fp16 where it has no bf16), from its conf/gpu file; NaN where it has neither."""
-    from analysis.sweeps.catalog import Catalog
-
-    conf = Catalog.load().gpus[gpu]
-    return _float(conf.get("peak_tflops_bf16") or conf.get("peak_tflops_fp16"))
 
 
 @dataclass(frozen=True)
@@ -205,7 +199,7 @@ def _float(value: object) -> float:
     return out
 
 
-def _answer(cell: Any) -> Answer:
+def _answer(cell: Cell) -> Answer:
     from orchestrator.cells import cell as cells_mod
 
     p, typed = cell.prediction, cell.typed
@@ -223,7 +217,7 @@ def _answer(cell: Any) -> Answer:
     )
 
 
-def planned(overrides: Sequence[str], run_anyway: bool = False) -> tuple[list[Any], list[Any]]:
+def planned(overrides: Sequence[str], run_anyway: bool = False) -> tuple[list[Cell], list[Cell]]:
     """The cells ``gpudays plan`` composes, judges and predicts for ``overrides``: (runnable, refused)."""
     from orchestrator.cli.display import prediction
     from orchestrator.planning.plan import plan
@@ -233,7 +227,7 @@ def planned(overrides: Sequence[str], run_anyway: bool = False) -> tuple[list[An
     return p.cells, p.skipped
 
 
-def _reasons(cells: Sequence[Any]) -> str:
+def _reasons(cells: Sequence[Cell]) -> str:
     """The refusals of ``cells``, the most common first (those every cell shares before those of some)."""
     counts: dict[str, int] = {}
     for c in cells:
@@ -243,17 +237,17 @@ def _reasons(cells: Sequence[Any]) -> str:
     return "; ".join(found[:2]) + (f" (+{len(found) - 2} more)" if len(found) > 2 else "")
 
 
-def fastest(run: Run) -> tuple[Answer, Any]:
+def fastest(run: Run) -> tuple[Answer, Config | None]:
     """What the plan tells a user: the fastest setting predicted to fit, of the data-parallel settings and the
     3-D layouts the plan offers (each planned as its mesh3d cell), offered also where every data-parallel cell is
-    refused; else why none. With it, the model as the plan
-    composes it (None where the run could not be planned)."""
+    refused; else why none. With it, the run's cell as the plan composes it, with its model, GPU and precision (None
+    where the run could not be planned)."""
     from analysis.predict.layouts import offers
     from orchestrator.planning.plan import SweepError
 
     try:
         fitting, refused = planned([*run.overrides(), *SETTINGS])
-        model = [*fitting, *refused][0].typed.model
+        typed = [*fitting, *refused][0].typed
         found = offers((c.typed, c.prediction) for c in [*fitting, *refused])
         for offer in found:
             cells, skipped = planned([*run.overrides(), *offer.overrides])
@@ -263,8 +257,8 @@ def fastest(run: Run) -> tuple[Answer, Any]:
         return Answer(reason=f"cannot plan: {e}"), None
     answers = [a for a in map(_answer, fitting) if a.answered]
     if not answers:
-        return Answer(reason=f"no setting fits and no 3-D layout is offered: {_reasons(refused)}"), model
-    return min(answers, key=lambda a: a.gpu_hours), model
+        return Answer(reason=f"no setting fits and no 3-D layout is offered: {_reasons(refused)}"), typed
+    return min(answers, key=lambda a: a.gpu_hours), typed
 
 
 def published_layout(run: Run) -> Answer | None:
@@ -314,19 +308,28 @@ class Row:
     layout: Answer | None
     flops_per_token: float = math.nan
     """The model's FLOPs per token (:func:`orchestrator.models.flops_per_token`), for :meth:`mfus`."""
+    peak_tflops: float = math.nan
+    """The GPU's dense peak for the planned precision (:func:`orchestrator.models.peak_tflops`), for :meth:`mfus`."""
+
+    def goodput(self, a: Answer) -> float:
+        """What an answer's GPU-hours are divided by to be scored: its goodput for a wall-clock published figure
+        (against the plan's wall-clock GPU-hours), 1 for a steady-state one (against the steps')."""
+        return a.goodput if self.run.kind == "wall-clock" else 1.0
 
     def mfus(self) -> tuple[float, float]:
         """The model-FLOPs utilisation the published figure implies, and the one of the scored prediction."""
-        peak = dense_peak_tflops(self.run.gpu)
         a = self.answer
-        g = a.goodput if self.run.kind == "wall-clock" else 1.0
-        predicted = mfu(self.run, a.gpu_hours / g, self.flops_per_token, peak) if a.answered else math.nan
-        return mfu(self.run, self.published, self.flops_per_token, peak), predicted
+        predicted = (
+            mfu(self.run, a.gpu_hours / self.goodput(a), self.flops_per_token, self.peak_tflops)
+            if a.answered
+            else math.nan
+        )
+        return mfu(self.run, self.published, self.flops_per_token, self.peak_tflops), predicted
 
     def _score(self, a: Answer | None) -> Score | None:
         if a is None or not a.answered:
             return None
-        g = a.goodput if self.run.kind == "wall-clock" else 1.0  # a wall-clock figure against the plan's wall-clock
+        g = self.goodput(a)
         return score(a.gpu_hours / g, a.low / g, a.high / g, self.published)
 
     @property
@@ -339,12 +342,14 @@ class Row:
 
 
 def evaluate(run: Run) -> Row:
-    from orchestrator.models import flops_per_token
+    from orchestrator.models import flops_per_token, peak_tflops
 
-    answer, model = fastest(run)
-    per_token = flops_per_token(model) if model is not None else math.nan
-    published = published_gpu_hours(run, per_token) if model is not None else math.nan
-    return Row(run, published, answer, published_layout(run), per_token)
+    answer, typed = fastest(run)
+    if typed is None:
+        return Row(run, math.nan, answer, published_layout(run))
+    per_token = flops_per_token(typed.model)
+    peak = _float(peak_tflops(typed.gpu, typed.method))
+    return Row(run, published_gpu_hours(run, per_token), answer, published_layout(run), per_token, peak)
 
 
 def summary(scores: Sequence[Score]) -> str:
@@ -383,7 +388,7 @@ def render(rows: Sequence[Row]) -> str:
         gpus = f"{r.num_gpus}{'' if r.gpus_published else '*'}"
         flag = "" if r.confirmed else " (unconfirmed)"
         if a.answered:
-            g = a.goodput if r.kind == "wall-clock" else 1.0  # the figure scored: wall-clock where published so
+            g = row.goodput(a)  # the figure scored: wall-clock where published so
             setting, pred, interval = a.setting, _num(a.gpu_hours / g), f"{_num(a.low / g)}-{_num(a.high / g)}"
         else:
             setting, pred, interval = "(none)", "-", "-"
@@ -408,7 +413,7 @@ def render(rows: Sequence[Row]) -> str:
            "pred_gpu_h: the whole run's (wall-clock, at the plan's goodput) for a wall-clock row, the steps' for a "
            "steady-state one",
            "MFU pub/pred: the model-FLOPs utilisation the published and the predicted figure imply (the model's FLOPs "
-           "per token x tokens over GPU-hours at the GPU's dense 16-bit peak; a wall-clock row's includes goodput)"]  # fmt: skip
+           "per token x tokens over GPU-hours at the GPU's dense peak for the planned precision; a wall-clock row's includes goodput)"]  # fmt: skip
     if below:
         out += ["why a row has no figure:", *below]
     if notes:

@@ -48,7 +48,7 @@ FAULTS: dict[str, list[str]] = {
         "+cluster.env.TORCH_DISTRIBUTED_DEBUG=bogus",
         "cluster.time_limit_min=20",
         "probe.profile=false",
-    ],  # fmt: skip
+    ],
 }
 FIXES: dict[str, list[str]] = {
     "node_fail": [*FAULTS["node_fail"][:-2], "probe.sleep_s=1", "cluster.cpus_per_gpu=8"],

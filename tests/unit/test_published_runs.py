@@ -98,15 +98,17 @@ def test_the_mfu_a_figure_implies_is_its_model_flops_over_the_gpus_dense_peak(be
         "id": "x", "name": "x", "source": "s", "verified": "v", "gpu": "a100-80gb", "num_gpus": 10,
         "model": "pythia-70m", "seq_length": 1000, "global_batch": 100, "tokens": 3.6e9,
     }  # fmt: skip
-    assert bench.dense_peak_tflops("a100-80gb") == 312.0  # conf/gpu/a100-80gb.yaml, the datasheet's bf16 dense
     # A throughput in TFLOP/s a GPU comes back as itself over the peak, whatever the FLOPs per token.
     run = bench.Run(**base, kind="steady-state", figure="tflops_per_gpu", value=156.0)
     published = bench.published_gpu_hours(run, flops_per_token=7e8)
-    row = bench.Row(run, published, bench.Answer(gpu_hours=published / 2), None, flops_per_token=7e8)
+    peak = 312.0  # conf/gpu/a100-80gb.yaml, the datasheet's bf16 dense
+    row = bench.Row(run, published, bench.Answer(gpu_hours=published / 2), None, flops_per_token=7e8, peak_tflops=peak)
     assert row.mfus() == pytest.approx((0.5, 1.0))
     # A wall-clock prediction is scored at its goodput: the steps' GPU-hours over it, so a lower MFU.
     run = bench.Run(**base, kind="wall-clock", figure="gpu_hours", value=100.0)
-    row = bench.Row(run, 100.0, bench.Answer(gpu_hours=80.0, goodput=0.8), None, flops_per_token=1e9)
+    row = bench.Row(run, 100.0, bench.Answer(gpu_hours=80.0, goodput=0.8), None, flops_per_token=1e9, peak_tflops=peak)
     by_hand = 3.6e9 * 1e9 / (100.0 * 3600.0 * 312e12)
     assert row.mfus() == pytest.approx((by_hand, by_hand))
-    assert bench.Row(run, 100.0, bench.Answer(reason="none"), None, 1e9).mfus()[1] != row.mfus()[1]  # NaN: no answer
+    assert (
+        bench.Row(run, 100.0, bench.Answer(reason="none"), None, 1e9, peak).mfus()[1] != row.mfus()[1]
+    )  # NaN: no answer
