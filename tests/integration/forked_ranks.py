@@ -9,6 +9,9 @@ the same code in a new process. One difference shows in memory: a forked rank fa
 again as it first runs them (a fresh one did so while importing), so its first region (building the model) grows
 a few MiB more. A run with extra environment (one that breaks a compiler or a cache on purpose)
 starts fresh processes, as the environment may be read when a library is imported.
+
+The tests that check the engines' splits rank by rank (:func:`spawn`, in place of ``torch.multiprocessing.spawn``)
+fork their ranks from the same server.
 """
 
 from __future__ import annotations
@@ -16,10 +19,14 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-from collections.abc import Mapping, Sequence
-from multiprocessing import forkserver
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from multiprocessing import connection, forkserver
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from unittest import mock
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "transformers", "transformers.modeling_utils"]
@@ -67,3 +74,52 @@ def start_rank(argv: Sequence[str], env: Mapping[str, str], cwd: str, log: str) 
     process = _server().Process(target=_rank, args=(list(argv), dict(env), cwd, log))
     process.start()
     return process
+
+
+def _call(fn: Callable[..., object], rank: int, args: tuple[object, ...], env: dict[str, str], err: str) -> None:
+    """``fn(rank, *args)`` in the forked process, with the test's environment; a failure's traceback goes to
+    ``err`` (the server's output is not the test's) and the exit code says it failed."""
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        fn(rank, *args)
+    except BaseException:
+        Path(err).write_text(traceback.format_exc())
+        sys.exit(1)
+
+
+def spawn(fn: Callable[..., object], args: Sequence[object], nprocs: int, timeout_s: float = 600) -> None:
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` from the fork server: ``fn(rank, *args)`` in ``nprocs``
+    processes at once. The first rank to fail stops the others (they would wait in a collective for it), and the
+    failure names each failed rank with its traceback; so does a rank still running after ``timeout_s``."""
+    env = {**os.environ, **SERVER_ENV}
+    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
+        errs = [str(Path(folder, f"rank{rank}.err")) for rank in range(nprocs)]
+        procs = [
+            _server().Process(target=_call, args=(fn, rank, tuple(args), env, errs[rank])) for rank in range(nprocs)
+        ]
+        for process in procs:
+            process.start()
+        deadline = time.monotonic() + timeout_s
+        running = list(procs)
+        while running and time.monotonic() < deadline:
+            connection.wait([p.sentinel for p in running], timeout=max(0.0, deadline - time.monotonic()))
+            running = [p for p in procs if p.exitcode is None]
+            if any(p.exitcode not in (None, 0) for p in procs):
+                break
+        one_failed = any(p.exitcode not in (None, 0) for p in procs)
+        stopped = "stopped: another rank failed" if one_failed else f"still running after {timeout_s:.0f} s"
+        for process in running:
+            process.kill()
+            process.join()
+
+        def failure(rank: int) -> str:
+            err = Path(errs[rank])
+            return f"exited {procs[rank].exitcode}:\n{err.read_text() if err.exists() else ''}"
+
+        failed = [
+            f"rank {rank} {stopped if p in running else failure(rank)}"
+            for rank, p in enumerate(procs)
+            if p in running or p.exitcode != 0
+        ]
+        assert not failed, "\n".join(failed)

@@ -9,9 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+import forked_ranks
 import pytest
 import torch
-import torch.multiprocessing as mp
 from test_probe import _free_port, compose_cell
 
 from orchestrator.config.batch import BatchPlan
@@ -72,6 +72,6 @@ def _rank(rank: int, port: int, cells: dict[str, dict[str, Any]], out: str) -> N
 def test_every_shard_holds_the_unsplit_models_values(tmp_path: Path) -> None:
     # smollm2-tiny ties its output layer to the embedding; 2 key/value heads split over 2 tensor ranks.
     cells = {kind: compose_cell("model=smollm2-tiny", "num_gpus=4", *o) for kind, o in CELLS.items()}
-    mp.spawn(_rank, args=(_free_port(), cells, str(tmp_path)), nprocs=WORLD, join=True)
+    forked_ranks.spawn(_rank, (_free_port(), cells, str(tmp_path)), nprocs=WORLD)
     for rank in range(WORLD):
         assert [line.split()[0] for line in (tmp_path / f"rank{rank}").read_text().splitlines()] == list(CELLS)

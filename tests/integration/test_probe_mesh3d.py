@@ -13,6 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import forked_ranks
 import pytest
 from test_probe import compose_cell, run_probe_ranks
 
@@ -195,11 +196,10 @@ def test_tensor_parallel_computes_what_the_whole_model_does(tmp_path: Path, sett
     # the sharded logits) and with the sequence split between the blocks (sequence parallelism), there with
     # selective checkpointing recomputing each layer's operators but its matrix products and attention.
     import torch
-    import torch.multiprocessing as mp
     from test_probe import _free_port
 
     cell = mesh_cell("num_gpus=2", "method.tp=2", "method.precision=fp32", *settings)
-    mp.spawn(_tensor_parallel_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
+    forked_ranks.spawn(_tensor_parallel_rank, (_free_port(), cell, str(tmp_path)), nprocs=2)
     for rank in range(2):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["vocabulary_split"], "the embedding and the output layer split over the vocabulary"
@@ -268,11 +268,10 @@ def test_hsdp_computes_what_the_whole_model_does(tmp_path: Path) -> None:
     # (reduce-scattered in a group, all-reduced across the groups, gathered) are the unsplit model's on all the
     # sequences.
     import torch
-    import torch.multiprocessing as mp
     from test_probe import _free_port
 
     cell = mesh_cell("num_gpus=4", "method.dp_replicate=2", "method.precision=fp32")
-    mp.spawn(_hsdp_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=4, join=True)
+    forked_ranks.spawn(_hsdp_rank, (_free_port(), cell, str(tmp_path)), nprocs=4)
     for rank in range(4):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["shape"] == (2, 2) and got["placements"] == {"(Replicate(), Shard(dim=0))"}
@@ -338,7 +337,6 @@ def test_an_interleaved_zero_bubble_pipeline_computes_what_the_whole_model_does(
     # them, the backward split into input and weight gradients: the mean of the micro-batches' losses and every
     # gradient are the unsplit model's on the whole batch.
     import torch
-    import torch.multiprocessing as mp
     from test_probe import _free_port
 
     cell = mesh_cell(
@@ -346,7 +344,7 @@ def test_an_interleaved_zero_bubble_pipeline_computes_what_the_whole_model_does(
         "method.pp_schedule=interleaved_zb", "method.pp_chunks=3", "method.pp_layers=1+2+1+1+2+1",
         "method.pp_microbatches=4", "method.precision=fp32",
     )  # fmt: skip
-    mp.spawn(_pipeline_rank, args=(_free_port(), cell, str(tmp_path)), nprocs=2, join=True)
+    forked_ranks.spawn(_pipeline_rank, (_free_port(), cell, str(tmp_path)), nprocs=2)
     first, last = (torch.load(tmp_path / f"rank{rank}.pt") for rank in range(2))
     assert first["layers"] == [1, 1, 2] and last["layers"] == [2, 1, 1]
     assert first["losses"] == [] and len(last["losses"]) == 4
