@@ -148,14 +148,16 @@ class Composer:
         self._parsed: dict[str, Override] = {}
         self._values: dict[tuple[tuple[str, ...], str], ConfigValue] = {}
 
-    def compose(self, overrides: Sequence[str]) -> DictConfig:
-        """Hydra's composition of ``overrides`` (hydra node included): a copy the caller may change and resolve.
+    def compose(self, overrides: Sequence[str], copied: bool = True) -> DictConfig:
+        """Hydra's composition of ``overrides`` (hydra node included): a copy the caller may change and resolve,
+        or (``copied=False``) the kept composition itself, for a caller that only reads it (resolved afresh:
+        ``${now:}`` is today's).
 
         Hydra composes each distinct set once per plan: the hydra node's first choices are the first cell's."""
         full = (*self.search_overrides, *overrides)
         if full not in self._composed:
             self._composed[full] = self._hydra_compose(full)
-        cfg = copy.deepcopy(self._composed[full])
+        cfg = copy.deepcopy(self._composed[full]) if copied else self._composed[full]
         OmegaConf.clear_cache(cfg)
         cfg.hydra.runtime.cwd = os.getcwd()  # the one value Hydra takes from the process rather than the files
         return cfg
@@ -212,12 +214,13 @@ class Composer:
         return self._bases[structural]
 
     def hydra_node(self, overrides: Sequence[str]) -> DictConfig:
-        """The hydra node (sweep dir, sweeper params) of a representative config."""
+        """The hydra node (sweep dir, sweeper params) of a representative config: the kept composition's, to be read
+        only."""
         parsed = self.parse(overrides)
         # Plain values are left out here: compose_cell checks them, with messages that name the accepted keys.
         firsts = [_first_choice(o) for o in parsed if not self._is_plain_value(o, sweeps_too=True)]
         try:
-            cfg = self.compose(firsts)
+            cfg = self.compose(firsts, copied=False)
         except (HydraException, OmegaConfBaseException) as e:
             raise SweepError(_explain(e, firsts)) from e
         return cast(DictConfig, cfg.hydra)
