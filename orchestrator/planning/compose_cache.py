@@ -9,8 +9,9 @@ between plans: the tests, which plan hundreds of times and turn it on for their 
 
 Kept, each distinct set of overrides is composed once. The key holds everything a composition reads: the config
 folders, the overrides and a hash of every config file's path and bytes (an edited, added or removed file is a new
-key). What must not be shared is never cached: each caller gets its own copy with OmegaConf's resolver cache empty,
-so ``${now:...}`` in the sweep folder and ``${oc.env:...}`` are resolved afresh every time. (Only the folders
+key). What must not be shared is never cached: each caller that may change what it gets gets its own copy, and every
+caller gets it with OmegaConf's resolver cache empty, so ``${now:...}`` in the sweep folder and ``${oc.env:...}``
+are resolved afresh every time. (Only the folders
 gpudays puts on the search path are hashed: ``conf/`` and ``-cd``; a folder that a config file itself adds to
 ``hydra.searchpath`` is read once per process.)
 """
@@ -37,7 +38,8 @@ FINGERPRINT_MAX_FILES = 2000
 KEPT_BETWEEN_PLANS = False
 """Whether plans share the caches below (:func:`keep_between_plans`); off, every plan composes afresh."""
 COMPOSED: OrderedDict[tuple[str, ...], DictConfig] = OrderedDict()
-"""Hydra compositions by (config folder, fingerprint, search path, overrides); never handed out, only copies."""
+"""Hydra compositions by (config folder, fingerprint, search path, overrides). Callers get copies, except the hydra
+node's reader (``plan.Composer.hydra_node``), which only reads it, its resolver cache emptied first."""
 GROUPS: OrderedDict[tuple[str, ...], frozenset[str]] = OrderedDict()
 """Hydra's config groups, by config folder and fingerprint."""
 
