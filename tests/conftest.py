@@ -62,6 +62,20 @@ def scope(nodeid: str) -> str:
     return lane(nodeid) or SHARED_COMPOSITIONS.get(path, path)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In the ``slurm`` lane, the tests that run no DeepSpeed (not marked ``deepspeed``) go first, each file's in
+    its order; the lane keeps its places in the collection, so the lanes still go out first.
+
+    DeepSpeed compiles its CPU ops at first use, once per environment (a minute or more on a busy machine, under a
+    lock that every other user of the op waits on). On a fresh checkout both lanes' first tests ran DeepSpeed and
+    both waited for that build; now the local lane's first test builds it while the SLURM lane runs its tests
+    of sleeping cells (faults, limits, crashes), and its DeepSpeed tests find it built."""
+    places = [i for i, item in enumerate(items) if lane(item.nodeid) == "slurm"]
+    ordered = sorted((items[i] for i in places), key=lambda item: item.get_closest_marker("deepspeed") is not None)
+    for i, item in zip(places, ordered, strict=True):
+        items[i] = item
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on

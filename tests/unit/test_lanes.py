@@ -49,3 +49,40 @@ def test_a_unit_test_file_runs_whole_on_one_worker_and_a_lane_whole_on_one() -> 
         == scope("tests/integration/test_compile.py::test_b")
         == "local"
     )
+
+
+def test_the_slurm_lanes_deepspeed_tests_go_last_and_the_lanes_keep_their_places() -> None:
+    from dataclasses import dataclass
+
+    from tests.conftest import pytest_collection_modifyitems
+
+    @dataclass
+    class Item:
+        nodeid: str
+        deepspeed: bool = False
+
+        def get_closest_marker(self, name: str) -> object | None:
+            return object() if name == "deepspeed" and self.deepspeed else None
+
+    items = [
+        Item("tests/integration/test_adaptive_sweep.py::test_an_adaptive_sweep_here_runs_its_rounds_to_the_end", True),
+        Item(
+            "tests/integration/test_adaptive_sweep.py::test_an_adaptive_sweep_on_slurm_submits_a_round_and_resume_goes_on",
+            True,
+        ),
+        Item("tests/integration/test_cluster.py::test_a"),
+        Item("tests/integration/test_faults.py::test_b", True),
+        Item("tests/integration/test_lifecycle.py::test_c"),
+        Item("tests/unit/test_search.py::test_d"),
+    ]
+    before = list(items)
+    pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
+    assert [i.nodeid.split("::")[1] for i in items] == [
+        "test_an_adaptive_sweep_here_runs_its_rounds_to_the_end",
+        "test_a",
+        "test_c",
+        "test_an_adaptive_sweep_on_slurm_submits_a_round_and_resume_goes_on",
+        "test_b",
+        "test_d",
+    ]
+    assert [lane(i.nodeid) for i in items] == [lane(i.nodeid) for i in before]
