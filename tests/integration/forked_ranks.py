@@ -19,14 +19,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import sys
-import tempfile
 import time
-import traceback
 from collections.abc import Callable, Mapping, Sequence
-from multiprocessing import connection, forkserver
+from multiprocessing import forkserver
 from multiprocessing.context import ForkServerContext
 from multiprocessing.process import BaseProcess
-from pathlib import Path
 from unittest import mock
 
 PRELOAD = ["torch", "torch.distributed", "torch.distributed.tensor", "transformers", "transformers.modeling_utils"]
@@ -76,50 +73,18 @@ def start_rank(argv: Sequence[str], env: Mapping[str, str], cwd: str, log: str) 
     return process
 
 
-def _call(fn: Callable[..., object], rank: int, args: tuple[object, ...], env: dict[str, str], err: str) -> None:
-    """``fn(rank, *args)`` in the forked process, with the test's environment; a failure's traceback goes to
-    ``err`` (the server's output is not the test's) and the exit code says it failed."""
-    os.environ.clear()
-    os.environ.update(env)
-    try:
-        fn(rank, *args)
-    except BaseException:
-        Path(err).write_text(traceback.format_exc())
-        sys.exit(1)
-
-
 def spawn(fn: Callable[..., object], args: Sequence[object], nprocs: int, timeout_s: float = 600) -> None:
-    """``torch.multiprocessing.spawn(fn, args, nprocs)`` from the fork server: ``fn(rank, *args)`` in ``nprocs``
-    processes at once. The first rank to fail stops the others (they would wait in a collective for it), and the
-    failure names each failed rank with its traceback; so does a rank still running after ``timeout_s``."""
-    env = {**os.environ, **SERVER_ENV}
-    with tempfile.TemporaryDirectory(prefix="ranks-") as folder:
-        errs = [str(Path(folder, f"rank{rank}.err")) for rank in range(nprocs)]
-        procs = [
-            _server().Process(target=_call, args=(fn, rank, tuple(args), env, errs[rank])) for rank in range(nprocs)
-        ]
-        for process in procs:
-            process.start()
-        deadline = time.monotonic() + timeout_s
-        running = list(procs)
-        while running and time.monotonic() < deadline:
-            connection.wait([p.sentinel for p in running], timeout=max(0.0, deadline - time.monotonic()))
-            running = [p for p in procs if p.exitcode is None]
-            if any(p.exitcode not in (None, 0) for p in procs):
-                break
-        one_failed = any(p.exitcode not in (None, 0) for p in procs)
-        stopped = "stopped: another rank failed" if one_failed else f"still running after {timeout_s:.0f} s"
-        for process in running:
-            process.kill()
-            process.join()
+    """``torch.multiprocessing.spawn(fn, args, nprocs)`` from the fork server: torch's ``start_processes`` with
+    the ``forkserver`` start method, whose server :func:`_server` started with its preload. torch stops the other
+    ranks when one fails and raises with its traceback; a rank still running after ``timeout_s`` is killed, and
+    the test fails."""
+    from torch.multiprocessing.spawn import start_processes
 
-        def failure(rank: int) -> str:
-            err = Path(errs[rank])
-            return f"exited {procs[rank].exitcode}:\n{err.read_text() if err.exists() else ''}"
-
-        failed = [
-            f"rank {rank} {stopped if p in running else failure(rank)}"
-            for rank, p in enumerate(procs)
-            if p in running or p.exitcode != 0
-        ]
-        assert not failed, "\n".join(failed)
+    _server()
+    context = start_processes(fn, tuple(args), nprocs, join=False, start_method="forkserver")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=max(0.0, deadline - time.monotonic())):
+        if time.monotonic() >= deadline:
+            for process in context.processes:
+                process.kill()
+            raise AssertionError(f"{nprocs} ranks of {fn.__name__} still running after {timeout_s:.0f} s")
