@@ -72,11 +72,13 @@ def judge(predicted: pd.DataFrame, truth: pd.DataFrame) -> dict[str, float]:
     )
     if both.empty:
         return {"judged": 0.0}
-    error = 100.0 * (both["step_time_s"] / both["truth"] - 1.0).abs()
+    signed = 100.0 * (both["step_time_s"] / both["truth"] - 1.0)
+    error = signed.abs()
     inside = (both["step_time_low_s"] <= both["truth"]) & (both["truth"] <= both["step_time_high_s"])
     return {
         "judged": float(len(both)),
         "median_abs_error_pct": float(error.median()),
+        "median_error_pct": float(signed.median()),
         "p90_abs_error_pct": float(error.quantile(0.9)),
         "within_10pct": 100.0 * float((error <= 10.0).mean()),
         "inside_90pct_interval": 100.0 * float(inside.mean()),
@@ -112,6 +114,7 @@ def replay(
             "spent_gpu_hours": spent / 3600.0,
             "widest_pct": d.widest_pct,
             **judge(held, answers),
+            "efficiency": efficiencies(truth[truth["cell_id"].isin(measured)], profiles),
             "decide_s": time.perf_counter() - began,
         }
         if measured:
@@ -126,6 +129,16 @@ def replay(
         cost = d.predicted.set_index("cell_id").loc[d.chosen, "cost_gpu_s"]
         spent += float((wall.reindex(d.chosen) * gpus.reindex(d.chosen)).fillna(cost).sum())
         measured |= set(d.chosen)
+
+
+def efficiencies(measured: pd.DataFrame, profiles: Profiles = None) -> str:
+    """Each GPU type's fitted compute efficiency (of the calibration the round's predictions use; on the CPU, which
+    has no published peak, the achieved TFLOP/s), ``gpu 0.52 ...``: where it drifts from round to round as cheaper
+    cells are measured, the unmeasured cells' errors follow it."""
+    if measured.empty:
+        return ""
+    fitted = calibrate(measured, profiles).by_gpu
+    return " ".join(f"{gpu} {fitted[gpu].efficiency:.2f}" for gpu in sorted(fitted))
 
 
 def random_baseline(
