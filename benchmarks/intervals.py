@@ -52,7 +52,7 @@ import synthetic
 
 from analysis.planners.adaptive import Goal, decide  # noqa: E402
 from analysis.planners.selection import ProbeSteps  # noqa: E402
-from analysis.predict.calibration import calibrate  # noqa: E402
+from analysis.predict.calibration import Calibration, calibrate  # noqa: E402
 from analysis.predict.inputs import flat_cell  # noqa: E402
 from analysis.predict.predictor import Profiles, predict_frame  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
@@ -114,7 +114,7 @@ def replay(
             "spent_gpu_hours": spent / 3600.0,
             "widest_pct": d.widest_pct,
             **judge(held, answers),
-            "efficiency": efficiencies(truth[truth["cell_id"].isin(measured)], profiles),
+            "efficiency": efficiencies(d.calibration),
             "decide_s": time.perf_counter() - began,
         }
         if measured:
@@ -131,13 +131,11 @@ def replay(
         measured |= set(d.chosen)
 
 
-def efficiencies(measured: pd.DataFrame, profiles: Profiles = None) -> str:
-    """Each GPU type's fitted compute efficiency (of the calibration the round's predictions use; on the CPU, which
-    has no published peak, the achieved TFLOP/s), ``gpu 0.52 ...``: where it drifts from round to round as cheaper
-    cells are measured, the unmeasured cells' errors follow it."""
-    if measured.empty:
-        return ""
-    fitted = calibrate(measured, profiles).by_gpu
+def efficiencies(calibration: Calibration | None) -> str:
+    """Each GPU type's fitted compute efficiency in a round's calibration (on the CPU, which has no published peak,
+    the achieved TFLOP/s), ``gpu 0.52 ...``: where it drifts from round to round as cheaper cells are measured, the
+    unmeasured cells' errors follow it."""
+    fitted = calibration.by_gpu if calibration is not None else {}
     return " ".join(f"{gpu} {fitted[gpu].efficiency:.2f}" for gpu in sorted(fitted))
 
 

@@ -74,6 +74,8 @@ class Decision:
     """Every cell of the grid: ``cell_id``, ``answer`` (measured, predicted), ``step_time_s`` (the measured one, or
     the prediction) and the prediction's ``step_time_low_s``/``step_time_high_s``/``halfwidth_pct``, and the
     estimated ``cost_gpu_s`` of measuring it."""
+    calibration: Calibration | None = None
+    """What the round's predictions were made with (fitted to the measured cells)."""
 
 
 def answered(measured: pd.DataFrame) -> pd.Series:
@@ -156,7 +158,7 @@ def decide(
     )
     widest = float(width[open_].max()) if open_.any() else 0.0
     spent_hours = spent_gpu_s / 3600.0
-    decision = Decision([], None, widest, len(measured_ids), spent_hours, predicted)
+    decision = Decision([], None, widest, len(measured_ids), spent_hours, predicted, calibration)
     budget_left = goal.budget_gpu_hours * 3600.0 - spent_gpu_s
     blocked_mask = np.array([i in set(blocked) for i in ids])
     selectable = open_ & ~blocked_mask

@@ -203,11 +203,8 @@ def _memory_loo_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarra
         return out
     rest = k - 1
     scale, offset = _median_without_each(m / p), np.zeros(k)
-    # The others' spread of predictions, each record left out in turn (its place in the sorted order).
-    order = np.argsort(p, kind="stable")
-    place = np.empty(k, dtype=int)
-    place[order] = np.arange(k)
-    ps = p[order]
+    # The others' spread of predictions, each record left out in turn.
+    ps, place = _ranked(p)
     high = np.where(place == k - 1, ps[-2], ps[-1])
     low = np.where(place == 0, ps[1], ps[0])
     mean = (p.sum() - p) / rest
@@ -231,16 +228,21 @@ def _memory_loo_errors(predicted: np.ndarray, measured: np.ndarray) -> np.ndarra
 def _median_without_each(values: np.ndarray) -> np.ndarray:
     """The median of ``values`` without each one in turn (two or more values)."""
     k = len(values)
-    order = np.argsort(values, kind="stable")
-    place = np.empty(k, dtype=int)
-    place[order] = np.arange(k)
-    ranked = values[order]
+    ranked, place = _ranked(values)
     lo, hi = (k - 2) // 2, (k - 1) // 2  # the middle of the k - 1 others
     # The t-th smallest of the others: the t-th of all, or the next one where the left-out value came before it.
     at_lo = ranked[np.where(lo < place, lo, lo + 1)]
     at_hi = ranked[np.where(hi < place, hi, hi + 1)]
     out: np.ndarray = (at_lo + at_hi) / 2.0
     return out
+
+
+def _ranked(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``values`` sorted, and each value's place in that order."""
+    order = np.argsort(values, kind="stable")
+    place = np.empty(len(values), dtype=int)
+    place[order] = np.arange(len(values))
+    return values[order], place
 
 
 def _fit_memory(predicted: np.ndarray, measured: np.ndarray) -> tuple[float, float]:
