@@ -2,14 +2,17 @@
 (``gpudays profile``) timed for its shape and precision, attention at the profiled SDPA's time.
 
 Without a profile the step-time model (:mod:`analysis.predict.step_time`) charges a step's hardware FLOPs at the
-dense peak times :data:`~analysis.predict.step_time.DEFAULT_EFFICIENCY`. Where a cell's GPU has a profile, a sample's
+dense peak times :data:`~analysis.predict.step_time.DEFAULT_EFFICIENCY`. Where a cell's GPU has a profile (its
+measured one, or the reference machine's carried to it, :mod:`analysis.predict.reference_profile`), a sample's
 compute is instead the sum of
 
 - each linear layer's three products (the forward, the input's and the weight's gradients; per layer × layers,
   and the logits' once) over its FLOPs / the profiled rate of that shape. A product is found in the profile by its
   two fixed dimensions (the layer's ``fan_in`` and ``fan_out``, a product and its transpose alike, since
   ``C.T = B.T @ A.T`` costs the same); its token dimension (a micro-step's tokens on one rank) is interpolated
-  linearly in log(tokens) between the token counts measured, and beyond them the nearest one's rate holds (a
+  linearly in log(tokens) between the token counts measured, and beyond them the nearest one's rate holds; a
+  product wider than every one measured (its smaller fixed dimension above theirs) takes the median rate of the
+  widest ones measured, as a product's share of the peak grows with its size and levels off (a
   tensor-parallel rank's slice of a layer is looked up as the whole layer, which is what a profile times);
 - attention: the profiled forward and backward seconds of the model's (sequence, heads, head width) per sequence;
 - what activation checkpointing reruns: the family's own recomputed FLOPs
@@ -111,12 +114,20 @@ class ProductRates:
         for t in matmuls:
             by_dtype.setdefault(t.dtype, []).append(2.0 * t.m * t.k * t.n / t.seconds)
         self.median_flops_s = {dtype: float(np.median(rates)) for dtype, rates in by_dtype.items()}
+        # The products of the largest shape measured, in each precision: where a larger one is looked up.
+        self.largest: dict[str, tuple[int, float]] = {}
+        for dtype in by_dtype:
+            sizes = {k: min(k[1], k[2]) for k, d in found if d == dtype}
+            widest = max(sizes.values())
+            per_flop = [self.products[(k, dtype)][1] for k, size in sizes.items() if size == widest]
+            self.largest[dtype] = (widest, float(np.median(np.concatenate(per_flop))))
 
     def seconds_per_flop(self, key: Key, dtype: str, tokens: float) -> float | None:
         """The product's seconds per FLOP at ``tokens`` rows (see the module's docstring); None where unmeasured."""
         found = self.products.get((key, dtype))
         if found is None:
-            return None
+            widest, rate = self.largest.get(dtype, (0, math.nan))
+            return rate if widest and min(key[1], key[2]) > widest else None
         log_tokens, per_flop = found
         return float(np.interp(math.log(max(tokens, 1.0)), log_tokens, per_flop))
 

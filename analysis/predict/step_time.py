@@ -1,12 +1,14 @@
 """The step-time model: the raw terms of one optimizer step and their uncalibrated coefficients.
 
-Step time = Σ coefficient × term over :data:`TERMS`: seconds of compute at the reference rate (the step's hardware
-FLOPs, recomputation included, over the GPUs' dense peak; where the GPU has a measured profile, its matrix products
-at the profiled rate of each shape, :mod:`analysis.predict.measured_compute`), nominal seconds of communication and of offload, and the
-micro-steps (the coefficient is a fixed cost per micro-step, which without a profile stands for the memory-bound
-work too). Where the profile also gives the memory's bandwidth, the compute term holds the memory-bound work as
-bytes over that bandwidth and the micro-steps count only what neither explains (:mod:`analysis.predict.memory_bound`);
-compile takes its share off either (``compiled_share``). Uncalibrated, the coefficients are
+Step time = Σ coefficient × term over :data:`TERMS`: seconds of compute at the reference rate (the matrix products
+at the rate of each shape in the GPU's profile, :mod:`analysis.predict.measured_compute`: its measured one, or,
+for a GPU type without one, the reference machine's carried to it by its datasheet,
+:mod:`analysis.predict.reference_profile`), nominal seconds of communication and of offload, and the micro-steps
+(the coefficient is a fixed cost per micro-step). The compute term also holds the memory-bound work as bytes over
+the profile's bandwidth, and the micro-steps count only what neither explains (:mod:`analysis.predict.memory_bound`);
+compile takes its share off either (``compiled_share``). A GPU type with neither a profile nor a datasheet
+bandwidth here (a device without a published peak, the CPU, before its profile) has its step's hardware FLOPs
+over its dense peak, and a fixed cost per micro-step that stands for the memory-bound work too. Uncalibrated, the coefficients are
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
 Compute is the same for every engine, and so are micro-steps but for a pipeline, whose ranks each run a micro-batch
@@ -26,17 +28,21 @@ from analysis.predict.inputs import Inputs, layout_terms
 from analysis.predict.measured_compute import profiled_compute
 from analysis.predict.memory_bound import FIXED_S_PER_MICRO_STEP, compiled_share, memory_bound_s
 from analysis.predict.network import MeasuredProfile, links_for
+from analysis.predict.reference_profile import cited_profiles
 from orchestrator.engines.memory import recomputes_layers
 from orchestrator.engines.registry import by_engine
 
 DEFAULT_EFFICIENCY = 0.54
-"""Achieved share of the dense peak in the matrix products, before calibration. Set by the H100 records in
-tests/data/gpu-records (pythia-160m, 410m and 1b, free-lunch settings, bf16): the step times of 410m and 1b, which
-share a micro-step count (64), give 0.54 and :data:`DEFAULT_OVERHEAD_S_PER_MICRO_STEP` together; 160m then lands
-within 4%."""
+"""Achieved share of the dense peak, before calibration, where no profile gives a rate (a GPU type without a
+profile or a datasheet bandwidth; the FLOPs a profile did not measure), and the unit of the compute term: its
+seconds are at this share of the peak. Set by the H100 records in tests/data/gpu-records (pythia-160m, 410m and
+1b, free-lunch settings, bf16) before the cited profile existed: the step times of 410m and 1b, which share a
+micro-step count (64), give 0.54 and :data:`DEFAULT_OVERHEAD_S_PER_MICRO_STEP` together."""
 DEFAULT_OVERHEAD_S_PER_MICRO_STEP = 0.074
-"""Seconds per micro-step that do not scale with FLOPs (kernel launches, the loss, DeepSpeed's hooks), set with
-:data:`DEFAULT_EFFICIENCY` by the same H100 records: 4.76 s over 64 micro-steps."""
+"""Seconds per micro-step that do not scale with FLOPs (kernel launches, the loss, DeepSpeed's hooks, and the
+memory-bound work no bandwidth accounts for), set with :data:`DEFAULT_EFFICIENCY` by the same H100 records: 4.76 s
+over 64 micro-steps. Where a profile (measured or cited) gives the memory's bandwidth the micro-step term is
+scaled so that this coefficient gives :data:`analysis.predict.memory_bound.FIXED_S_PER_MICRO_STEP`."""
 
 OVERLAP = 0.8
 """Share of a step's compute that communication issued beside it (``overlappable_s`` of an engine's terms:
@@ -70,9 +76,11 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     compute = flops / x.num_gpus / (reference * 1e12) * family
     # What compile leaves of the work outside the products: the fixed cost per micro-step stands for it.
     per_micro_step = compiled_share(x.compile, x.method["compile_scope"], x.arch)
-    if profiles:
-        compute, structured = _profiled(x, accum, compute, family, profiles, per_micro_step)
-        # Where the profile measured the products and the memory's bandwidth, the memory-bound work is in the
+    # A GPU type without a measured profile takes the reference machine's, carried to it by its datasheet.
+    rates = {**cited_profiles(x.gpu, x.precision, x.reference_tflops, profiles), **(profiles or {})}
+    if rates:
+        compute, structured = _profiled(x, accum, compute, family, rates, per_micro_step)
+        # Where the profile gives the products and the memory's bandwidth, the memory-bound work is in the
         # compute term, and a micro-step's fixed cost is only what neither explains.
         per_micro_step = np.where(
             structured, per_micro_step * FIXED_S_PER_MICRO_STEP / DEFAULT_OVERHEAD_S_PER_MICRO_STEP, per_micro_step

@@ -43,10 +43,11 @@ LEVEL = 0.90
 
 REFERENCE_GPU = "h100-80gb"
 """The GPU type the uncalibrated coefficients were set on (tests/data/gpu-records)."""
-COMPUTE_PRIOR_SD = 0.11
+COMPUTE_PRIOR_SD = 0.051
 """Relative spread of the compute coefficient (1 / efficiency) on the reference GPU: the standard deviation of the
-log of the efficiency each of the 14 H100 records implies, once the default cost per micro-step is taken off (0.42
-for pythia-160m at default settings to 0.62 for pythia-1.4b)."""
+log of the coefficient each of the 14 H100 records implies, once the default cost per micro-step is taken off,
+with the cited profile (:mod:`analysis.predict.reference_profile`; 0.49 to 0.57 in the units where 0.54 is
+nominal)."""
 OTHER_GPU_FACTOR = 2.0
 """Every prior width is this much wider on another GPU type: the defaults were set on the H100 and are carried to
 other GPUs by their datasheet peaks and bandwidths only."""
@@ -59,9 +60,11 @@ magnitude only (:mod:`analysis.predict.step_time`), and no H100 record has any c
 VAGUE_PRIOR_SD = 10.0
 """Relative spread where there is no uncalibrated coefficient (a device without a published peak, the CPU): the
 prior is then centred on the fitted value and says nothing."""
-STEP_TIME_DISCREPANCY = 0.076
+STEP_TIME_DISCREPANCY = 0.047
 """The uncalibrated step time's discrepancy: the root mean square of log(measured / predicted) over the 14 H100
-records (largest: pythia-160m at default settings, 17% slower than predicted)."""
+records, predicted with the cited profile (:mod:`analysis.predict.reference_profile`; largest: pythia-1b compiled
+whole, 8.7% fast). The seven compiled records set :data:`analysis.predict.memory_bound.COMPILED_SHARE`'s ``whole``;
+over the seven others alone it is 0.034."""
 PROFILED_DISCREPANCY = 0.045
 """The uncalibrated step time's discrepancy where the GPU type has a profile (``gpudays profile``): the root mean
 square of log(measured / predicted) over the 13 H200 records no constant was set on, predicted with that machine's

@@ -46,7 +46,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     # ... and a sweep's profile job (orchestrator.submission.profile_job) runs the profile's ranks
     "orchestrator.submission": {_CONFIG, _STORE, _MODELS, _ENGINES, _CELLS, _SLURM, _JOB, "orchestrator.profile"},
     _SWEEPS: _ANALYSIS_BASE,  # the analysis never imports the command line
-    _PREDICT: _ANALYSIS_BASE | {_SWEEPS},
+    _PREDICT: _ANALYSIS_BASE | {_SWEEPS, "orchestrator.profile"},  # ... and reads the reference machine's profile
     "analysis.planners": _ANALYSIS_BASE | {_SWEEPS, _PREDICT},
     "analysis.report": _ANALYSIS_BASE | {_SWEEPS, _PREDICT, "analysis.planners"},
     "orchestrator.cli": {"*"},

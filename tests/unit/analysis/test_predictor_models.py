@@ -177,9 +177,11 @@ def test_a_family_that_reaches_less_of_the_peak_is_costed_at_its_own_stated_effi
     for i, cell in enumerate(shipped):
         model = to_config(cell).model
         own = getattr(family_module(model.family), "COMPUTE_EFFICIENCY", None)
+        if own is None:
+            continue  # a decoder: its products at the rates of its GPU's profile (cited where not measured)
         at_peak = x.batch[i] * x.flops_per_sample[i] / x.num_gpus[i] / (x.reference_tflops[i] * 1e12)
         # the compute term, over the decoders' efficiency (its coefficient), is FLOPs at the family's own share
-        assert compute[i] / DEFAULT_EFFICIENCY == pytest.approx(at_peak / (own or DEFAULT_EFFICIENCY)), model.name
+        assert compute[i] / DEFAULT_EFFICIENCY == pytest.approx(at_peak / own), model.name
     by_name = {to_config(c).model.name: i for i, c in enumerate(shipped)}
     assert x.family_efficiency[by_name["convnext-t"]] < x.family_efficiency[by_name["vit-b16"]] < DEFAULT_EFFICIENCY
     assert pd.isna(x.family_efficiency[by_name["pythia-1b"]])

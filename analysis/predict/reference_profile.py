@@ -1,0 +1,119 @@
+"""The cited machine profile: what a GPU type without a measured profile is predicted with.
+
+One machine was profiled and probed together (``tests/data/gpu-records/h200``: an NVIDIA H200, with the records of
+its cells). Its profile, ``reference/nvidia-h200.json`` beside this module (the unmodified file), gives the share
+of the dense peak each of a model's matrix products and attention reached, and the share of the datasheet's
+memory bandwidth its streams reached. A GPU type with no profile of its own is predicted with that profile carried
+to it by its datasheet:
+
+- each product and attention at the reference's seconds × (the reference's dense peak / the GPU's), for bf16 and
+  fp16 (the precisions the reference measured; fp16's tensor peak is bf16's on every GPU listed), so at the same
+  share of its own peak;
+- the memory streams at the reference's seconds × (the reference's datasheet bandwidth / the GPU's,
+  :data:`DATASHEET_MEMORY_GBYTES_S`), so at the same share of its own bandwidth;
+- no collectives: the links stay the cited defaults of :mod:`analysis.predict.network`.
+
+The step-time model (:mod:`analysis.predict.step_time`) then takes the same structure with or without a measured
+profile: the products at their shape's rate (:mod:`analysis.predict.measured_compute`), the memory-bound work as
+bytes over bandwidth (:mod:`analysis.predict.memory_bound`), a small fixed cost per micro-step. Checked on the
+H100 (the same GH100 die as the H200, with 3,350 GB/s of memory instead of 4,800): its 14 records, none of which
+set anything here, are predicted with a median error of 3.8% (``python benchmarks/scorecard.py``, part 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from functools import cache
+from pathlib import Path
+
+import numpy as np
+
+from analysis.predict.measured_compute import ProductRates
+from orchestrator.profile.record import Profile, read_profile
+
+REFERENCE = Path(__file__).with_name("reference") / "nvidia-h200.json"
+"""The reference machine's profile: ``tests/data/gpu-records/h200/profile``'s file, unmodified."""
+REFERENCE_PEAK_TFLOPS = 989.0
+"""The H200's dense bf16 and fp16 tensor peak (NVIDIA H200 datasheet, SXM), as ``conf/gpu/h200.yaml`` gives it."""
+REFERENCE_GBYTES_S = 4800.0
+"""The H200's memory bandwidth (NVIDIA H200 datasheet, SXM: 4.8 TB/s); its profile's streams reached 4,384 GB/s."""
+PRECISIONS = ("bf16", "fp16")
+"""The precisions the reference's products and attention were measured in, and carried to."""
+
+DATASHEET_MEMORY_GBYTES_S: dict[str, float] = {
+    "v100-32gb": 900.0,  # NVIDIA V100 datasheet (SXM2): 900 GB/s HBM2
+    "a100-40gb": 1555.0,  # NVIDIA A100 datasheet (SXM4 40GB): 1,555 GB/s HBM2
+    "a100-80gb": 2039.0,  # NVIDIA A100 datasheet (SXM4 80GB): 2,039 GB/s HBM2e
+    "a100-80gb-mig-3g.40gb": 1019.5,  # 4 of the card's 8 memory slices (MIG user guide): half of 2,039 GB/s
+    "h100-80gb": 3350.0,  # NVIDIA H100 datasheet (SXM): 3.35 TB/s HBM3
+    "h200": REFERENCE_GBYTES_S,
+    "rtx3090": 936.0,  # NVIDIA GeForce RTX 3090 specifications: 936 GB/s GDDR6X
+    "a6000": 768.0,  # NVIDIA RTX A6000 datasheet: 768 GB/s GDDR6
+    "a40": 696.0,  # NVIDIA A40 datasheet: 696 GB/s GDDR6
+    "l40": 864.0,  # NVIDIA L40 datasheet: 864 GB/s GDDR6
+    "l40s": 864.0,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
+}
+"""Device-memory bandwidth by GPU name, GB/s, as the vendor's datasheet gives it. A GPU type not listed (or a
+device without a published peak, the CPU) is predicted without the cited profile: its compute at the peak times
+the default efficiency, with the fixed cost per micro-step standing for the memory-bound work."""
+
+
+@cache
+def reference_profile() -> Profile:
+    return read_profile(REFERENCE)
+
+
+def widest_product_share(dtype: str = PRECISIONS[0]) -> float:
+    """The share of the dense peak the reference's widest products reached (the median of those whose smaller
+    fixed dimension is the largest measured): the rate a wider product is taken at
+    (:class:`analysis.predict.measured_compute.ProductRates`)."""
+    _, per_flop = ProductRates(reference_profile()).largest[dtype]
+    return 1.0 / (per_flop * REFERENCE_PEAK_TFLOPS * 1e12)
+
+
+def carried_profile(peak_tflops: float, memory_gbytes_s: float) -> Profile:
+    """The reference profile carried to a GPU of ``peak_tflops`` (dense bf16/fp16) and ``memory_gbytes_s``."""
+    return _carried(float(peak_tflops), float(memory_gbytes_s))
+
+
+@cache
+def _carried(peak_tflops: float, memory_gbytes_s: float) -> Profile:
+    reference = reference_profile()
+    compute, memory = REFERENCE_PEAK_TFLOPS / peak_tflops, REFERENCE_GBYTES_S / memory_gbytes_s
+    matmuls = tuple(
+        dataclasses.replace(t, dtype=dtype, seconds=t.seconds * compute)
+        for dtype in PRECISIONS
+        for t in reference.matmuls
+        if t.dtype == PRECISIONS[0]
+    )
+    attention = tuple(
+        dataclasses.replace(a, dtype=dtype, forward_s=a.forward_s * compute, backward_s=a.backward_s * compute)
+        for dtype in PRECISIONS
+        for a in reference.attention
+        if a.dtype == PRECISIONS[0]
+    )
+    streams = tuple(dataclasses.replace(m, seconds=m.seconds * memory) for m in reference.memory)
+    return dataclasses.replace(reference, matmuls=matmuls, attention=attention, memory=streams, collectives=())
+
+
+def cited_profiles(
+    gpu: np.ndarray, precision: np.ndarray, reference_tflops: np.ndarray, measured: Mapping[str, object] | None
+) -> dict[str, Profile]:
+    """A carried profile for every GPU type of the cells that has none measured (``measured``, by GPU name), a
+    datasheet bandwidth and a dense peak in a precision the reference measured; by GPU name."""
+    out: dict[str, Profile] = {}
+    names = gpu.astype(str)
+    for name in sorted(set(names) - set(measured or {})):
+        bandwidth = DATASHEET_MEMORY_GBYTES_S.get(name)
+        rows = (names == name) & np.isin(precision.astype(str), PRECISIONS) & np.isfinite(reference_tflops)
+        if bandwidth is None or not rows.any():
+            continue
+        out[name] = carried_profile(float(reference_tflops[rows][0]), bandwidth)
+    return out
+
+
+__all__ = (
+    "DATASHEET_MEMORY_GBYTES_S", "REFERENCE", "carried_profile", "cited_profiles", "reference_profile",
+    "widest_product_share",
+)  # fmt: skip
