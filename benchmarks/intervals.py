@@ -55,6 +55,7 @@ from analysis.planners.selection import ProbeSteps  # noqa: E402
 from analysis.predict.calibration import Calibration, calibrate  # noqa: E402
 from analysis.predict.inputs import flat_cell  # noqa: E402
 from analysis.predict.predictor import Profiles, predict_frame  # noqa: E402
+from analysis.sweeps.catalog import recorded_cell  # noqa: E402
 from analysis.sweeps.records import load_cells  # noqa: E402
 from orchestrator.config.schema import to_config  # noqa: E402
 from orchestrator.engines.allocator import recorded_expandable  # noqa: E402
@@ -239,7 +240,11 @@ def records_table(folders: str = "h100-80gb*") -> pd.DataFrame:
     for path in sorted(RECORDS.glob(f"{folders}/*.json")):
         record = json.loads(path.read_text())
         m = record["metrics"]
-        row = {**flat_cell(record["config"]), "cell_id": f"{path.parent.name}/{path.stem}", "status": record["status"]}
+        row = {
+            **flat_cell(recorded_cell(record["config"])),
+            "cell_id": f"{path.parent.name}/{path.stem}",
+            "status": record["status"],
+        }
         # The allocator it ran with, as cells.csv reads it (the H100's ran before gpudays set one).
         row["allocator_expandable_segments"] = recorded_expandable(record.get("environment") or {})
         for key in ("step_time_s", "micro_batch_size", "grad_accum_steps", "peak_memory_reserved_gib"):

@@ -85,6 +85,9 @@ class Inputs:
     limit_gib: np.ndarray
     reference_tflops: np.ndarray
     """The dense peak for the cell's precision; NaN where the device has none."""
+    memory_bytes_s: np.ndarray
+    """The GPU's device-memory bandwidth as its datasheet gives it (``gpu.memory_gbytes_s``, bytes/s); NaN where
+    its config has none."""
     num_gpus: np.ndarray
     num_nodes: np.ndarray
     inter_node_bytes_s: np.ndarray
@@ -241,6 +244,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         memory_gib=num("gpu_memory_gib"),
         limit_gib=num("probe_memory_limit_gib"),
         reference_tflops=np.where(reference > 0, reference, np.nan),
+        memory_bytes_s=np.where(num("gpu_memory_gbytes_s") > 0, num("gpu_memory_gbytes_s") * 1e9, np.nan),
         num_gpus=np.maximum(num("num_gpus", 1.0), 1.0),
         num_nodes=np.maximum(num("num_nodes", 1.0), 1.0),
         inter_node_bytes_s=inter_node_bytes_s(

@@ -31,8 +31,10 @@ whose precision the profile did not measure at all keeps the peak's term.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
+from typing import cast
 
 import numpy as np
 
@@ -132,6 +134,22 @@ class ProductRates:
         return float(np.interp(math.log(max(tokens, 1.0)), log_tokens, per_flop))
 
 
+def product_rates(profile: MeasuredProfile) -> ProductRates:
+    """:class:`ProductRates` of ``profile``, read once per profile (a profile is immutable: a frozen record); a
+    profile that cannot be hashed is read every time."""
+    if not isinstance(profile, Hashable):
+        return ProductRates(profile)
+    try:
+        return _product_rates(profile)
+    except TypeError:  # a frozen record holding a list
+        return ProductRates(profile)
+
+
+@lru_cache(maxsize=64)
+def _product_rates(profile: Hashable) -> ProductRates:
+    return ProductRates(cast(MeasuredProfile, profile))
+
+
 def _inner(m: int, n: int) -> Key:
     return ("inner", min(m, n), max(m, n))
 
@@ -187,6 +205,22 @@ def sample_seconds(
     return SampleSeconds(seconds, max(total - covered, 0.0))
 
 
+_SAMPLES: dict[tuple[object, ...], SampleSeconds | None] = {}
+""":func:`sample_seconds` already evaluated, by the rates (the object: a profile's are read once,
+:func:`product_rates`), the model's fields, precision, tokens and recomputation."""
+
+
+def _sample_seconds(
+    model: ModelConfig, dtype: str, tokens: float, recompute: bool, rates: ProductRates
+) -> SampleSeconds | None:
+    key = (rates, repr(model), dtype, tokens, recompute)
+    if key not in _SAMPLES:
+        if len(_SAMPLES) > 65536:
+            _SAMPLES.clear()
+        _SAMPLES[key] = sample_seconds(model, dtype, tokens, recompute, rates)
+    return _SAMPLES[key]
+
+
 def profiled_compute(
     models: np.ndarray,
     gpu: np.ndarray,
@@ -203,20 +237,29 @@ def profiled_compute(
     seconds, rest, median = np.full(n, np.nan), np.full(n, np.nan), np.full(n, np.nan)
     if not profiles:
         return seconds, rest, median
-    rates = {name: ProductRates(p) for name, p in profiles.items()}
-    done: dict[tuple[object, ...], SampleSeconds | None] = {}
-    for row in np.flatnonzero(np.isin(gpu.astype(str), list(rates))).tolist():
-        model, own = models[row], rates[str(gpu[row])]
-        if model is None or not np.isfinite(tokens[row]):
-            continue
-        key = (str(gpu[row]), id(model), str(precision[row]), bool(recompute[row]), float(tokens[row]))
-        if key not in done:
-            done[key] = sample_seconds(model, key[2], key[4], key[3], own)
-        found = done[key]
-        if found is not None:
-            seconds[row], rest[row] = found.seconds, found.fallback_flops
-            median[row] = own.median_flops_s[key[2]]
+    rates = {name: product_rates(p) for name, p in profiles.items()}
+    names = gpu.astype(str)
+    rows = np.flatnonzero(np.isin(names, list(rates)) & np.isfinite(tokens))
+    rows = rows[np.array([models[r] is not None for r in rows], dtype=bool)] if rows.size else rows
+    if rows.size == 0:
+        return seconds, rest, median
+    # One evaluation per distinct (GPU, model, precision, recomputation, tokens), scattered to its rows.
+    columns = (names[rows], np.array([id(m) for m in models[rows]]), precision[rows].astype(str),
+               recompute[rows].astype(bool), tokens[rows].astype(float))  # fmt: skip
+    code = np.zeros(rows.size, dtype=np.int64)
+    for column in columns:
+        _, inverse = np.unique(column, return_inverse=True)
+        code = code * (int(inverse.max()) + 1) + inverse.reshape(-1)
+    _, first, group = np.unique(code, return_index=True, return_inverse=True)
+    group = group.reshape(-1)
+    found = np.full((len(first), 3), np.nan)
+    for g, i in enumerate(first.tolist()):
+        row, own, dtype = rows[i], rates[names[rows[i]]], str(precision[rows[i]])
+        sample = _sample_seconds(models[row], dtype, float(tokens[row]), bool(recompute[row]), own)
+        if sample is not None:
+            found[g] = (sample.seconds, sample.fallback_flops, own.median_flops_s[dtype])
+    seconds[rows], rest[rows], median[rows] = found[group, 0], found[group, 1], found[group, 2]
     return seconds, rest, median
 
 
-__all__ = ("Layer", "ProductRates", "linear_layers", "profiled_compute", "sample_seconds")
+__all__ = ("Layer", "ProductRates", "linear_layers", "product_rates", "profiled_compute", "sample_seconds")

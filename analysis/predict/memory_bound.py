@@ -82,9 +82,9 @@ def memory_bound_s(
 ) -> np.ndarray:
     """Seconds of element-wise work per GPU for ``token_layers`` (tokens × hidden × layers each GPU's share of a step
     covers), at the stream bandwidth of the cell's GPU's profile; NaN where the GPU has none."""
-    bandwidth = np.full(len(gpu), np.nan)
+    bandwidth, names = np.full(len(gpu), np.nan), gpu.astype(str)
     for name, profile in (profiles or {}).items():
-        bandwidth[gpu.astype(str) == name] = stream_bytes_s(profile)
+        bandwidth[names == name] = stream_bytes_s(profile)
     traffic = BYTES_PER_TOKEN_HIDDEN_LAYER * token_layers * np.where(recompute, 1.0 + RECOMPUTED_SHARE, 1.0)
     out: np.ndarray = traffic / bandwidth
     return out

@@ -7,17 +7,20 @@ memory bandwidth its streams reached. A GPU type with no profile of its own is p
 to it by its datasheet:
 
 - each product and attention at the reference's seconds × (the reference's dense peak / the GPU's), for bf16 and
-  fp16 (the precisions the reference measured; fp16's tensor peak is bf16's on every GPU listed), so at the same
-  share of its own peak;
-- the memory streams at the reference's seconds × (the reference's datasheet bandwidth / the GPU's,
-  :data:`DATASHEET_MEMORY_GBYTES_S`), so at the same share of its own bandwidth;
+  fp16 (the precisions the reference measured; fp16's tensor peak is bf16's on every GPU of ``conf/gpu``), so at
+  the same share of its own peak;
+- the memory streams at the reference's seconds × (the reference's datasheet bandwidth / the GPU's, its config's
+  ``memory_gbytes_s``), so at the same share of its own bandwidth;
 - no collectives: the links stay the cited defaults of :mod:`analysis.predict.network`.
 
 The step-time model (:mod:`analysis.predict.step_time`) then takes the same structure with or without a measured
 profile: the products at their shape's rate (:mod:`analysis.predict.measured_compute`), the memory-bound work as
 bytes over bandwidth (:mod:`analysis.predict.memory_bound`), a small fixed cost per micro-step. Checked on the
-H100 (the same GH100 die as the H200, with 3,350 GB/s of memory instead of 4,800): its 14 records, none of which
-set anything here, are predicted with a median error of 3.8% (``python benchmarks/scorecard.py``, part 1).
+H100 (the same GH100 die as the H200, with 3,350 GB/s of memory instead of 4,800): its seven records without
+compile, which set nothing, are predicted within a median 2.5% and at most 5.3% (``python benchmarks/scorecard.py``,
+part 1, "Uncalibrated"; the seven compiled ones set what whole compile leaves,
+:data:`analysis.predict.memory_bound.COMPILED_SHARE`). A GPU type whose config gives no ``memory_gbytes_s`` (or no
+dense peak) is not carried to: its compute stays at the peak times the default efficiency.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.predict.measured_compute import ProductRates
+from analysis.predict.measured_compute import product_rates
 from orchestrator.profile.record import Profile, read_profile
 
 REFERENCE = Path(__file__).with_name("reference") / "nvidia-h200.json"
@@ -41,23 +44,6 @@ REFERENCE_GBYTES_S = 4800.0
 PRECISIONS = ("bf16", "fp16")
 """The precisions the reference's products and attention were measured in, and carried to."""
 
-DATASHEET_MEMORY_GBYTES_S: dict[str, float] = {
-    "v100-32gb": 900.0,  # NVIDIA V100 datasheet (SXM2): 900 GB/s HBM2
-    "a100-40gb": 1555.0,  # NVIDIA A100 datasheet (SXM4 40GB): 1,555 GB/s HBM2
-    "a100-80gb": 2039.0,  # NVIDIA A100 datasheet (SXM4 80GB): 2,039 GB/s HBM2e
-    "a100-80gb-mig-3g.40gb": 1019.5,  # 4 of the card's 8 memory slices (MIG user guide): half of 2,039 GB/s
-    "h100-80gb": 3350.0,  # NVIDIA H100 datasheet (SXM): 3.35 TB/s HBM3
-    "h200": REFERENCE_GBYTES_S,
-    "rtx3090": 936.0,  # NVIDIA GeForce RTX 3090 specifications: 936 GB/s GDDR6X
-    "a6000": 768.0,  # NVIDIA RTX A6000 datasheet: 768 GB/s GDDR6
-    "a40": 696.0,  # NVIDIA A40 datasheet: 696 GB/s GDDR6
-    "l40": 864.0,  # NVIDIA L40 datasheet: 864 GB/s GDDR6
-    "l40s": 864.0,  # NVIDIA L40S datasheet: 864 GB/s GDDR6
-}
-"""Device-memory bandwidth by GPU name, GB/s, as the vendor's datasheet gives it. A GPU type not listed (or a
-device without a published peak, the CPU) is predicted without the cited profile: its compute at the peak times
-the default efficiency, with the fixed cost per micro-step standing for the memory-bound work."""
-
 
 @cache
 def reference_profile() -> Profile:
@@ -68,7 +54,7 @@ def widest_product_share(dtype: str = PRECISIONS[0]) -> float:
     """The share of the dense peak the reference's widest products reached (the median of those whose smaller
     fixed dimension is the largest measured): the rate a wider product is taken at
     (:class:`analysis.predict.measured_compute.ProductRates`)."""
-    _, per_flop = ProductRates(reference_profile()).largest[dtype]
+    _, per_flop = product_rates(reference_profile()).largest[dtype]
     return 1.0 / (per_flop * REFERENCE_PEAK_TFLOPS * 1e12)
 
 
@@ -98,22 +84,27 @@ def _carried(peak_tflops: float, memory_gbytes_s: float) -> Profile:
 
 
 def cited_profiles(
-    gpu: np.ndarray, precision: np.ndarray, reference_tflops: np.ndarray, measured: Mapping[str, object] | None
+    gpu: np.ndarray,
+    precision: np.ndarray,
+    reference_tflops: np.ndarray,
+    memory_bytes_s: np.ndarray,
+    measured: Mapping[str, object] | None,
 ) -> dict[str, Profile]:
     """A carried profile for every GPU type of the cells that has none measured (``measured``, by GPU name), a
-    datasheet bandwidth and a dense peak in a precision the reference measured; by GPU name."""
+    datasheet bandwidth (``memory_bytes_s``) and a dense peak in a precision the reference measured; by GPU name.
+    A GPU type's first such cell gives its figures (its config's: the same in every cell of it)."""
     out: dict[str, Profile] = {}
     names = gpu.astype(str)
-    for name in sorted(set(names) - set(measured or {})):
-        bandwidth = DATASHEET_MEMORY_GBYTES_S.get(name)
-        rows = (names == name) & np.isin(precision.astype(str), PRECISIONS) & np.isfinite(reference_tflops)
-        if bandwidth is None or not rows.any():
+    carried = np.isin(precision.astype(str), PRECISIONS) & np.isfinite(reference_tflops) & np.isfinite(memory_bytes_s)
+    for name in np.unique(names[carried]).tolist():
+        if name in (measured or {}):
             continue
-        out[name] = carried_profile(float(reference_tflops[rows][0]), bandwidth)
+        row = int(np.flatnonzero(carried & (names == name))[0])
+        out[name] = carried_profile(float(reference_tflops[row]), float(memory_bytes_s[row]) / 1e9)
     return out
 
 
 __all__ = (
-    "DATASHEET_MEMORY_GBYTES_S", "REFERENCE", "carried_profile", "cited_profiles", "reference_profile",
+    "REFERENCE", "carried_profile", "cited_profiles", "reference_profile",
     "widest_product_share",
 )  # fmt: skip

@@ -7,8 +7,8 @@ for a GPU type without one, the reference machine's carried to it by its datashe
 (the coefficient is a fixed cost per micro-step). The compute term also holds the memory-bound work as bytes over
 the profile's bandwidth, and the micro-steps count only what neither explains (:mod:`analysis.predict.memory_bound`);
 compile takes its share off either (``compiled_share``). A GPU type with neither a profile nor a datasheet
-bandwidth here (a device without a published peak, the CPU, before its profile) has its step's hardware FLOPs
-over its dense peak, and a fixed cost per micro-step that stands for the memory-bound work too. Uncalibrated, the coefficients are
+bandwidth (``gpu.memory_gbytes_s``; the CPU before its profile) has its step's hardware FLOPs over its dense peak,
+and a fixed cost per micro-step that stands for the memory-bound work too. Uncalibrated, the coefficients are
 :data:`DEFAULT_COEFFICIENTS`; :func:`analysis.predict.calibration.calibrate` fits them per GPU type to measured records.
 
 Compute is the same for every engine, and so are micro-steps but for a pipeline, whose ranks each run a micro-batch
@@ -77,7 +77,7 @@ def step_terms(x: Inputs, accum: np.ndarray, profiles: Mapping[str, MeasuredProf
     # What compile leaves of the work outside the products: the fixed cost per micro-step stands for it.
     per_micro_step = compiled_share(x.compile, x.method["compile_scope"], x.arch)
     # A GPU type without a measured profile takes the reference machine's, carried to it by its datasheet.
-    rates = {**cited_profiles(x.gpu, x.precision, x.reference_tflops, profiles), **(profiles or {})}
+    rates = {**cited_profiles(x.gpu, x.precision, x.reference_tflops, x.memory_bytes_s, profiles), **(profiles or {})}
     if rates:
         compute, structured = _profiled(x, accum, compute, family, rates, per_micro_step)
         # Where the profile gives the products and the memory's bandwidth, the memory-bound work is in the

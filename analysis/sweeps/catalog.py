@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
+from functools import cache
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar, cast
 
@@ -33,7 +34,8 @@ from orchestrator.engines.registry import method_type
 
 # The method columns' names and kinds are the row's (orchestrator.cells.row), named here too.
 __all__ = [
-    "GPU_PRICE_KEYS", "Catalog", "lenient_cell", "method_column", "method_defaults", "method_kinds", "stored_cell",
+    "GPU_PRICE_KEYS", "Catalog", "lenient_cell", "method_column", "method_defaults", "method_kinds", "recorded_cell",
+    "stored_cell",
 ]  # fmt: skip
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
@@ -192,6 +194,17 @@ def stored_cell(config: Mapping[str, object], settings: Mapping[str, object] | N
     :meth:`Catalog.cell`'s rules but completed from nothing: typed by ``to_config``, leniently where it is damaged
     or of an older schema."""
     return Catalog().cell(config, settings or {})[0]
+
+
+def recorded_cell(config: Mapping[str, object], settings: Mapping[str, object] | None = None) -> Config:
+    """A record's stored config as :func:`analysis.sweeps.records.load_cells` reads it: completed from today's
+    ``conf/`` (what it lacks or holds as null, and a GPU's prices), then typed as :func:`stored_cell` types it."""
+    return _today().cell(config, settings or {})[0]
+
+
+@cache
+def _today() -> Catalog:
+    return Catalog.load()
 
 
 BEFORE_THE_FIELD: Mapping[str, object] = {"fsdp_accumulation": "unsharded"}

@@ -127,6 +127,10 @@ class GpuConfig:
     ``None`` where the GPUs of a node are not all joined by NVLink (PCIe cards)."""
     pcie_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
     """Host link of one GPU, both directions together, GB/s (PCIe x16: 32 gen 3, 64 gen 4, 128 gen 5)."""
+    memory_gbytes_s: Optional[float] = field(default=None, metadata=domain(gt=0, optional=True))
+    """Device-memory bandwidth, GB/s, as the datasheet gives it (3,350 on an H100 SXM). With a dense peak, it lets
+    a GPU type without a measured profile be predicted with the reference machine's carried to it
+    (``analysis/predict/reference_profile.py``); ``None``: the peak and a fixed cost per micro-step instead."""
     mig_profile: Optional[str] = field(
         default=None,
         metadata=domain(pattern=r"[1-7]g\.[0-9]+gb", pattern_text="a MIG profile such as 3g.40gb", optional=True),

@@ -20,7 +20,7 @@ from analysis.predict.predictor import (
     predict_cell,
     predict_frame,
 )
-from analysis.predict.reference_profile import DATASHEET_MEMORY_GBYTES_S, carried_profile
+from analysis.predict.reference_profile import carried_profile
 from analysis.predict.step_time import DEFAULT_EFFICIENCY, DEFAULT_OVERHEAD_S_PER_MICRO_STEP
 from analysis.predict.uncertainty import prior_covariance
 from analysis.sweeps.records import Catalog
@@ -123,16 +123,16 @@ def test_probe_memory_limit_replaces_the_gpu_memory(catalog: Catalog) -> None:
 def test_uncalibrated_step_time_is_flops_at_the_default_efficiency_plus_a_cost_per_micro_step(
     catalog: Catalog,
 ) -> None:
-    # A GPU type the cited profile does not cover (no datasheet bandwidth, analysis/predict/reference_profile.py).
+    # A GPU type without a datasheet bandwidth: the cited profile does not cover it (analysis/predict/reference_profile.py).
     cell = synthetic.cell_config("pythia-70m", "a100-80gb", 1, catalog=catalog)
-    cell["gpu"]["name"] = "a100-unlisted"
+    cell["gpu"]["memory_gbytes_s"] = None
     pred = predict_cell(cell)
     flops = 1024 * 2048 * flops_per_token(to_config(cell).model)
     expected = flops / (312e12 * DEFAULT_EFFICIENCY) + DEFAULT_OVERHEAD_S_PER_MICRO_STEP * pred.grad_accum_steps
     assert pred.step_time_s == pytest.approx(expected)
     # Checkpointing adds what is recomputed, no more: the family's hardware FLOPs.
     ckpt = synthetic.cell_config("pythia-70m", "a100-80gb", 1, catalog=catalog, activation_checkpointing=True)
-    ckpt["gpu"]["name"] = "a100-unlisted"
+    ckpt["gpu"]["memory_gbytes_s"] = None
     recompute = 1024 * 2048 * flops_per_token(to_config(ckpt).model, recompute=True)
     assert predict_cell(ckpt, micro_batch_size=pred.micro_batch_size).compute_s == pytest.approx(
         recompute / (312e12 * DEFAULT_EFFICIENCY)
@@ -140,19 +140,19 @@ def test_uncalibrated_step_time_is_flops_at_the_default_efficiency_plus_a_cost_p
     assert pred.communication_s == 0.0 and not pred.calibrated
     # More GPUs: less compute each, and communication appears.
     eight = synthetic.cell_config("pythia-70m", "a100-80gb", 8, catalog=catalog)
-    eight["gpu"]["name"] = "a100-unlisted"
+    eight["gpu"]["memory_gbytes_s"] = None
     assert predict_cell(eight).compute_s == pytest.approx(pred.compute_s / 8)
     assert predict_cell(eight).communication_s > 0
 
 
 def test_a_listed_gpu_without_a_profile_is_predicted_with_the_reference_carried_to_it(catalog: Catalog) -> None:
     cell = synthetic.cell_config("pythia-70m", "a100-80gb", 8, catalog=catalog)
-    carried = {"a100-80gb": carried_profile(312.0, DATASHEET_MEMORY_GBYTES_S["a100-80gb"])}
+    carried = {"a100-80gb": carried_profile(312.0, cell["gpu"]["memory_gbytes_s"])}
     cited, given = predict_cell(cell), predict_cell(cell, profiles=carried)
     assert cited.step_time_s == pytest.approx(given.step_time_s)
     assert cited.compute_s == pytest.approx(given.compute_s)
     unlisted = synthetic.cell_config("pythia-70m", "a100-80gb", 8, catalog=catalog)
-    unlisted["gpu"]["name"] = "a100-unlisted"
+    unlisted["gpu"]["memory_gbytes_s"] = None
     assert cited.step_time_s != pytest.approx(predict_cell(unlisted).step_time_s, rel=1e-3)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from analysis.predict.outliers import IMPOSSIBLE, slow_attention, slow_products
 from analysis.predict.predictor import flat_cell, predict_frame
+from analysis.sweeps.catalog import recorded_cell
 from orchestrator.profile.record import Profile, read_profile
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -58,7 +59,7 @@ def test_a_product_slower_than_a_larger_one_by_the_threshold_is_left_out(lazily_
 def test_the_prediction_leaves_the_one_off_cost_out(lazily_loaded: Profile) -> None:
     record = json.loads((ROUND3 / "160m-ds-again.json").read_text())
     m = record["metrics"]
-    table = pd.DataFrame([flat_cell(record["config"])])
+    table = pd.DataFrame([flat_cell(recorded_cell(record["config"]))])
     frame = predict_frame(table, profiles={"h200": lazily_loaded}, micro_batch_size=pd.Series([m["micro_batch_size"]]),
                           grad_accum_steps=pd.Series([m["grad_accum_steps"]]))  # fmt: skip
     # With the 3.6 GFLOP/s figure the step was predicted at 44,371 s; without it, within 10% of the 6.49 s measured.

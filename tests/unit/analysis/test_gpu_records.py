@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.predict.predictor import flat_cell, predict_frame
+from analysis.sweeps.catalog import recorded_cell
 from orchestrator.engines.allocator import expandable_segments, recorded_conf
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records" / "h100-80gb").glob("*.json"))
@@ -23,7 +24,7 @@ def load(path: Path) -> dict[str, Any]:
 def row_of(record: dict[str, Any]) -> dict[str, Any]:
     """The record's cell as cells.csv reads it: with the allocator it ran with (these, before gpudays set one)."""
     conf = recorded_conf(record["environment"])
-    return {**flat_cell(record["config"]), "allocator_expandable_segments": expandable_segments(conf)}
+    return {**flat_cell(recorded_cell(record["config"])), "allocator_expandable_segments": expandable_segments(conf)}
 
 
 @pytest.fixture(scope="module")

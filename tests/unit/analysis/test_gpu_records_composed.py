@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 from analysis.predict.predictor import flat_cell, predict_frame
+from analysis.sweeps.catalog import recorded_cell
 from orchestrator.config.batch import divisors
 from orchestrator.job.search import next_size
 from orchestrator.store.record import Metrics
@@ -49,6 +50,6 @@ def test_the_predictor_at_the_found_micro_batch_is_within_tolerance(path: Path) 
     record = load(path)
     metrics = record["metrics"]
     found = pd.Series([float(metrics["micro_batch_size"])])
-    row = predict_frame(pd.DataFrame([flat_cell(record["config"])]), micro_batch_size=found).iloc[0]
+    row = predict_frame(pd.DataFrame([flat_cell(recorded_cell(record["config"]))]), micro_batch_size=found).iloc[0]
     assert row["predicted_step_time_s"] == pytest.approx(metrics["step_time_s"], rel=0.15)
     assert row["predicted_peak_memory_gib"] == pytest.approx(metrics["peak_memory_reserved_gib"], rel=0.10)

@@ -15,9 +15,6 @@ from orchestrator.profile.identity import Identity
 from orchestrator.profile.record import AttentionTime, MatmulTime, Profile
 
 PEAK = 989.0
-GPU = "hopper-test"
-"""A GPU type the cited profile does not cover (no datasheet bandwidth): without a profile, its compute is the
-peak's term (analysis/predict/reference_profile.py)."""
 RATE = PEAK * 1e12 * DEFAULT_EFFICIENCY
 """The rate the peak's term assumes: a profile at this rate leaves the term as it is."""
 L, H, HEADS, V, SEQ = 6, 512, 8, 50304, 2048
@@ -28,7 +25,7 @@ ACCUM = np.array([32.0])
 def cell(**columns: Any) -> Inputs:
     base: dict[str, Any] = {
         "model_family": "gpt_neox", "model_num_layers": L, "model_hidden_size": H, "model_num_heads": HEADS,
-        "model_vocab_size": V, "model_seq_length": SEQ, "model_global_batch_size": 64, "gpu": GPU,
+        "model_vocab_size": V, "model_seq_length": SEQ, "model_global_batch_size": 64, "gpu": "h100-80gb",
         "gpu_architecture": "hopper", "gpu_memory_gib": 80, "gpu_peak_tflops_bf16": PEAK, "num_gpus": 2,
         "num_nodes": 1, "precision": "bf16",
     }  # fmt: skip
@@ -55,7 +52,7 @@ def profile(speed: dict[tuple[str, int, int], float] | None = None, only: set[tu
     return Profile(identity, "2026-01-01T00:00:00+00:00", 1.0, tuple(matmuls), heads, (), ())
 
 
-def compute(x: Inputs, prof: Profile | None, gpu: str = GPU) -> float:
+def compute(x: Inputs, prof: Profile | None, gpu: str = "h100-80gb") -> float:
     return float(step_terms(x, ACCUM, None if prof is None else {gpu: prof})[0, 0])
 
 

@@ -14,7 +14,6 @@ from analysis.predict.inputs import Inputs, inputs_from_columns
 from analysis.predict.measured_compute import ProductRates
 from analysis.predict.memory_bound import stream_bytes_s
 from analysis.predict.reference_profile import (
-    DATASHEET_MEMORY_GBYTES_S,
     REFERENCE,
     carried_profile,
     cited_profiles,
@@ -27,11 +26,16 @@ ROOT = Path(__file__).resolve().parents[3]
 ACCUM = np.array([8.0])
 
 
-def cell(gpu: str = "a100-80gb", peak: float | None = 312.0, **columns: Any) -> Inputs:
+A100 = 2039.0
+"""The A100 SXM4 80GB's memory bandwidth, GB/s (conf/gpu/a100-80gb.yaml)."""
+
+
+def cell(gpu: str = "a100-80gb", peak: float | None = 312.0, bandwidth: float | None = A100, **columns: Any) -> Inputs:
     base: dict[str, Any] = {
         "model_family": "gpt_neox", "model_num_layers": 16, "model_hidden_size": 2048, "model_num_heads": 8,
         "model_vocab_size": 50304, "model_seq_length": 2048, "model_global_batch_size": 64, "gpu": gpu,
         "gpu_architecture": "ampere", "gpu_memory_gib": 80, "gpu_peak_tflops_bf16": peak,
+        "gpu_memory_gbytes_s": bandwidth,
         "gpu_peak_tflops_fp32": 19.5, "num_gpus": 8, "num_nodes": 1, "precision": "bf16",
     }  # fmt: skip
     return inputs_from_columns({k: [v] for k, v in {**base, **columns}.items()}, 1)
@@ -58,33 +62,37 @@ def test_a_carried_profile_is_the_reference_at_the_gpus_peak_and_bandwidth() -> 
 def test_a_gpu_without_a_measured_profile_is_predicted_with_its_carried_one() -> None:
     x = cell()
     cited = step_terms(x, ACCUM)
-    given = step_terms(x, ACCUM, {"a100-80gb": carried_profile(312.0, DATASHEET_MEMORY_GBYTES_S["a100-80gb"])})
+    given = step_terms(x, ACCUM, {"a100-80gb": carried_profile(312.0, A100)})
     assert cited[0] == pytest.approx(given[0])
     # and differs from the peak's term: the products at their shapes' rates, the memory-bound work at the bandwidth
-    unlisted = step_terms(cell(gpu="a100-unlisted"), ACCUM)
+    unlisted = step_terms(cell(bandwidth=None), ACCUM)
     assert cited[0, 0] != pytest.approx(unlisted[0, 0], rel=1e-3)
     assert cited[0, 3] < unlisted[0, 3]  # the fixed cost per micro-step is only what neither explains
 
 
 def test_a_measured_profile_replaces_the_cited_one() -> None:
     x = cell()
-    slower = carried_profile(312.0 / 2, DATASHEET_MEMORY_GBYTES_S["a100-80gb"] / 2)
+    slower = carried_profile(312.0 / 2, A100 / 2)
     assert step_terms(x, ACCUM, {"a100-80gb": slower})[0, 0] == pytest.approx(2 * step_terms(x, ACCUM)[0, 0])
 
 
 def test_a_slower_memory_makes_the_same_products_slower_by_their_memory_bound_work() -> None:
-    fast = step_terms(cell(gpu="h100-80gb", peak=989.0), ACCUM)[0, 0]
-    slow = step_terms(cell(gpu="h200", peak=989.0), ACCUM)[0, 0]
-    assert fast > slow  # 3,350 GB/s against 4,800, the same GH100 peak
+    h100 = step_terms(cell(gpu="h100-80gb", peak=989.0, bandwidth=3350.0), ACCUM)[0, 0]
+    h200 = step_terms(cell(gpu="h200", peak=989.0, bandwidth=4800.0), ACCUM)[0, 0]
+    assert h100 > h200  # 3,350 GB/s against 4,800, the same GH100 peak
 
 
 def test_what_the_reference_did_not_measure_keeps_the_peaks_term() -> None:
-    # fp32 was not measured: no cited profile for it, the peak's term stays (as on an unlisted GPU type)
+    # fp32 was not measured: no cited profile for it, the peak's term stays (as without a datasheet bandwidth)
     fp32 = step_terms(cell(precision="fp32"), ACCUM)[0]
-    assert fp32[[0, 3]] == pytest.approx(step_terms(cell(gpu="a100-unlisted", precision="fp32"), ACCUM)[0, [0, 3]])
-    x = cell(peak=None, precision="bf16")
-    assert cited_profiles(x.gpu, x.precision, x.reference_tflops, None) == {}
-    assert cited_profiles(cell().gpu, cell().precision, cell().reference_tflops, {"a100-80gb": object()}) == {}
+    assert fp32 == pytest.approx(step_terms(cell(bandwidth=None, precision="fp32"), ACCUM)[0])
+    for x in (cell(peak=None), cell(bandwidth=None)):
+        assert cited_profiles(x.gpu, x.precision, x.reference_tflops, x.memory_bytes_s, None) == {}
+    x = cell()
+    assert cited_profiles(x.gpu, x.precision, x.reference_tflops, x.memory_bytes_s, {"a100-80gb": object()}) == {}
+    assert cited_profiles(x.gpu, x.precision, x.reference_tflops, x.memory_bytes_s, None)["a100-80gb"] == (
+        carried_profile(312.0, A100)
+    )
 
 
 def test_a_product_wider_than_every_measured_one_takes_the_widest_ones_rate() -> None:
@@ -99,10 +107,14 @@ def test_a_product_wider_than_every_measured_one_takes_the_widest_ones_rate() ->
     assert 0.6 < widest_product_share() < 0.7  # the H200's 2048-wide products reached 63-72% of its peak
 
 
-def test_a_gpu_listed_with_a_bandwidth_has_a_config() -> None:
-    names = {p.stem for p in (ROOT / "conf/gpu").glob("*.yaml")}
-    assert set(DATASHEET_MEMORY_GBYTES_S) <= names
-    assert names - set(DATASHEET_MEMORY_GBYTES_S) == {"cpu"}
+def test_every_gpu_with_a_peak_has_its_datasheet_bandwidth() -> None:
+    import yaml
+
+    for path in sorted((ROOT / "conf/gpu").glob("*.yaml")):
+        gpu = yaml.safe_load(path.read_text())
+        if gpu.get("peak_tflops_bf16") or gpu.get("peak_tflops_fp16"):
+            assert gpu.get("memory_gbytes_s", 0) > 0, path.name
+    assert yaml.safe_load((ROOT / "conf/gpu/h200.yaml").read_text())["memory_gbytes_s"] == 4800  # the reference
 
 
 def test_carrying_keeps_every_other_figure() -> None:

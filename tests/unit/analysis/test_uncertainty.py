@@ -17,6 +17,7 @@ from analysis.predict.calibration import calibrate
 from analysis.predict.inputs import inputs_from_columns
 from analysis.predict.predictor import flat_cell, plan, predict_cell, predict_frame, prediction_detail
 from analysis.predict.uncertainty import OTHER_GPU_FACTOR, STEP_TIME_DISCREPANCY, bounds, quantile
+from analysis.sweeps.catalog import recorded_cell
 from orchestrator.engines.allocator import recorded_expandable
 
 RECORDS = sorted((Path(__file__).resolve().parents[2] / "data" / "gpu-records").glob("h100-80gb*/*.json"))
@@ -103,7 +104,7 @@ def test_days_hours_and_dollars_carry_the_step_time_s_interval() -> None:
 def test_the_uncalibrated_intervals_hold_every_real_h100_record() -> None:
     records = [json.loads(path.read_text()) for path in RECORDS]
     assert len(records) == 14
-    table = pd.DataFrame([flat_cell(r["config"]) for r in records])
+    table = pd.DataFrame([flat_cell(recorded_cell(r["config"])) for r in records])
     # As cells.csv reads them: these probes ran before gpudays set the allocator (no expandable segments).
     table["allocator_expandable_segments"] = [recorded_expandable(r["environment"]) for r in records]
     assert not table["allocator_expandable_segments"].any()
