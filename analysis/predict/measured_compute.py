@@ -31,10 +31,9 @@ whose precision the profile did not measure at all keeps the peak's term.
 from __future__ import annotations
 
 import math
-from collections.abc import Hashable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import cast
 
 import numpy as np
 
@@ -137,17 +136,15 @@ class ProductRates:
 def product_rates(profile: MeasuredProfile) -> ProductRates:
     """:class:`ProductRates` of ``profile``, read once per profile (a profile is immutable: a frozen record); a
     profile that cannot be hashed is read every time."""
-    if not isinstance(profile, Hashable):
-        return ProductRates(profile)
     try:
         return _product_rates(profile)
-    except TypeError:  # a frozen record holding a list
+    except TypeError:  # unhashable
         return ProductRates(profile)
 
 
 @lru_cache(maxsize=64)
-def _product_rates(profile: Hashable) -> ProductRates:
-    return ProductRates(cast(MeasuredProfile, profile))
+def _product_rates(profile: MeasuredProfile) -> ProductRates:
+    return ProductRates(profile)
 
 
 def _inner(m: int, n: int) -> Key:
@@ -205,22 +202,6 @@ def sample_seconds(
     return SampleSeconds(seconds, max(total - covered, 0.0))
 
 
-_SAMPLES: dict[tuple[object, ...], SampleSeconds | None] = {}
-""":func:`sample_seconds` already evaluated, by the rates (the object: a profile's are read once,
-:func:`product_rates`), the model's fields, precision, tokens and recomputation."""
-
-
-def _sample_seconds(
-    model: ModelConfig, dtype: str, tokens: float, recompute: bool, rates: ProductRates
-) -> SampleSeconds | None:
-    key = (rates, repr(model), dtype, tokens, recompute)
-    if key not in _SAMPLES:
-        if len(_SAMPLES) > 65536:
-            _SAMPLES.clear()
-        _SAMPLES[key] = sample_seconds(model, dtype, tokens, recompute, rates)
-    return _SAMPLES[key]
-
-
 def profiled_compute(
     models: np.ndarray,
     gpu: np.ndarray,
@@ -246,16 +227,16 @@ def profiled_compute(
     # One evaluation per distinct (GPU, model, precision, recomputation, tokens), scattered to its rows.
     columns = (names[rows], np.array([id(m) for m in models[rows]]), precision[rows].astype(str),
                recompute[rows].astype(bool), tokens[rows].astype(float))  # fmt: skip
-    code = np.zeros(rows.size, dtype=np.int64)
-    for column in columns:
+    group = np.zeros(rows.size, dtype=np.int64)
+    for column in columns:  # each column's codes folded into the groups so far, renumbered from 0
         _, inverse = np.unique(column, return_inverse=True)
-        code = code * (int(inverse.max()) + 1) + inverse.reshape(-1)
-    _, first, group = np.unique(code, return_index=True, return_inverse=True)
-    group = group.reshape(-1)
+        _, group = np.unique(group * (int(inverse.max()) + 1) + inverse.reshape(-1), return_inverse=True)
+        group = group.reshape(-1)
+    _, first = np.unique(group, return_index=True)
     found = np.full((len(first), 3), np.nan)
     for g, i in enumerate(first.tolist()):
         row, own, dtype = rows[i], rates[names[rows[i]]], str(precision[rows[i]])
-        sample = _sample_seconds(models[row], dtype, float(tokens[row]), bool(recompute[row]), own)
+        sample = sample_seconds(models[row], dtype, float(tokens[row]), bool(recompute[row]), own)
         if sample is not None:
             found[g] = (sample.seconds, sample.fallback_flops, own.median_flops_s[dtype])
     seconds[rows], rest[rows], median[rows] = found[group, 0], found[group, 1], found[group, 2]

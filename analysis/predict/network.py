@@ -226,6 +226,7 @@ class MeasuredProfile(Protocol):
     def attention(self) -> Sequence[AttentionFigure]: ...
     @property
     def memory(self) -> Sequence[MemoryFigure]: ...
+    def __hash__(self) -> int: ...  # a frozen record: the predictor reads each profile once
 
 
 @dataclass(frozen=True)

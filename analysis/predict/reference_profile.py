@@ -33,14 +33,15 @@ from pathlib import Path
 import numpy as np
 
 from analysis.predict.measured_compute import product_rates
+from analysis.predict.network import MeasuredProfile
+from analysis.sweeps.catalog import gpu_config
 from orchestrator.profile.record import Profile, read_profile
 
 REFERENCE = Path(__file__).with_name("reference") / "nvidia-h200.json"
 """The reference machine's profile: ``tests/data/gpu-records/h200/profile``'s file, unmodified."""
-REFERENCE_PEAK_TFLOPS = 989.0
-"""The H200's dense bf16 and fp16 tensor peak (NVIDIA H200 datasheet, SXM), as ``conf/gpu/h200.yaml`` gives it."""
-REFERENCE_GBYTES_S = 4800.0
-"""The H200's memory bandwidth (NVIDIA H200 datasheet, SXM: 4.8 TB/s); its profile's streams reached 4,384 GB/s."""
+REFERENCE_GPU = "h200"
+"""The reference machine's GPU type in ``conf/gpu``: its dense peak and datasheet bandwidth (989 TFLOP/s bf16,
+4,800 GB/s; its profile's streams reached 4,384 GB/s) are what the profile is carried from."""
 PRECISIONS = ("bf16", "fp16")
 """The precisions the reference's products and attention were measured in, and carried to."""
 
@@ -50,23 +51,31 @@ def reference_profile() -> Profile:
     return read_profile(REFERENCE)
 
 
+def _reference_peak_tflops() -> float:
+    peak = gpu_config(REFERENCE_GPU).peak_tflops_bf16
+    assert peak is not None, f"conf/gpu/{REFERENCE_GPU}.yaml has no peak_tflops_bf16"
+    return peak
+
+
+def _reference_gbytes_s() -> float:
+    bandwidth = gpu_config(REFERENCE_GPU).memory_gbytes_s
+    assert bandwidth is not None, f"conf/gpu/{REFERENCE_GPU}.yaml has no memory_gbytes_s"
+    return bandwidth
+
+
 def widest_product_share(dtype: str = PRECISIONS[0]) -> float:
     """The share of the dense peak the reference's widest products reached (the median of those whose smaller
     fixed dimension is the largest measured): the rate a wider product is taken at
     (:class:`analysis.predict.measured_compute.ProductRates`)."""
     _, per_flop = product_rates(reference_profile()).largest[dtype]
-    return 1.0 / (per_flop * REFERENCE_PEAK_TFLOPS * 1e12)
-
-
-def carried_profile(peak_tflops: float, memory_gbytes_s: float) -> Profile:
-    """The reference profile carried to a GPU of ``peak_tflops`` (dense bf16/fp16) and ``memory_gbytes_s``."""
-    return _carried(float(peak_tflops), float(memory_gbytes_s))
+    return 1.0 / (per_flop * _reference_peak_tflops() * 1e12)
 
 
 @cache
-def _carried(peak_tflops: float, memory_gbytes_s: float) -> Profile:
+def carried_profile(peak_tflops: float, memory_gbytes_s: float) -> Profile:
+    """The reference profile carried to a GPU of ``peak_tflops`` (dense bf16/fp16) and ``memory_gbytes_s``."""
     reference = reference_profile()
-    compute, memory = REFERENCE_PEAK_TFLOPS / peak_tflops, REFERENCE_GBYTES_S / memory_gbytes_s
+    compute, memory = _reference_peak_tflops() / peak_tflops, _reference_gbytes_s() / memory_gbytes_s
     matmuls = tuple(
         dataclasses.replace(t, dtype=dtype, seconds=t.seconds * compute)
         for dtype in PRECISIONS
@@ -88,7 +97,7 @@ def cited_profiles(
     precision: np.ndarray,
     reference_tflops: np.ndarray,
     memory_bytes_s: np.ndarray,
-    measured: Mapping[str, object] | None,
+    measured: Mapping[str, MeasuredProfile] | None,
 ) -> dict[str, Profile]:
     """A carried profile for every GPU type of the cells that has none measured (``measured``, by GPU name), a
     datasheet bandwidth (``memory_bytes_s``) and a dense peak in a precision the reference measured; by GPU name.
@@ -105,6 +114,6 @@ def cited_profiles(
 
 
 __all__ = (
-    "REFERENCE", "carried_profile", "cited_profiles", "reference_profile",
+    "REFERENCE", "REFERENCE_GPU", "carried_profile", "cited_profiles", "reference_profile",
     "widest_product_share",
 )  # fmt: skip

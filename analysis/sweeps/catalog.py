@@ -34,8 +34,8 @@ from orchestrator.engines.registry import method_type
 
 # The method columns' names and kinds are the row's (orchestrator.cells.row), named here too.
 __all__ = [
-    "GPU_PRICE_KEYS", "Catalog", "lenient_cell", "method_column", "method_defaults", "method_kinds", "recorded_cell",
-    "stored_cell",
+    "GPU_PRICE_KEYS", "Catalog", "gpu_config", "lenient_cell", "method_column", "method_defaults", "method_kinds",
+    "recorded_cell", "stored_cell", "today",
 ]  # fmt: skip
 
 try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
@@ -199,12 +199,21 @@ def stored_cell(config: Mapping[str, object], settings: Mapping[str, object] | N
 def recorded_cell(config: Mapping[str, object], settings: Mapping[str, object] | None = None) -> Config:
     """A record's stored config as :func:`analysis.sweeps.records.load_cells` reads it: completed from today's
     ``conf/`` (what it lacks or holds as null, and a GPU's prices), then typed as :func:`stored_cell` types it."""
-    return _today().cell(config, settings or {})[0]
+    return today().cell(config, settings or {})[0]
 
 
 @cache
-def _today() -> Catalog:
+def today() -> Catalog:
+    """Today's ``conf/`` (:meth:`Catalog.load`), read once."""
     return Catalog.load()
+
+
+def gpu_config(name: str) -> GpuConfig:
+    """A GPU type of today's ``conf/gpu`` as the schema's dataclass; :class:`KeyError` naming it where there is none."""
+    typed = today().gpu(name, {})[2] if name in today().gpus else None
+    if not isinstance(typed, GpuConfig):
+        raise KeyError(f"GPU {name!r} is not in conf/gpu (known: {', '.join(sorted(today().gpus))})")
+    return typed
 
 
 BEFORE_THE_FIELD: Mapping[str, object] = {"fsdp_accumulation": "unsharded"}
