@@ -18,7 +18,10 @@ it, and the interval's high/low ratio. Steady-state figures (FLOP/s, tokens/s, s
 GPU-hours of the same tokens first. A wall-clock figure also holds restarts, evaluations and checkpoints: it is
 scored against the plan's wall-clock GPU-hours (the steps' over the plan's ``goodput``), a steady-state figure
 against the steps' own. The summary gives the share within ±30%, the median
-|error|, the interval's coverage and its median high/low ratio, for all rows, each kind, and the confirmed rows.
+|error|, the interval's coverage and its median high/low ratio, for all rows, each kind, the confirmed rows, the
+published layouts the planner expresses, and every row as it was run (its published layout's prediction where there
+is one, else the fastest setting's: a run that chose a slower layout than the plan's fastest is compared like for
+like).
 """
 
 from __future__ import annotations
@@ -286,6 +289,9 @@ def published_layout(run: Run) -> Answer | None:
             replicas = max(1, run.num_gpus // (tp * pp))
             method += [f"method.micro_batch_size={micro}"]
             method += [f"method.pp_microbatches={max(1, run.global_batch // (replicas * micro))}"]
+            if "schedule" in lay:  # as published, its stages a rank as published or the plan's default
+                method += [f"method.pp_schedule={lay['schedule']}"]
+                method += [f"method.pp_chunks={int(lay['chunks'])}"] if "chunks" in lay else []
     if pp == 1 and "micro_batch" in lay:
         method += [f"method.micro_batch_size={int(lay['micro_batch'])}"]
     try:
@@ -339,6 +345,14 @@ class Row:
     @property
     def layout_score(self) -> Score | None:
         return self._score(self.layout)
+
+    @property
+    def as_run_score(self) -> Score | None:
+        """The run as it was run: its published layout's prediction where the planner expresses it (fitting or
+        not: the run's own GPU-hours are of that layout), else the fastest setting's. The fastest setting scores
+        the plan's answer; a published run that chose a slower layout than the plan's fastest differs from it by
+        that choice as well as by the predictor's error, and this score takes the choice out where it is known."""
+        return self.layout_score or self.score
 
 
 def evaluate(run: Run) -> Row:
@@ -447,6 +461,8 @@ def summaries(rows: Sequence[Row]) -> list[str]:
     lines.append(f"fastest setting, confirmed figures on the published GPU count: {summary(counted)}")
     laid = [s for s in (r.layout_score for r in rows) if s is not None]
     lines.append(f"published layouts the planner expresses: {summary(laid)}")
+    as_run = [s for s in (r.as_run_score for r in rows) if s is not None]
+    lines.append(f"as run (the published layout where expressed, else the fastest setting), all: {summary(as_run)}")
     unanswered = [r.run.id for r in rows if r.score is None]
     if unanswered:
         lines.append(f"no answer: {', '.join(unanswered)}")

@@ -112,3 +112,24 @@ def test_the_mfu_a_figure_implies_is_its_model_flops_over_the_gpus_dense_peak(be
     assert (
         bench.Row(run, 100.0, bench.Answer(reason="none"), None, 1e9, peak).mfus()[1] != row.mfus()[1]
     )  # NaN: no answer
+
+
+def test_a_row_as_run_is_scored_on_its_published_layout_where_the_planner_expresses_it(bench: ModuleType) -> None:
+    """The published layout's prediction where there is one (even one predicted not to fit: the run's hours are of
+    that layout), else the fastest setting's; the fastest setting's score stays what it was."""
+    base = {
+        "id": "x", "name": "x", "source": "s", "verified": "v", "gpu": "a100-80gb", "num_gpus": 8,
+        "model": "pythia-70m", "seq_length": 2048, "global_batch": 64, "tokens": 1e9, "kind": "steady-state",
+        "figure": "gpu_hours", "value": 100.0,
+    }  # fmt: skip
+    run = bench.Run(**base)
+    fastest = bench.Answer(setting="tp2", gpu_hours=50.0, low=40.0, high=60.0)
+    laid = bench.Answer(setting="zero1", gpu_hours=90.0, low=70.0, high=120.0, fits=False)
+    row = bench.Row(run, 100.0, fastest, laid)
+    assert row.score.ratio == pytest.approx(0.5) and not row.score.inside
+    assert row.as_run_score.ratio == pytest.approx(0.9) and row.as_run_score.inside
+    cannot = bench.Row(run, 100.0, fastest, bench.Answer(reason="cannot express"))
+    assert cannot.as_run_score == cannot.score and bench.Row(run, 100.0, fastest, None).as_run_score == cannot.score
+    lines = bench.summaries([row, cannot])
+    (as_run,) = [line for line in lines if line.startswith("as run")]
+    assert "2 rows: within ±30% 50%" in as_run and "coverage 50%" in as_run, as_run
