@@ -16,7 +16,9 @@
    H100 cells still unmeasured at the stop goes from -3.5% to +24.9%, of all the cells not measured from -5.3% to
    +5.6%) is the model's one efficiency per GPU type for every shape, not noise.
 3. Published pre-training runs (``benchmarks/published_runs.py``): the plan's fastest setting, uncalibrated,
-   against each run's published GPU-hours (wall-clock against the plan's wall-clock figure).
+   against each run's published GPU-hours (wall-clock against the plan's wall-clock figure); beside it each run as
+   it was run, its published layout's prediction where the planner expresses it (a run that chose a slower layout
+   than the plan's fastest would otherwise count that choice as the predictor's error, or hide one).
 
 Goals: after measuring at most 5% of a grid, 90% of its cells within ±10%, and 90% intervals holding 85-95%; on
 published runs, every run within ±30%, the median within 15%, 80% inside intervals whose high/low is at most 3.
