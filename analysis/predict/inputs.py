@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pandas as pd
+from numpy.typing import ArrayLike
 
 from analysis.predict.network import inter_node_bytes_s
 from analysis.sweeps.catalog import stored_cell
@@ -268,7 +269,8 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 
 def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
-    what offload keeps in host memory instead, and the peak of the build (``build``, ``EngineSpec.build_bytes``): each cell by its engine's memory model (its
+    what offload keeps in host memory instead, the peak of the build (``build``, ``EngineSpec.build_bytes``) and the
+    part of ``grads`` held only while a step accumulates (``accumulated``, :func:`held_between_micro_steps`): each cell by its engine's memory model (its
     ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
     terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
     holders = ("params", "grads", "optimizer", "buffers")
@@ -281,6 +283,18 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     zero = np.zeros(len(x.engine))
     build = by_engine(x.engine, lambda spec: {"build": spec.build_bytes(x) if spec.build_bytes else zero})["build"]
     out["build"] = np.asarray(build, dtype=float) * np.ones(len(x.engine)) + runtime
+    # The part of the gradients held only while a step accumulates (EngineSpec.accumulated_bytes).
+    kept = by_engine(
+        x.engine, lambda spec: {"accumulated": spec.accumulated_bytes(x) if spec.accumulated_bytes else zero}
+    )["accumulated"]
+    out["accumulated"] = np.asarray(kept, dtype=float) * np.ones(len(x.engine))
+    return out
+
+
+def held_between_micro_steps(accumulated: np.ndarray, steps: ArrayLike) -> np.ndarray:
+    """What of ``accumulated`` (``memory_terms``' part of the gradients kept whole between micro-steps) a step of
+    ``steps`` micro-steps holds: all of it where it accumulates, none where one micro-step is the whole step."""
+    out: np.ndarray = np.where(np.asarray(steps, dtype=float) > 1, accumulated, 0.0)
     return out
 
 

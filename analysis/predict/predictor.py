@@ -24,7 +24,7 @@ import pandas as pd
 from analysis.predict import estimates as est
 from analysis.predict.calibration import Calibration, GpuCalibration, calibrate
 from analysis.predict.discrepancy import positions
-from analysis.predict.inputs import Inputs, flat_cell, inputs_from_columns, memory_terms
+from analysis.predict.inputs import Inputs, flat_cell, held_between_micro_steps, inputs_from_columns, memory_terms
 from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
@@ -132,20 +132,25 @@ def _predict(
 
     per_gpu = x.per_gpu_batch
     # "auto": the probe's rule, the largest divisor of the per-GPU batch that fits. Activations grow linearly
-    # with the micro-batch, so the most sequences that fit come straight out (in GiB, after calibration).
+    # with the micro-batch, so the most sequences that fit come straight out (in GiB, after calibration). The
+    # whole per-GPU batch in one micro-step holds none of the gradients kept between micro-steps, so it is tried
+    # without them first.
     with np.errstate(divide="ignore", invalid="ignore"):
         fitting = np.floor((usable - base) / mem["per_sequence"])
-    auto = largest_fitting_divisor(per_gpu, fitting)
+        whole = np.floor((usable - base + mem["accumulated"]) / mem["per_sequence"])
+    auto = np.where(whole >= per_gpu, per_gpu, largest_fitting_divisor(per_gpu, fitting))
     forced = micro if micro is not None else np.full(size, np.nan)
     chosen = np.where(forced >= 1, forced, np.where(x.micro_setting >= 1, x.micro_setting, auto))
+    steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
+    if accum is not None:
+        steps = np.where(accum >= 1, accum, steps)
+    grads = mem["grads"] - mem["accumulated"] + held_between_micro_steps(mem["accumulated"], steps)
+    base = base - mem["grads"] + grads
     activations = chosen * mem["per_sequence"]
     peak = base + activations
     builds = np.isnan(usable) | ~x.known | (build <= usable)
     fits = builds & (np.isnan(usable) | ~x.known | (peak <= usable))
 
-    steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
-    if accum is not None:
-        steps = np.where(accum >= 1, accum, steps)
     terms = step_terms(x, steps, profiles)
     where = positions(x, steps)  # the discrepancy grows with the distance to the records (uncertainty.Spread)
     for name, spread in c.spreads.items():
@@ -162,7 +167,7 @@ def _predict(
     out = {
         "peak_memory_gib": peak,
         "params_gib": mem["params"],
-        "grads_gib": mem["grads"],
+        "grads_gib": grads,
         "optimizer_gib": mem["optimizer"],
         "activations_gib": activations,
         "buffers_gib": mem["buffers"],

@@ -200,22 +200,33 @@ def largest_unit(num_parameters: Any, vocab_matrix: Any, largest_weight: Any, nu
     return scalar_or_array(np.maximum(block, np.asarray(largest_weight, dtype=float)))
 
 
-def micro_batch_that_fits(cfg: Config, memory_gib: float, fixed_bytes: float) -> int:
+def micro_batch_that_fits(
+    cfg: Config, memory_gib: float, fixed_bytes: float, accumulated_bytes: float = 0.0, per_gpu: int = 0
+) -> int:
     """The most sequences per micro-batch that fit in ``memory_gib`` per GPU (at least 1), leaving
-    :data:`DEFAULT_MARGIN` free, given the engine's ``fixed_bytes`` (what does not grow with the micro-batch).
+    :data:`DEFAULT_MARGIN` free, given the engine's ``fixed_bytes`` (what does not grow with the micro-batch), of
+    which ``accumulated_bytes`` are held only while a step accumulates: the whole per-GPU batch ``per_gpu`` in one
+    micro-step holds none of them, so it is tried without them first.
 
     Where the probe's search starts (each engine's ``estimate_micro_batch_size``); what decides is the measured
     trial, not this number. The predictor applies the same rule (:func:`largest_fitting_divisor`).
     """
-    fitting = sequences_that_fit(
-        memory_gib * GIB * (1.0 - DEFAULT_MARGIN),
-        fixed_bytes,
-        activation_bytes_per_sequence(cfg.model, cfg.method),
-        regional_compile=compiles_regionally(cfg.method.compile, cfg.method.compile_scope),
-        checkpointing=cfg.method.activation_checkpointing,
-        expandable=expandable_segments(allocator_conf(cfg.cluster.env, cfg.gpu.accelerator)),
-    )
-    return max(1, int(fitting))
+
+    def fitting(fixed: float) -> float:
+        return float(
+            sequences_that_fit(
+                memory_gib * GIB * (1.0 - DEFAULT_MARGIN),
+                fixed,
+                activation_bytes_per_sequence(cfg.model, cfg.method),
+                regional_compile=compiles_regionally(cfg.method.compile, cfg.method.compile_scope),
+                checkpointing=cfg.method.activation_checkpointing,
+                expandable=expandable_segments(allocator_conf(cfg.cluster.env, cfg.gpu.accelerator)),
+            )
+        )
+
+    if accumulated_bytes > 0 and per_gpu >= 1 and fitting(fixed_bytes - accumulated_bytes) >= per_gpu:
+        return per_gpu
+    return max(1, int(fitting(fixed_bytes)))
 
 
 def scalar_or_array(value: Any) -> Any:

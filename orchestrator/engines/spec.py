@@ -175,6 +175,11 @@ class EngineSpec:
     """``build_bytes(x)``: bytes per GPU allocated at the peak of building the model and its engine, before the
     first step (the model's states only come later), for every cell of ``x``, element-wise. A cell fits only where
     both this and the step's peak do. None: the build never peaks above the step."""
+    accumulated_bytes: Callable[[CellArrays], np.ndarray] | None = None
+    """``accumulated_bytes(x)``: the part of ``memory_terms``' ``grads`` a rank holds only while a step accumulates
+    more than one micro-step (gradients kept whole between micro-steps, reduced at the boundary), for every cell of
+    ``x``, element-wise; a step of one micro-step reduces them as the backward makes them and holds none of it.
+    None: the engine's gradients do not depend on accumulating."""
     layout_terms: Callable[[CellArrays], Terms] | None = None
     """``layout_terms(x)``, for an engine whose ranks share their sequences (tensor and pipeline parallelism):
     ``batch_split``, the ways a micro-step splits the global batch (``num_gpus`` for a data-parallel engine, what

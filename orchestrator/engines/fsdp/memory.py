@@ -10,8 +10,8 @@ node; ``none``: 1), p bytes of the compute dtype (2 in bf16, 4 in fp32), r of th
   total. ``CPUOffloadPolicy`` keeps all three on the host.
 - accumulated gradients: with ``fsdp_accumulation: unsharded``, inside an accumulation cycle
   (``set_requires_gradient_sync(False)``) each rank keeps the *unsharded* gradients of every layer, in the reduce
-  dtype: rΨ. The probe's batches always accumulate at the sizes that matter, so this is always counted there (a
-  cell without accumulation is overestimated by it). ``sharded`` (the default) reduce-scatters every micro-batch
+  dtype: rΨ, held only where a step accumulates (:func:`accumulated_bytes_of`: a step of one micro-step is its
+  own boundary, and the predictor's micro-batch rule leaves it out there). ``sharded`` (the default) reduce-scatters every micro-batch
   into the sharded gradients already counted: nothing more.
 - gathered parameters: ``full``/``hybrid`` gather a layer for its forward and again for its backward, with the
   next one prefetched: two layers (Ψ/L each) in the compute dtype, plus the root's (embeddings and output layer,
@@ -141,6 +141,16 @@ def build_bytes_of(x: CellArrays) -> Any:
     )  # fmt: skip
 
 
+def accumulated_bytes_of(x: CellArrays) -> Any:
+    """The unsharded gradients (rΨ) that ``fsdp_accumulation: unsharded`` adds to :func:`memory_terms`' ``grads``:
+    held only inside an accumulation cycle, none in a step of one micro-step (its one micro-step is the boundary)."""
+    m = x.method
+    args = (x.params, m["fsdp_sharding"], x.num_gpus, x.num_nodes, m["fsdp_reduce_precision"], m["fsdp_offload"])
+    whole = model_state_bytes(*args, m["fsdp_accumulation"])[1]
+    sharded = model_state_bytes(*args, "sharded")[1]
+    return _out(np.asarray(whole, dtype=float) - np.asarray(sharded, dtype=float))
+
+
 def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``fsdp_*`` fields."""
     m = x.method
@@ -167,4 +177,9 @@ def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nod
 def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     """The most sequences per micro-batch the memory model says fit in ``memory_gib`` per GPU (at least 1),
     leaving :data:`~orchestrator.engines.memory.DEFAULT_MARGIN` free: where the probe's search starts."""
-    return micro_batch_that_fits(cfg, memory_gib, fixed_bytes(cfg.model, cfg.method, cfg.num_gpus, cfg.num_nodes))
+    m = cfg.method
+    args = (num_parameters(cfg.model), m.fsdp_sharding, cfg.num_gpus, cfg.num_nodes, m.fsdp_reduce_precision)
+    held = float(model_state_bytes(*args, m.fsdp_offload, m.fsdp_accumulation)[1])
+    accumulated = held - float(model_state_bytes(*args, m.fsdp_offload, "sharded")[1])
+    fixed = fixed_bytes(cfg.model, m, cfg.num_gpus, cfg.num_nodes)
+    return micro_batch_that_fits(cfg, memory_gib, fixed, accumulated, cfg.model.global_batch_size // cfg.num_gpus)

@@ -80,6 +80,14 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
+def accumulated_bytes(x: CellArrays) -> np.ndarray:
+    import numpy
+
+    from orchestrator.engines.fsdp.memory import accumulated_bytes_of
+
+    return numpy.asarray(accumulated_bytes_of(x), dtype=float)
+
+
 def build_bytes(x: CellArrays) -> Any:
     from orchestrator.engines.fsdp.memory import build_bytes_of
 
@@ -102,6 +110,7 @@ SPEC = EngineSpec(
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
     build_bytes=build_bytes,
+    accumulated_bytes=accumulated_bytes,
     not_fit_advice="full sharding, fsdp_offload",
     sharding_fields=("fsdp_sharding", "fsdp_offload"),  # the reduce dtype is tuned per count, as precision is
     identity_own=("fsdp_accumulation",),  # its default changed what an FSDP cell runs: old ids are not the new

@@ -11,7 +11,9 @@ bytes of the compute dtype, r of the reduce dtype (fp32):
   stages (one, or ``pp_chunks`` under an interleaved schedule) as ``config.stage_sizes`` splits them or as
   ``method.pp_layers`` gives them;
 - FSDP2 keeps fp32 shards over the d replicas: 4Ψ_gpu/d parameters, 4Ψ_gpu/d gradients, 8Ψ_gpu/d AdamW moments;
-  the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu; with HSDP (``dp_replicate``) d is
+  the gradients of a schedule's micro-batches accumulate unsharded, rΨ_gpu (held only where a step accumulates:
+  without a pipeline a step of one micro-step reduces them as the backward makes them, :func:`accumulated_bytes_of`
+  and the predictor's micro-batch rule); with HSDP (``dp_replicate``) d is
   the shard degree, the replicas of one group (:func:`shard_degree`), each group holding all the states;
 - gathered parameters: with a pipeline the stage stays gathered for all its micro-batches (resharding between
   them would gather it again for each), p_bΨ_gpu; without, as FSDP's ``full``: two layers and the largest weight;
@@ -153,6 +155,22 @@ def build_bytes_of(x: CellArrays) -> Any:
     )  # fmt: skip
 
 
+def accumulated_bytes_of(x: CellArrays) -> Any:
+    """The unsharded gradients (``REDUCE_BYTES`` × a rank's share) that :func:`memory_terms` counts, which a
+    rank holds only between micro-steps: without a pipeline a step of one micro-step runs it as an accumulation
+    boundary (``set_requires_gradient_sync(True)``), so FSDP2 reduce-scatters each layer's gradients as the
+    backward makes them; a pipeline's schedule accumulates its micro-batches always."""
+    m = x.method
+    share = np.asarray(
+        rank_parameters(
+            x.params, x.vocab * x.hidden, m["tp"], m["pp"], x.layers, vocab_split_of(m),
+            m["pp_chunks"], m["pp_schedule"], m["pp_layers"],
+        ),
+        dtype=float,
+    )  # fmt: skip
+    return _out(np.where(np.asarray(m["pp"], dtype=float) > 1, 0.0, REDUCE_BYTES * share))
+
+
 def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp``, ``pp``,
     ``tp_loss_parallel`` and ``dp_replicate`` fields."""
@@ -250,5 +268,18 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     scale = activation_factor(
         layout, cfg.model.num_layers, logits, m.tp_loss_parallel, m.tp_sequence_parallel, end_weight(cfg.model)
     )
+    # Without a pipeline a step of one micro-step reduces the gradients as the backward makes them
+    # (accumulated_bytes_of): the whole replica's batch is tried without them.
+    share = rank_parameters(
+        num_parameters(cfg.model), cfg.model.vocab_size * cfg.model.hidden_size, layout.tp, layout.pp,
+        cfg.model.num_layers, m.tp_loss_parallel or m.tp_sequence_parallel, m.pp_chunks, m.pp_schedule, m.pp_layers,
+    )  # fmt: skip
+    accumulated = REDUCE_BYTES * float(share) if layout.pp == 1 else 0.0
+    per_gpu = cfg.model.global_batch_size // layout.batch_split
     # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
-    return micro_batch_that_fits(cfg, memory_gib / scale, fixed_bytes(cfg) / scale) if per_sequence else 1
+    fixed = fixed_bytes(cfg)
+    return (
+        micro_batch_that_fits(cfg, memory_gib / scale, fixed / scale, accumulated / scale, per_gpu)
+        if per_sequence
+        else 1
+    )

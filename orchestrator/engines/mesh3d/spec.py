@@ -61,6 +61,14 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
+def accumulated_bytes(x: CellArrays) -> np.ndarray:
+    import numpy
+
+    from orchestrator.engines.mesh3d.memory import accumulated_bytes_of
+
+    return numpy.asarray(accumulated_bytes_of(x), dtype=float)
+
+
 def build_bytes(x: CellArrays) -> Any:
     from orchestrator.engines.mesh3d.memory import build_bytes_of
 
@@ -111,6 +119,7 @@ SPEC = EngineSpec(
     memory_terms=memory_terms,
     step_time_terms=step_time_terms,
     build_bytes=build_bytes,
+    accumulated_bytes=accumulated_bytes,
     not_fit_advice="more tensor or pipeline parallelism (method.tp, method.pp)",
     sharding_fields=("tp", "pp", "pp_schedule", "pp_chunks"),
     batch_check=batch_refusals,
