@@ -18,7 +18,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.predict.discrepancy import positions
-from analysis.predict.inputs import held_between_micro_steps, inputs_from_columns, memory_terms
+from analysis.predict.inputs import grads_held, inputs_from_columns, memory_terms
 from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import TERMS, step_terms
 from analysis.predict.uncertainty import Spread, fit_posterior, prior_centre, prior_spread
@@ -128,8 +128,7 @@ def calibrate(records: pd.DataFrame, profiles: Mapping[str, MeasuredProfile] | N
     accum = np.where(accum >= 1, accum, np.maximum(np.floor(x.per_gpu_batch / np.where(micro >= 1, micro, 1.0)), 1.0))
     terms = step_terms(x, accum, profiles)
     mem = memory_terms(x)
-    grads = mem["grads"] - mem["accumulated"] + held_between_micro_steps(mem["accumulated"], accum)
-    allocated = mem["params"] + grads + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
+    allocated = mem["params"] + grads_held(mem, accum) + mem["optimizer"] + mem["buffers"] + micro * mem["per_sequence"]
     overhead = allocator_overhead(
         x.accelerator, compiles_regionally(x.compile, x.method["compile_scope"]), x.checkpointing, x.expandable
     )

@@ -270,7 +270,7 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
 def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     """Allocated bytes per GPU that do not depend on the micro-batch, by holder, the activation bytes per sequence,
     what offload keeps in host memory instead, the peak of the build (``build``, ``EngineSpec.build_bytes``) and the
-    part of ``grads`` held only while a step accumulates (``accumulated``, :func:`held_between_micro_steps`): each cell by its engine's memory model (its
+    part of ``grads`` held only while a step accumulates (``accumulated``, :func:`grads_held`): each cell by its engine's memory model (its
     ``EngineSpec.memory_terms``, found through orchestrator.engines.registry)."""
     terms = by_engine(x.engine, lambda spec: spec.memory_terms(x))
     holders = ("params", "grads", "optimizer", "buffers")
@@ -291,10 +291,10 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     return out
 
 
-def held_between_micro_steps(accumulated: np.ndarray, steps: ArrayLike) -> np.ndarray:
-    """What of ``accumulated`` (``memory_terms``' part of the gradients kept whole between micro-steps) a step of
-    ``steps`` micro-steps holds: all of it where it accumulates, none where one micro-step is the whole step."""
-    out: np.ndarray = np.where(np.asarray(steps, dtype=float) > 1, accumulated, 0.0)
+def grads_held(terms: Mapping[str, np.ndarray], steps: ArrayLike) -> np.ndarray:
+    """The gradients a step of ``steps`` micro-steps holds, of :func:`memory_terms` ``terms`` (bytes, or after a
+    scale): ``grads`` less its ``accumulated`` part where one micro-step is the whole step."""
+    out: np.ndarray = terms["grads"] - np.where(np.asarray(steps, dtype=float) > 1, 0.0, terms["accumulated"])
     return out
 
 

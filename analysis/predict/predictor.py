@@ -24,7 +24,7 @@ import pandas as pd
 from analysis.predict import estimates as est
 from analysis.predict.calibration import Calibration, GpuCalibration, calibrate
 from analysis.predict.discrepancy import positions
-from analysis.predict.inputs import Inputs, flat_cell, held_between_micro_steps, inputs_from_columns, memory_terms
+from analysis.predict.inputs import Inputs, flat_cell, grads_held, inputs_from_columns, memory_terms
 from analysis.predict.network import MeasuredProfile
 from analysis.predict.step_time import DEFAULT_COEFFICIENTS, TERMS, step_terms
 from analysis.predict.uncertainty import Spread, bounds, prior_spread
@@ -144,7 +144,7 @@ def _predict(
     steps = np.maximum(np.floor(per_gpu / chosen), 1.0)
     if accum is not None:
         steps = np.where(accum >= 1, accum, steps)
-    grads = mem["grads"] - mem["accumulated"] + held_between_micro_steps(mem["accumulated"], steps)
+    grads = grads_held(mem, steps)
     base = base - mem["grads"] + grads
     activations = chosen * mem["per_sequence"]
     peak = base + activations

@@ -74,12 +74,21 @@ def model_state_bytes(
     shards = np.asarray(shard_group_size(sharding, num_gpus, num_nodes), dtype=float)
     on_host = np.asarray(offload, dtype=bool)
     params = np.where(on_host, 0.0, 4.0 * psi / shards)
-    whole = np.asarray(accumulation, dtype=object) == "unsharded"
-    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + np.where(
-        whole, psi * np.asarray(reduce_bytes(reduce_precision)), 0.0
-    )
+    grads = np.where(on_host, 0.0, 4.0 * psi / shards) + unsharded_gradient_bytes(psi, reduce_precision, accumulation)
     optimizer = np.where(on_host, 0.0, 8.0 * psi / shards)
     return _out(params), _out(grads), _out(optimizer)
+
+
+def unsharded_gradient_bytes(
+    num_parameters: ArrayLike, reduce_precision: ArrayLike, accumulation: ArrayLike
+) -> np.ndarray:
+    """The whole gradients, rΨ, that ``unsharded`` accumulation keeps on each rank between boundaries (on the
+    device even with offload); none under ``sharded``."""
+    whole = np.asarray(accumulation, dtype=object) == "unsharded"
+    out: np.ndarray = np.where(
+        whole, np.asarray(num_parameters, dtype=float) * np.asarray(reduce_bytes(reduce_precision)), 0.0
+    )
+    return out
 
 
 def buffer_bytes(
@@ -141,14 +150,11 @@ def build_bytes_of(x: CellArrays) -> Any:
     )  # fmt: skip
 
 
-def accumulated_bytes_of(x: CellArrays) -> Any:
-    """The unsharded gradients (rΨ) that ``fsdp_accumulation: unsharded`` adds to :func:`memory_terms`' ``grads``:
-    held only inside an accumulation cycle, none in a step of one micro-step (its one micro-step is the boundary)."""
+def accumulated_bytes_of(x: CellArrays) -> np.ndarray:
+    """:func:`unsharded_gradient_bytes` of every cell of ``x``: held only inside an accumulation cycle, none in a
+    step of one micro-step (its one micro-step is the boundary)."""
     m = x.method
-    args = (x.params, m["fsdp_sharding"], x.num_gpus, x.num_nodes, m["fsdp_reduce_precision"], m["fsdp_offload"])
-    whole = model_state_bytes(*args, m["fsdp_accumulation"])[1]
-    sharded = model_state_bytes(*args, "sharded")[1]
-    return _out(np.asarray(whole, dtype=float) - np.asarray(sharded, dtype=float))
+    return unsharded_gradient_bytes(x.params, m["fsdp_reduce_precision"], m["fsdp_accumulation"])
 
 
 def memory_terms_of(x: CellArrays) -> Terms:
@@ -178,8 +184,8 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
     """The most sequences per micro-batch the memory model says fit in ``memory_gib`` per GPU (at least 1),
     leaving :data:`~orchestrator.engines.memory.DEFAULT_MARGIN` free: where the probe's search starts."""
     m = cfg.method
-    args = (num_parameters(cfg.model), m.fsdp_sharding, cfg.num_gpus, cfg.num_nodes, m.fsdp_reduce_precision)
-    held = float(model_state_bytes(*args, m.fsdp_offload, m.fsdp_accumulation)[1])
-    accumulated = held - float(model_state_bytes(*args, m.fsdp_offload, "sharded")[1])
+    accumulated = float(
+        unsharded_gradient_bytes(num_parameters(cfg.model), m.fsdp_reduce_precision, m.fsdp_accumulation)
+    )
     fixed = fixed_bytes(cfg.model, m, cfg.num_gpus, cfg.num_nodes)
     return micro_batch_that_fits(cfg, memory_gib, fixed, accumulated, cfg.model.global_batch_size // cfg.num_gpus)

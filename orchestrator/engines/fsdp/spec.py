@@ -81,11 +81,9 @@ def memory_terms(x: CellArrays) -> Terms:
 
 
 def accumulated_bytes(x: CellArrays) -> np.ndarray:
-    import numpy
-
     from orchestrator.engines.fsdp.memory import accumulated_bytes_of
 
-    return numpy.asarray(accumulated_bytes_of(x), dtype=float)
+    return accumulated_bytes_of(x)
 
 
 def build_bytes(x: CellArrays) -> Any:

@@ -155,20 +155,23 @@ def build_bytes_of(x: CellArrays) -> Any:
     )  # fmt: skip
 
 
-def accumulated_bytes_of(x: CellArrays) -> Any:
-    """The unsharded gradients (``REDUCE_BYTES`` × a rank's share) that :func:`memory_terms` counts, which a
+def accumulated_gradient_bytes(share: ArrayLike, pp: ArrayLike) -> np.ndarray:
+    """The unsharded gradients (``REDUCE_BYTES`` × a rank's ``share``) that :func:`memory_terms` counts, which a
     rank holds only between micro-steps: without a pipeline a step of one micro-step runs it as an accumulation
     boundary (``set_requires_gradient_sync(True)``), so FSDP2 reduce-scatters each layer's gradients as the
-    backward makes them; a pipeline's schedule accumulates its micro-batches always."""
+    backward makes them; a pipeline's schedule accumulates its micro-batches always (then 0 here)."""
+    out: np.ndarray = np.where(np.asarray(pp, dtype=float) > 1, 0.0, REDUCE_BYTES * np.asarray(share, dtype=float))
+    return out
+
+
+def accumulated_bytes_of(x: CellArrays) -> np.ndarray:
+    """:func:`accumulated_gradient_bytes` of every cell of the predictor's arrays ``x``."""
     m = x.method
-    share = np.asarray(
-        rank_parameters(
-            x.params, x.vocab * x.hidden, m["tp"], m["pp"], x.layers, vocab_split_of(m),
-            m["pp_chunks"], m["pp_schedule"], m["pp_layers"],
-        ),
-        dtype=float,
+    share = rank_parameters(
+        x.params, x.vocab * x.hidden, m["tp"], m["pp"], x.layers, vocab_split_of(m),
+        m["pp_chunks"], m["pp_schedule"], m["pp_layers"],
     )  # fmt: skip
-    return _out(np.where(np.asarray(m["pp"], dtype=float) > 1, 0.0, REDUCE_BYTES * share))
+    return accumulated_gradient_bytes(share, m["pp"])
 
 
 def memory_terms_of(x: CellArrays) -> Terms:
@@ -274,7 +277,7 @@ def estimate_micro_batch_size(cfg: Config, memory_gib: float) -> int:
         num_parameters(cfg.model), cfg.model.vocab_size * cfg.model.hidden_size, layout.tp, layout.pp,
         cfg.model.num_layers, m.tp_loss_parallel or m.tp_sequence_parallel, m.pp_chunks, m.pp_schedule, m.pp_layers,
     )  # fmt: skip
-    accumulated = REDUCE_BYTES * float(share) if layout.pp == 1 else 0.0
+    accumulated = float(accumulated_gradient_bytes(share, layout.pp))
     per_gpu = cfg.model.global_batch_size // layout.batch_split
     # micro_batch_that_fits divides by the whole model's bytes per sequence: scale the fixed bytes instead.
     fixed = fixed_bytes(cfg)
