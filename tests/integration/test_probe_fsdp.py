@@ -35,7 +35,11 @@ def test_full_bf16_accumulating_one_rank(tmp_path: Path) -> None:
     m = assert_measured(result, cell)
     # 16 micro-steps: composed from 4 inside the cycle (no gradient sync) and the boundary one.
     assert (m["micro_batch_size"], m["grad_accum_steps"]) == (1, 16)
-    assert m["step_time_method"] == "composed" and m["micro_step_time_s"] > 0 and m["boundary_time_s"] > 0
+    # The boundary's figure is its extra time over a micro-step: noise can make it a little negative (a real H200
+    # record has -0.0025 s), so the parts are checked by what they compose, as for DeepSpeed (test_probe.py).
+    assert m["step_time_method"] == "composed" and m["micro_step_time_s"] > 0 and m["boundary_time_s"] is not None
+    composed = 16 * m["micro_step_time_s"] + m["boundary_time_s"]
+    assert m["step_time_s"] == pytest.approx(composed, rel=0.25), "medians of the parts compose the median step"
     fsdp = result["environment"]["fsdp"]
     assert fsdp["sharding"] == "full" and fsdp["mesh_shape"] == [1] and fsdp["reshard_after_forward"] is True
     assert (fsdp["param_dtype"], fsdp["reduce_dtype"]) == ("bfloat16", "float32")
