@@ -61,7 +61,7 @@ from orchestrator.store.durable import write_json_atomic
 from orchestrator.store.paths import SweepPaths
 from orchestrator.store.record import Record, read_cell_config, write_record
 from orchestrator.store.states import RecordStatus
-from orchestrator.store.version import gpudays_version, version_mismatch
+from orchestrator.store.version import gpudays_version, same_gpudays, version_mismatch
 
 SIGNAL_DELAY_S = TIME_LIMIT_WARNING_S
 """``--signal=USR2@90``: SLURM warns the job about this long before its time limit (submitit's default); the same
@@ -190,7 +190,7 @@ def run_cell(
         _in_probe = True
         if _interrupted():
             raise KeyboardInterrupt("interrupted by SIGINT (Ctrl-C), while the job set up")
-        if submitted_by is not None and submitted_by != running:
+        if submitted_by is not None and not same_gpudays(submitted_by, running):
             say(mismatch := version_mismatch(submitted_by, running))  # nothing measured: a resume reruns it
             result = outcome_of(Happened(Ending.RAISED, mismatch))
         elif typed is None or refusals:

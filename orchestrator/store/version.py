@@ -46,6 +46,21 @@ def gpudays_version() -> str:
     return f"{version}+git.{commit}" if commit else version
 
 
+def same_gpudays(submitted_by: str, running: str) -> bool:
+    """Whether a job running gpudays ``running`` may measure a cell that ``submitted_by`` planned.
+
+    Both versions name their commit where each side found one: then they must match whole. Where one side could not
+    read its commit (a compute node without ``git``, a checkout git refuses as another user's, a file system too
+    slow to answer in 10 s) only the package versions are compared: refusing there would stop every cell of a sweep
+    over the absence of a tool, not over a difference of rules.
+    """
+    if submitted_by == running:
+        return True
+    if "+git." in submitted_by and "+git." in running:
+        return False
+    return submitted_by.split("+git.")[0] == running.split("+git.")[0]
+
+
 def version_mismatch(submitted_by: str, running: str) -> str:
     """The record's reason where the job's gpudays is not the one that submitted it."""
     return (

@@ -250,6 +250,22 @@ def test_every_record_names_its_gpudays_and_a_job_of_another_version_refuses(
     assert record.gpudays_version == mine
 
 
+def test_a_job_that_cannot_read_its_commit_compares_package_versions_only(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A compute node without git (or a checkout git will not read there): the job knows only "0.1.0".
+    from orchestrator.store.version import same_gpudays
+
+    monkeypatch.setattr(jobside, "gpudays_version", lambda: "0.1.0")
+    status, record, raw = job("probe.kind=sleep", "probe.sleep_s=0", submitted_by="0.1.0+git.1b9c968a2f3e")
+    assert status == "ok" and record.gpudays_version == "0.1.0"
+    assert raw["environment"]["gpudays_submitted_by"] == "0.1.0+git.1b9c968a2f3e"
+    status, record, _ = job("probe.kind=sleep", "probe.sleep_s=0", submitted_by="0.2.0+git.1b9c968a2f3e")
+    assert status == "failed" and record.reason is not None and "0.2.0+git.1b9c968a2f3e" in record.reason
+    assert same_gpudays("0.1.0", "0.1.0+git.abc") and same_gpudays("0.1.0+git.abc", "0.1.0+git.abc")
+    assert not same_gpudays("0.1.0+git.abc", "0.1.0+git.def") and not same_gpudays("0.1.0", "0.2.0")
+
+
 def test_a_cell_job_pickled_without_a_version_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
     monkeypatch.setattr(jobside, "run_cell", lambda *args: seen.append(args) or "ok")
