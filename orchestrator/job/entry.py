@@ -46,6 +46,7 @@ from orchestrator.cells.cell import TIME_LIMIT_WARNING_S
 from orchestrator.job import start
 from orchestrator.job.env import (
     allocator_settings,
+    cpu_threads,
     node_jobs,
     node_name,
     rendezvous,
@@ -162,10 +163,10 @@ def run_cell(
     set_distributed_env(rank, world_size, local_rank, local_world_size, addr, port)
     set_allocator_env(typed.gpu.accelerator if typed is not None else "cuda")
     if typed is not None and typed.gpu.accelerator == "cpu":
-        # Must precede the first import of deepspeed; one thread per rank unless the scheduler gave more cores.
+        # Must precede the first import of deepspeed; the cores the scheduler gave each rank, at most those it has.
         os.environ["DS_ACCELERATOR"] = "cpu"
-        threads = os.environ.get("SLURM_CPUS_PER_TASK") or str(typed.cluster.cpus_per_gpu)
-        os.environ.setdefault("OMP_NUM_THREADS", threads)
+        given = int(os.environ.get("SLURM_CPUS_PER_TASK") or typed.cluster.cpus_per_gpu)
+        os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads(given, local_world_size)))
 
     # Each rank says where it runs before any collective: once rank 0 is past the probe's collectives, every
     # rank has written this, so rank 0 can list all ranks' nodes in the record.

@@ -72,6 +72,18 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
 
 
+def cpu_threads(given: int, local_ranks: int) -> int:
+    """Threads for one CPU rank of a scheduled job: the cores the scheduler gave it (``given``), never more than it
+    can run on. A rank whose affinity is narrower than the host's was confined by the scheduler (to its task's cores,
+    or to the job's on this node) and may use up to those; an unconfined one shares the host's cores with the
+    ``local_ranks`` ranks beside it. On a node whose CPUs are what it claims, both are ``given``; on an overcommitted
+    one (a test cluster's nodes claiming 8 CPUs each on a 2-core host) threads beyond the cores would time the
+    scheduler, not the step."""
+    cores = len(os.sched_getaffinity(0))
+    usable = cores if cores < (os.cpu_count() or cores) else max(1, cores // max(1, local_ranks))
+    return max(1, min(given, usable))
+
+
 def set_distributed_env(
     rank: int, world_size: int, local_rank: int, local_world_size: int, addr: str, port: int
 ) -> None:
