@@ -165,8 +165,13 @@ def run_cell(
     if typed is not None and typed.gpu.accelerator == "cpu":
         # Must precede the first import of deepspeed; the cores the scheduler gave each rank, at most those it has.
         os.environ["DS_ACCELERATOR"] = "cpu"
-        given = int(os.environ.get("SLURM_CPUS_PER_TASK") or typed.cluster.cpus_per_gpu)
-        os.environ.setdefault("OMP_NUM_THREADS", str(cpu_threads(given, local_world_size)))
+        # The sbatch script exports OMP_NUM_THREADS as the CPUs each task was given; a list (OpenMP's nested
+        # levels) is the site's own to keep.
+        asked = os.environ.get("OMP_NUM_THREADS", "")
+        if "," not in asked:
+            given = next((v for v in (asked, os.environ.get("SLURM_CPUS_PER_TASK", "")) if v.isdigit()), "")
+            given = given if given and int(given) > 0 else str(typed.cluster.cpus_per_gpu)
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads(int(given), local_world_size))
 
     # Each rank says where it runs before any collective: once rank 0 is past the probe's collectives, every
     # rank has written this, so rank 0 can list all ranks' nodes in the record.

@@ -266,6 +266,30 @@ def test_a_job_that_cannot_read_its_commit_compares_package_versions_only(
     assert not same_gpudays("0.1.0+git.abc", "0.1.0+git.def") and not same_gpudays("0.1.0", "0.2.0")
 
 
+def test_a_cpu_rank_runs_the_threads_it_was_given_at_most_the_cores_it_has(
+    job: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    # The sbatch script exported 4 CPUs a task (cluster.cpus_per_gpu) on a node whose host has 2 cores.
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    job("probe.kind=sleep", "probe.sleep_s=0")
+    assert os.environ["OMP_NUM_THREADS"] == "2"
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)  # an honest node: what was given
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)))
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
+    job("probe.kind=sleep", "probe.sleep_s=0")
+    assert os.environ["OMP_NUM_THREADS"] == "4"
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")  # nested levels: the site's own
+    job("probe.kind=sleep", "probe.sleep_s=0")
+    assert os.environ["OMP_NUM_THREADS"] == "4,2"
+    monkeypatch.delenv("OMP_NUM_THREADS")  # nothing exported: the cell's cpus_per_gpu (local: 1)
+    job("probe.kind=sleep", "probe.sleep_s=0")
+    assert os.environ["OMP_NUM_THREADS"] == "1"
+
+
 def test_a_cell_job_pickled_without_a_version_still_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     seen: list[Any] = []
     monkeypatch.setattr(jobside, "run_cell", lambda *args: seen.append(args) or "ok")
