@@ -169,9 +169,9 @@ def run_cell(
         # levels) is the site's own to keep.
         asked = os.environ.get("OMP_NUM_THREADS", "")
         if "," not in asked:
-            given = next((v for v in (asked, os.environ.get("SLURM_CPUS_PER_TASK", "")) if v.isdigit()), "")
-            given = given if given and int(given) > 0 else str(typed.cluster.cpus_per_gpu)
-            os.environ["OMP_NUM_THREADS"] = str(cpu_threads(int(given), local_world_size))
+            first = next((int(v) for v in (asked, os.environ.get("SLURM_CPUS_PER_TASK", "")) if v.isdigit()), 0)
+            given = first if first > 0 else typed.cluster.cpus_per_gpu
+            os.environ["OMP_NUM_THREADS"] = str(cpu_threads(given, local_world_size))
 
     # Each rank says where it runs before any collective: once rank 0 is past the probe's collectives, every
     # rank has written this, so rank 0 can list all ranks' nodes in the record.
