@@ -31,7 +31,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from orchestrator.config.schema import register_configs
+from orchestrator.planning.compose_cache import register_configs
 
 REPO = Path(__file__).resolve().parents[1]
 CONF_DIR = REPO / "conf"
