@@ -18,7 +18,10 @@ import contextlib
 import ctypes
 import gc
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 GIB = 2**30
 
@@ -77,10 +80,10 @@ def over_limit(peak_bytes: float, limit_bytes: float | None, micro_batch_size: i
 class MemoryMeter:
     """Peak device memory (CUDA allocator) or peak resident-set growth (CPU) between ``reset`` and ``peak``."""
 
-    def __init__(self, device: Any) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
         self.use_cuda = getattr(device, "type", "cpu") == "cuda"
-        self._libc: Any = None
+        self._libc: ctypes.CDLL | None = None
         with contextlib.suppress(OSError):
             self._libc = ctypes.CDLL("libc.so.6")
         self.baseline_rss = 0

@@ -132,6 +132,7 @@ class _Probe(RankGroup):
 
     def make_batches(self, plan: BatchPlan) -> None:
         self.batches = []  # the old batches go before the new ones are made
+        assert self.device is not None  # set up before anything is built
         self.batches = synthetic_batches(self.config, self.rank, plan.micro_batch_size, self.device)
 
     def release(self) -> None:

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, ParamSpec, TypeVar, cast
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar, cast
 
 from orchestrator.config.schema import Config
 from orchestrator.engines.base import Engine, create_engine
@@ -27,6 +27,9 @@ from orchestrator.job.failures import CellFailed, Ending, Failure, classify_fail
 from orchestrator.job.metering import GIB, MemoryMeter, over_limit
 from orchestrator.job.timing import PhaseTimes
 from orchestrator.models import family_module
+
+if TYPE_CHECKING:
+    import torch
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -60,7 +63,7 @@ class RankGroup:
         """Library versions, the device and the engine's settings, in torch's and the engine's own words."""
         self.phases = PhaseTimes()
         self.engine: Engine = None  # type: ignore[assignment]  # set by setup
-        self.device: Any = None
+        self.device: torch.device | None = None
         self.memory: MemoryMeter | None = None
         self.dist_ready = False
         limit = self.config.probe.memory_limit_gib
@@ -108,10 +111,10 @@ class RankGroup:
         self.agree([], failure)  # raises on every rank if any rank failed, so ``result`` is this rank's
         return result
 
-    def _comm_device(self) -> Any:
+    def _comm_device(self) -> torch.device:
         import torch
 
-        return self.device if self.use_cuda else torch.device("cpu")
+        return self.device if self.use_cuda and self.device is not None else torch.device("cpu")
 
     def attempt(self, work: Callable[[], None], micro: int | None, where: str) -> Outcome:
         """Run ``work`` and decide on every rank whether it ran out of memory; any other exception fails the cell
@@ -223,7 +226,7 @@ def cpu_onednn(family: str) -> str | None:
     return "off: the family's GEMM shapes change every step (orchestrator.models.moe.CPU_ONEDNN)"
 
 
-def environment(device: Any) -> dict[str, object]:
+def environment(device: torch.device) -> dict[str, object]:
     """Library versions and the device, for the record (the engine adds its own)."""
     import torch
     import transformers
