@@ -15,6 +15,8 @@ from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent.parent
 """The folder above the ``orchestrator`` package: a git checkout where gpudays is installed from one."""
+COMMIT_MARK = "+git."
+"""What joins the package version and the commit in a version read from a checkout."""
 
 
 def git_commit(folder: Path = CHECKOUT) -> str | None:
@@ -43,7 +45,7 @@ def gpudays_version() -> str:
     except importlib.metadata.PackageNotFoundError:
         version = "unknown"
     commit = git_commit()
-    return f"{version}+git.{commit}" if commit else version
+    return f"{version}{COMMIT_MARK}{commit}" if commit else version
 
 
 def same_gpudays(submitted_by: str, running: str) -> bool:
@@ -56,9 +58,9 @@ def same_gpudays(submitted_by: str, running: str) -> bool:
     """
     if submitted_by == running:
         return True
-    if "+git." in submitted_by and "+git." in running:
+    if COMMIT_MARK in submitted_by and COMMIT_MARK in running:
         return False
-    return submitted_by.split("+git.")[0] == running.split("+git.")[0]
+    return submitted_by.partition(COMMIT_MARK)[0] == running.partition(COMMIT_MARK)[0]
 
 
 def version_mismatch(submitted_by: str, running: str) -> str:
