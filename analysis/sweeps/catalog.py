@@ -15,9 +15,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeAlias, TypeVar, cast
 
-import yaml
-
 from orchestrator.cells.row import method_column, method_defaults, method_kinds
+from orchestrator.config.groups import read_group
 from orchestrator.config.places import CONF_DIR
 from orchestrator.config.schema import (
     ClusterConfig,
@@ -37,12 +36,6 @@ __all__ = [
     "GPU_PRICE_KEYS", "Catalog", "gpu_config", "lenient_cell", "method_column", "method_defaults", "method_kinds",
     "recorded_cell", "stored_cell", "today",
 ]  # fmt: skip
-
-try:  # libyaml's loader is about ten times faster; fall back to the pure-Python one where it is missing
-    _YamlLoader: Any = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover - depends on how PyYAML was built
-    _YamlLoader = yaml.SafeLoader
-
 
 GPU_PRICE_KEYS = (
     "board_power_w",
@@ -257,15 +250,5 @@ def _mapping(value: object) -> Mapping[str, object]:
 
 
 def _read_group(folder: Path) -> dict[str, Container]:
-    out: dict[str, Container] = {}
-    if not folder.is_dir():
-        return out
-    for path in sorted(folder.glob("*.yaml")):
-        try:
-            data = yaml.load(path.read_text(), Loader=_YamlLoader)
-        except (OSError, yaml.YAMLError):
-            continue
-        if isinstance(data, dict):
-            data.pop("defaults", None)
-            out[str(data.get("name", path.stem))] = data
-    return out
+    """The group's readable files by the name they give (else their file's), as the catalog makes do with them."""
+    return {str(data.get("name", stem)): data for stem, data in read_group(folder, strict=False).items()}

@@ -43,21 +43,10 @@ def _typed(cls: type[T], data: Container, where: str) -> T:
 
 
 def _group(group: str) -> dict[str, Container]:
-    import yaml
-
+    from orchestrator.config.groups import read_group
     from orchestrator.config.places import CONF_DIR
 
-    out: dict[str, Container] = {}
-    for path in sorted((CONF_DIR / group).glob("*.yaml")):
-        try:
-            data = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML ({exc})") from None
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of {group} fields")
-        data.pop("defaults", None)
-        out[path.stem] = data
-    return out
+    return read_group(CONF_DIR / group)
 
 
 def _pick(group: str, cls: type, names: list[str]) -> list[Any]:

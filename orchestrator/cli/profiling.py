@@ -40,19 +40,19 @@ def _names(text: str | None) -> list[str]:
 
 
 def _conf_models(names: list[str]) -> list[ModelConfig]:
-    import yaml
-
+    from orchestrator.config.groups import BadGroupFile, read_group
     from orchestrator.config.places import CONF_DIR
     from orchestrator.config.schema import ModelConfig, to_section
 
-    known = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+    try:
+        known = read_group(CONF_DIR / "model")
+    except BadGroupFile as e:
+        raise CommandError(str(e)) from None
     out = []
     for name in names:
         if name not in known:
-            raise CommandError(f"--model {name}: no such model; known (conf/model): {', '.join(known)}")
-        data = yaml.safe_load((CONF_DIR / "model" / f"{name}.yaml").read_text()) or {}
-        data.pop("defaults", None)
-        model = to_section("model", data)
+            raise CommandError(f"--model {name}: no such model; known (conf/model): {', '.join(sorted(known))}")
+        model = to_section("model", known[name])
         assert isinstance(model, ModelConfig)
         out.append(model)
     return out
