@@ -10,10 +10,9 @@ so each distinct set of group choices is composed once by Hydra and the plain va
 ``OmegaConf.update``, which is what Hydra itself does with them after composition; struct mode and the typed schema
 still reject a misspelt key or a wrongly typed value.
 
-A plan composes afresh, reading the config files as they are; its hydra node is its first cell's composition too,
-composed once. A process that plans many times (the tests) may keep Hydra's compositions between plans
-(``orchestrator.planning.compose_cache``), keyed by the config files' bytes and the overrides; each caller gets its
-own copy, resolved afresh.
+A plan composes afresh, reading the config files as they are (its hydra node is its first cell's composition). A
+process that plans many times (the tests) may keep Hydra's compositions between plans (``compose_cache``), keyed by
+the config files' bytes and the overrides; each caller gets its own copy, resolved afresh.
 """
 
 from __future__ import annotations
@@ -251,9 +250,11 @@ class Composer:
         return self._values[cache_key]
 
     def origin(self, overrides: Sequence[str], key: str) -> str:
-        """Where the cell's value of ``key`` comes from: the command line, or the config-group file chosen."""
+        """Where the cell's value of ``key`` comes from: the command line (``key=``, ``+key=``, ``++key=``), or the
+        config-group file chosen."""
         parsed = [self._parse_one(text) for text in overrides]
-        if any(self._is_plain_value(o, sweeps_too=True) and o.key_or_group == key for o in parsed):
+        added = (OverrideType.ADD, OverrideType.FORCE_ADD)
+        if any(o.key_or_group == key and (self._is_plain_value(o, True) or o.type in added) for o in parsed):
             return "set on the command line"
         structural = tuple(o.input_line or "" for o in parsed if not self._is_plain_value(o))
         choices = self._base(structural).choices

@@ -182,3 +182,12 @@ def test_the_readme_lists_every_domain_as_the_schema_declares_it() -> None:
     readme = (CONF.parent / "README.md").read_text()
     for key, accepted in describe_all(Config):
         assert f"| `{key}` | {accepted} |" in readme, key
+
+
+@pytest.mark.parametrize("prefix", ["", "+", "++"])
+def test_a_bad_value_added_on_the_command_line_is_said_to_come_from_it(prefix: str) -> None:
+    with pytest.raises(SweepError) as caught:
+        plan([*BASE, f"{prefix}cluster.inter_node_gbits_s=-5"])
+    assert "cluster.inter_node_gbits_s: -5.0 is not accepted; use a number > 0 (or null) (set on the command line)" in (
+        str(caught.value)
+    )
