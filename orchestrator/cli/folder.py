@@ -177,8 +177,9 @@ def show_cell(paths: SweepPaths, wanted: str) -> Exit:
     matches = SweepPaths.named(ids, wanted)
     if len(matches) != 1:
         what = "no cell" if not matches else f"{len(matches)} cells ({', '.join(matches[:5])})"
+        verb = "matches" if not matches else "match"
         more = " ..." if len(ids) > 20 else ""
-        raise CommandError(f"{what} of {paths.root} match {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
+        raise CommandError(f"{what} of {paths.root} {verb} {wanted!r}; its cells: {', '.join(ids[:20])}{more}")
     (cid,) = matches
     state = next(s for s in states_or_records(paths) if s.cell_id == cid)
     attempts = status.read_attempts(paths, cid)

@@ -159,7 +159,9 @@ def test_show_prints_state_reason_traceback_attempts_and_logs(tmp_path: Path, ti
     assert "999999999" in out and "local" in out, "the attempt and its job"
     assert str(SweepPaths(tmp_path).job_dir("999999999") / "999999999_0_log.err") in out
     assert cli.main(["show", str(tmp_path), "zzz"]) == Exit.BAD_INPUT
-    assert cid in capsys.readouterr().err, "an unknown cell lists the sweep's cells"
+    err = capsys.readouterr().err
+    assert cid in err, "an unknown cell lists the sweep's cells"
+    assert f"no cell of {tmp_path} matches 'zzz'" in err
 
 
 def test_hints_to_the_user_can_be_pasted_into_a_shell(tmp_path: Path, tiny_config, capsys) -> None:
