@@ -229,6 +229,6 @@ def micro_batch_that_fits(
     return max(1, int(fitting(fixed_bytes)))
 
 
-def scalar_or_array(value: Any) -> Any:
+def scalar_or_array(value: np.ndarray | float) -> np.ndarray | float:
     """Scalars in, float out; arrays in, arrays out."""
     return float(value) if np.ndim(value) == 0 else value

@@ -25,9 +25,10 @@ of cells at once with this same arithmetic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from orchestrator.engines.memory import micro_batch_that_fits, precision_bytes
 from orchestrator.engines.memory import scalar_or_array as _out
@@ -49,13 +50,13 @@ STAGE3_PREFETCH_ELEMENTS = 5e7
 
 
 def model_state_bytes(
-    num_parameters: Any,
-    zero_stage: Any,
-    num_gpus: Any,
-    precision: Any = "bf16",
-    offload_optimizer: Any = False,
-    offload_params: Any = False,
-) -> tuple[Any, Any, Any]:
+    num_parameters: ArrayLike,
+    zero_stage: ArrayLike,
+    num_gpus: ArrayLike,
+    precision: ArrayLike = "bf16",
+    offload_optimizer: ArrayLike = False,
+    offload_params: ArrayLike = False,
+) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
     """Bytes per GPU of (parameters, gradients, optimizer states) under ZeRO, after offload."""
     psi = np.asarray(num_parameters, dtype=float)
     stage = np.asarray(zero_stage, dtype=float)
@@ -71,7 +72,13 @@ def model_state_bytes(
     return _out(params), _out(grads), _out(optimizer)
 
 
-def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_gpus: Any, precision: Any) -> Any:
+def buffer_bytes(
+    num_parameters: ArrayLike,
+    largest_weight: ArrayLike,
+    zero_stage: ArrayLike,
+    num_gpus: ArrayLike,
+    precision: ArrayLike,
+) -> np.ndarray | float:
     """Bytes of DeepSpeed's communication buckets and of ZeRO-3's gathered layers (none on one GPU at stage 0)."""
     psi = np.asarray(num_parameters, dtype=float)
     stage = np.asarray(zero_stage, dtype=float)
@@ -85,8 +92,13 @@ def buffer_bytes(num_parameters: Any, largest_weight: Any, zero_stage: Any, num_
 
 
 def build_bytes(
-    num_parameters: Any, largest_weight: Any, zero_stage: Any, num_gpus: Any, precision: Any, offload_params: Any
-) -> Any:
+    num_parameters: ArrayLike,
+    largest_weight: ArrayLike,
+    zero_stage: ArrayLike,
+    num_gpus: ArrayLike,
+    precision: ArrayLike,
+    offload_params: ArrayLike,
+) -> np.ndarray | float:
     """Allocated bytes per GPU at the build's peak (the module docstring's building)."""
     psi = np.asarray(num_parameters, dtype=float)
     stage = np.asarray(zero_stage, dtype=float)
@@ -97,7 +109,7 @@ def build_bytes(
     return _out(np.where(stage >= 3, stage3, psi * p_bytes))
 
 
-def build_bytes_of(x: CellArrays) -> Any:
+def build_bytes_of(x: CellArrays) -> np.ndarray | float:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
     return build_bytes(x.params, x.largest_weight, m["zero_stage"], x.num_gpus, x.precision, m["offload_params"])
@@ -113,11 +125,11 @@ def memory_terms_of(x: CellArrays) -> Terms:
     )
     full = sum(model_state_bytes(x.params, stage, x.num_gpus, x.precision))
     return {
-        "params": params,
-        "grads": grads,
-        "optimizer": optimizer,
-        "buffers": buffer_bytes(x.params, x.largest_weight, stage, x.num_gpus, x.precision),
-        "offloaded": full - params - grads - optimizer,
+        "params": np.asarray(params),
+        "grads": np.asarray(grads),
+        "optimizer": np.asarray(optimizer),
+        "buffers": np.asarray(buffer_bytes(x.params, x.largest_weight, stage, x.num_gpus, x.precision)),
+        "offloaded": np.asarray(full - params - grads - optimizer),
     }
 
 

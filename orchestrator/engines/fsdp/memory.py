@@ -27,7 +27,7 @@ Every function works element-wise on numpy arrays as on scalars, as the DeepSpee
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -46,7 +46,7 @@ __all__ = [
 ]  # fmt: skip
 
 
-def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
+def shard_group_size(sharding: ArrayLike, num_gpus: ArrayLike, num_nodes: ArrayLike) -> np.ndarray | float:
     """Ranks one parameter is split over: every GPU (full, grad_op), a node's GPUs (hybrid), or 1 (none)."""
     kind = np.asarray(sharding, dtype=object)
     n = np.maximum(np.asarray(num_gpus, dtype=float), 1.0)
@@ -54,20 +54,20 @@ def shard_group_size(sharding: Any, num_gpus: Any, num_nodes: Any) -> Any:
     return _out(np.where(kind == "none", 1.0, np.where(kind == "hybrid", np.maximum(n / nodes, 1.0), n)))
 
 
-def reduce_bytes(reduce_precision: Any) -> Any:
+def reduce_bytes(reduce_precision: ArrayLike) -> np.ndarray | float:
     """Bytes of one gradient element in the reduce dtype."""
     return _out(np.where(np.asarray(reduce_precision, dtype=object) == "bf16", 2.0, 4.0))
 
 
 def model_state_bytes(
-    num_parameters: Any,
-    sharding: Any,
-    num_gpus: Any,
-    num_nodes: Any = 1,
-    reduce_precision: Any = "fp32",
-    offload: Any = False,
+    num_parameters: ArrayLike,
+    sharding: ArrayLike,
+    num_gpus: ArrayLike,
+    num_nodes: ArrayLike = 1,
+    reduce_precision: ArrayLike = "fp32",
+    offload: ArrayLike = False,
     accumulation: ArrayLike = "sharded",
-) -> tuple[Any, Any, Any]:
+) -> tuple[np.ndarray | float, np.ndarray | float, np.ndarray | float]:
     """Bytes per GPU of (parameters, gradients, optimizer states) under FSDP2, after offload; gradients include
     the unsharded ones accumulated between boundaries where ``accumulation`` is ``unsharded``."""
     psi = np.asarray(num_parameters, dtype=float)
@@ -92,8 +92,13 @@ def unsharded_gradient_bytes(
 
 
 def buffer_bytes(
-    num_parameters: Any, largest_weight: Any, num_layers: Any, sharding: Any, precision: Any, reduce_precision: Any
-) -> Any:
+    num_parameters: ArrayLike,
+    largest_weight: ArrayLike,
+    num_layers: ArrayLike,
+    sharding: ArrayLike,
+    precision: ArrayLike,
+    reduce_precision: ArrayLike,
+) -> np.ndarray | float:
     """Bytes of gathered (unsharded) parameters and of the reduce-scatter buffer."""
     psi = np.asarray(num_parameters, dtype=float)
     per_layer = psi / np.maximum(np.asarray(num_layers, dtype=float), 1.0)
@@ -106,17 +111,17 @@ def buffer_bytes(
 
 
 def memory_terms(
-    num_parameters: Any,
-    largest_weight: Any,
-    num_layers: Any,
-    sharding: Any,
-    num_gpus: Any,
-    num_nodes: Any,
-    precision: Any,
-    reduce_precision: Any,
-    offload: Any,
+    num_parameters: ArrayLike,
+    largest_weight: ArrayLike,
+    num_layers: ArrayLike,
+    sharding: ArrayLike,
+    num_gpus: ArrayLike,
+    num_nodes: ArrayLike,
+    precision: ArrayLike,
+    reduce_precision: ArrayLike,
+    offload: ArrayLike,
     accumulation: ArrayLike = "sharded",
-) -> Terms:
+) -> dict[str, np.ndarray | float]:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``) and ``offloaded`` (on the host
     instead), as the predictor adds them up (analysis/predict/inputs.py)."""
     params, grads, optimizer = model_state_bytes(
@@ -129,9 +134,9 @@ def memory_terms(
 
 
 def build_bytes(
-    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, sharding: Any, num_gpus: Any,
-    num_nodes: Any = 1, offload: Any = False,
-) -> Any:  # fmt: skip
+    num_parameters: ArrayLike, vocab_matrix: ArrayLike, largest_weight: ArrayLike, num_layers: ArrayLike,
+    sharding: ArrayLike, num_gpus: ArrayLike, num_nodes: ArrayLike = 1, offload: ArrayLike = False,
+) -> np.ndarray | float:  # fmt: skip
     """Allocated bytes per GPU at the build's peak: the fp32 shards (none on the device with offload) and one
     unit's full fp32 copy."""
     psi = np.asarray(num_parameters, dtype=float)
@@ -141,7 +146,7 @@ def build_bytes(
     return _out(on_device + 4.0 * unit)
 
 
-def build_bytes_of(x: CellArrays) -> Any:
+def build_bytes_of(x: CellArrays) -> np.ndarray | float:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
     return build_bytes(
@@ -160,10 +165,11 @@ def accumulated_bytes_of(x: CellArrays) -> np.ndarray:
 def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``fsdp_*`` fields."""
     m = x.method
-    return memory_terms(
+    terms = memory_terms(
         x.params, x.largest_weight, x.layers, m["fsdp_sharding"], x.num_gpus, x.num_nodes, x.precision,
         m["fsdp_reduce_precision"], m["fsdp_offload"], m["fsdp_accumulation"],
     )  # fmt: skip
+    return {k: np.asarray(v) for k, v in terms.items()}
 
 
 def fixed_bytes(model: ModelConfig, method: MethodConfig, num_gpus: int, num_nodes: int = 1) -> float:

@@ -46,7 +46,7 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     sharded = np.where(shards > 1, 1.0, 0.0)  # no gather or reduce-scatter over a group of one
     replicated = np.where(replicas > 1, 1.0, 0.0)
 
-    def per_unit(share: np.ndarray, bytes_each: np.ndarray, across: np.ndarray) -> np.ndarray:
+    def per_unit(share: np.ndarray | float, bytes_each: np.ndarray | float, across: np.ndarray) -> np.ndarray:
         """One unit's collective: its latency and its share of the model's bytes."""
         return np.asarray(links.collectives(1.0, share * psi / units * bytes_each, across), dtype=float)
 

@@ -34,7 +34,7 @@ over the tensor ranks: 4 bytes of the largest unit beside the shards.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -59,9 +59,10 @@ REDUCE_BYTES = 4.0
 
 
 def rank_parameters(
-    num_parameters: Any, vocab_matrix: Any, tp: Any, pp: Any, num_layers: Any = None, vocab_split: ArrayLike = False,
-    chunks: ArrayLike = 2, schedule: ArrayLike = "1f1b", split: ArrayLike | None = None,
-) -> Any:  # fmt: skip
+    num_parameters: ArrayLike, vocab_matrix: ArrayLike, tp: ArrayLike, pp: ArrayLike,
+    num_layers: ArrayLike | None = None, vocab_split: ArrayLike = False, chunks: ArrayLike = 2,
+    schedule: ArrayLike = "1f1b", split: ArrayLike | None = None,
+) -> np.ndarray | float:  # fmt: skip
     """Parameters one rank holds before FSDP shards them: the largest rank's share, of the layers as
     ``config.stage_sizes`` splits ``num_layers`` over the stages of ``schedule`` (with ``chunks``, ``pp_chunks``)
     or as ``split`` (``pp_layers``) gives them (unevenly where the stages do not divide them; None: L/p each);
@@ -94,18 +95,18 @@ def _largest_stage(
 
 
 def memory_terms(
-    num_parameters: Any,
-    vocab_matrix: Any,
-    largest_weight: Any,
-    num_layers: Any,
-    num_gpus: Any,
-    tp: Any,
-    pp: Any,
-    precision: Any,
+    num_parameters: ArrayLike,
+    vocab_matrix: ArrayLike,
+    largest_weight: ArrayLike,
+    num_layers: ArrayLike,
+    num_gpus: ArrayLike,
+    tp: ArrayLike,
+    pp: ArrayLike,
+    precision: ArrayLike,
     vocab_split: ArrayLike = False,
     dp_replicate: ArrayLike = 1.0,
     pipeline: tuple[ArrayLike, ArrayLike, ArrayLike | None] = (2, "1f1b", None),
-) -> Terms:
+) -> dict[str, np.ndarray | float]:
     """Bytes per GPU by holder (``params``, ``grads``, ``optimizer``, ``buffers``, and ``offloaded``: none); the
     states sharded over :func:`shard_degree` ranks; ``pipeline``: ``pp_chunks``, ``pp_schedule`` and
     ``pp_layers``, for the largest rank's layers."""
@@ -126,7 +127,9 @@ def memory_terms(
     }
 
 
-def shard_degree(num_gpus: ArrayLike, tp: ArrayLike, pp: ArrayLike, dp_replicate: ArrayLike = 1.0) -> Any:
+def shard_degree(
+    num_gpus: ArrayLike, tp: ArrayLike, pp: ArrayLike, dp_replicate: ArrayLike = 1.0
+) -> np.ndarray | float:
     """Ranks FSDP2 shards a parameter over: the ``d = n/(t·p)`` replicas, or with HSDP the ``d / dp_replicate`` of
     one replica group (the groups each hold all the states)."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
@@ -135,9 +138,9 @@ def shard_degree(num_gpus: ArrayLike, tp: ArrayLike, pp: ArrayLike, dp_replicate
 
 
 def build_bytes(
-    num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any, num_gpus: Any, tp: Any, pp: Any,
-    vocab_split: ArrayLike = False, dp_replicate: ArrayLike = 1.0,
-) -> Any:  # fmt: skip
+    num_parameters: ArrayLike, vocab_matrix: ArrayLike, largest_weight: ArrayLike, num_layers: ArrayLike,
+    num_gpus: ArrayLike, tp: ArrayLike, pp: ArrayLike, vocab_split: ArrayLike = False, dp_replicate: ArrayLike = 1.0,
+) -> np.ndarray | float:  # fmt: skip
     """Allocated bytes per GPU at the build's peak: the rank's fp32 shards and one unit's full fp32 copy."""
     t, p = np.asarray(tp, dtype=float), np.asarray(pp, dtype=float)
     d = np.asarray(shard_degree(num_gpus, t, p, dp_replicate), dtype=float)
@@ -146,7 +149,7 @@ def build_bytes(
     return _out(4.0 * share / d + 4.0 * unit)
 
 
-def build_bytes_of(x: CellArrays) -> Any:
+def build_bytes_of(x: CellArrays) -> np.ndarray | float:
     """:func:`build_bytes` for every cell of the predictor's arrays ``x``."""
     m = x.method
     return build_bytes(
@@ -178,20 +181,21 @@ def memory_terms_of(x: CellArrays) -> Terms:
     """:func:`memory_terms` for every cell of the predictor's arrays ``x``, by its ``tp``, ``pp``,
     ``tp_loss_parallel`` and ``dp_replicate`` fields."""
     m = x.method
-    return memory_terms(
+    terms = memory_terms(
         x.params, x.vocab * x.hidden, x.largest_weight, x.layers, x.num_gpus, m["tp"], m["pp"], x.precision,
         vocab_split_of(m), m["dp_replicate"], (m["pp_chunks"], m["pp_schedule"], m["pp_layers"]),
     )  # fmt: skip
+    return {k: np.asarray(v) for k, v in terms.items()}
 
 
-def tensor_activation_share(tp: Any) -> Any:
+def tensor_activation_share(tp: ArrayLike) -> np.ndarray | float:
     """A tensor rank's share of one layer's activations without sequence parallelism: the norms' and the
     residual's (10 of a layer's 34·s·b·h bytes, Korthikanti et al. 2022, eq. 1 with fused attention) stay whole on
     each rank, attention's and the MLP's 24 split."""
     return _out((10.0 + 24.0 / np.asarray(tp, dtype=float)) / 34.0)
 
 
-def vocab_split_of(method: Mapping[str, Any]) -> np.ndarray:
+def vocab_split_of(method: Mapping[str, ArrayLike]) -> np.ndarray:
     """Where the vocabulary matrices are split over the tensor ranks: with ``tp_loss_parallel`` or
     ``tp_sequence_parallel`` (whose embedding and output layer are row- and column-parallel)."""
     split: np.ndarray = np.asarray(method["tp_loss_parallel"], dtype=bool) | np.asarray(
@@ -201,9 +205,10 @@ def vocab_split_of(method: Mapping[str, Any]) -> np.ndarray:
 
 
 def activation_share(
-    tp: Any, pp: Any, microbatches: Any, chunks: ArrayLike = 2, logits: ArrayLike = 0.0, vocab_split: ArrayLike = False,
-    sequence_split: ArrayLike = False, schedule: ArrayLike = "1f1b", first_rank: ArrayLike = 1.0,
-) -> Any:  # fmt: skip
+    tp: ArrayLike, pp: ArrayLike, microbatches: ArrayLike, chunks: ArrayLike = 2, logits: ArrayLike = 0.0,
+    vocab_split: ArrayLike = False, sequence_split: ArrayLike = False, schedule: ArrayLike = "1f1b",
+    first_rank: ArrayLike = 1.0,
+) -> np.ndarray | float:  # fmt: skip
     """A rank's activations over one whole-model sequence's, element-wise: the layers of the stages its
     ``schedule`` (of ``chunks`` stages a rank where interleaved) keeps in flight on the first rank
     (``pipeline.in_flight_share``; 1F1B's min(p, m) micro-batches of a stage's layers), times the
