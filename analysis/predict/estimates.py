@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -111,16 +110,16 @@ def parse_token_budget(tokens: str | float | int | None) -> TokenBudget:
     return TokenBudget("absolute", value)
 
 
-def train_tokens(budget: TokenBudget, model_tokens: Any, num_parameters: Any) -> Any:
+def train_tokens(budget: TokenBudget, model_tokens: ArrayLike, num_parameters: ArrayLike) -> np.ndarray | float | None:
     """Tokens of the estimated run: the model's own, a multiple of its parameters, or a fixed number."""
     if budget.kind == "per_parameter":
         return np.asarray(num_parameters, dtype=float) * float(budget.value or 0.0)
     if budget.kind == "absolute":
         return np.full(np.shape(model_tokens), float(budget.value or 0.0)) if np.ndim(model_tokens) else budget.value
-    return np.asarray(model_tokens, dtype=float) if np.ndim(model_tokens) else float(model_tokens)
+    return np.asarray(model_tokens, dtype=float) if np.ndim(model_tokens) else float(np.asarray(model_tokens))
 
 
-def train_steps_for(tokens: Any, tokens_per_step: Any) -> Any:
+def train_steps_for(tokens: ArrayLike, tokens_per_step: ArrayLike) -> np.ndarray | float:
     """Optimizer steps to see ``tokens`` at ``tokens_per_step`` per step, rounded up (a partial step is a step)."""
     # The tiny epsilon keeps 143000 * 2097152 / 2097152 at 143000 despite float rounding.
     out = np.ceil(np.asarray(tokens, dtype=float) / np.asarray(tokens_per_step, dtype=float) - 1e-9)
@@ -158,17 +157,23 @@ def wall_clock(steady: ArrayLike, goodput: ArrayLike | None) -> np.ndarray:
     return out
 
 
-def gpu_hours(num_gpus: Any, train_steps: Any, step_time_s: Any) -> Any:
+def gpu_hours(num_gpus: ArrayLike, train_steps: ArrayLike, step_time_s: ArrayLike) -> np.ndarray | float:
     """GPU-hours of the run: every GPU is held for the whole of it."""
-    return (
+    hours: np.ndarray | float = (
         np.asarray(num_gpus, dtype=float)
         * np.asarray(train_steps, dtype=float)
         * np.asarray(step_time_s, dtype=float)
         / SECONDS_PER_HOUR
     )
+    return hours
 
 
-def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = None, steps_timed: Any = None) -> Any:
+def ci95_halfwidth_pct(
+    ci95_pct: ArrayLike | None = None,
+    mean_s: ArrayLike | None = None,
+    std_s: ArrayLike | None = None,
+    steps_timed: ArrayLike | None = None,
+) -> pd.Series:
     """Half-width of the 95% confidence interval of the mean step time, in % of the mean.
 
     The probe reports it (``step_time_ci95_pct``); where it did not, it is rebuilt from the standard deviation
@@ -185,7 +190,7 @@ def ci95_halfwidth_pct(ci95_pct: Any = None, mean_s: Any = None, std_s: Any = No
     return out
 
 
-def interval(value: Any, halfwidth_pct: Any) -> tuple[Any, Any]:
+def interval(value: ArrayLike, halfwidth_pct: ArrayLike) -> tuple[np.ndarray | float, np.ndarray | float]:
     """``value`` minus and plus ``halfwidth_pct`` percent of it (the low end never below zero)."""
     v = np.asarray(value, dtype=float)
     hw = np.asarray(halfwidth_pct, dtype=float) / 100.0
@@ -197,7 +202,7 @@ def interval(value: Any, halfwidth_pct: Any) -> tuple[Any, Any]:
 # --------------------------------------------------------------------------------------------------------------
 
 
-def base_machine_usd(gpus_per_node: Any) -> Any:
+def base_machine_usd(gpus_per_node: ArrayLike) -> np.ndarray | float:
     """Price of the machine(s) holding ``gpus_per_node`` GPUs, without the GPUs.
 
     The paper prices machines with 1, 2, 4 and 8 slots; other counts take the smallest machine that holds them,
@@ -211,24 +216,30 @@ def base_machine_usd(gpus_per_node: Any) -> Any:
     return float(out) if np.ndim(out) == 0 else out
 
 
-def purchase_cost_usd(num_gpus: Any, num_nodes: Any, gpu_price_usd: Any) -> Any:
+def purchase_cost_usd(num_gpus: ArrayLike, num_nodes: ArrayLike, gpu_price_usd: ArrayLike) -> np.ndarray | float:
     """Cost of buying the cell's hardware: per node a base machine plus its GPUs (the $100K paper's model)."""
     gpus = np.asarray(num_gpus, dtype=float)
     nodes = np.maximum(np.asarray(num_nodes, dtype=float), 1.0)
     per_node = gpus / nodes
-    return nodes * base_machine_usd(per_node) + gpus * np.asarray(gpu_price_usd, dtype=float)
+    cost: np.ndarray | float = nodes * base_machine_usd(per_node) + gpus * np.asarray(gpu_price_usd, dtype=float)
+    return cost
 
 
-def amortised_cost_usd(purchase_usd: Any, days: Any, years: float = AMORTISATION_YEARS) -> Any:
+def amortised_cost_usd(
+    purchase_usd: ArrayLike, days: ArrayLike, years: float = AMORTISATION_YEARS
+) -> np.ndarray | float:
     """The share of the purchase used up by a run of ``days``, writing the hardware off over ``years``."""
-    return np.asarray(purchase_usd, dtype=float) * np.asarray(days, dtype=float) / (years * 365.0)
+    used: np.ndarray | float = np.asarray(purchase_usd, dtype=float) * np.asarray(days, dtype=float) / (years * 365.0)
+    return used
 
 
-def cloud_cost_usd(gpu_hours_: Any, usd_per_gpu_hour: Any) -> Any:
+def cloud_cost_usd(gpu_hours_: ArrayLike, usd_per_gpu_hour: ArrayLike) -> np.ndarray | float:
     """Renting: GPU-hours times the hourly price of one GPU."""
-    return np.asarray(gpu_hours_, dtype=float) * np.asarray(usd_per_gpu_hour, dtype=float)
+    rent: np.ndarray | float = np.asarray(gpu_hours_, dtype=float) * np.asarray(usd_per_gpu_hour, dtype=float)
+    return rent
 
 
-def energy_kwh(gpu_hours_: Any, board_power_w: Any) -> Any:
+def energy_kwh(gpu_hours_: ArrayLike, board_power_w: ArrayLike) -> np.ndarray | float:
     """Energy drawn by the GPU boards at their rated power for the whole run (host and cooling not included)."""
-    return np.asarray(gpu_hours_, dtype=float) * np.asarray(board_power_w, dtype=float) / 1000.0
+    kwh: np.ndarray | float = np.asarray(gpu_hours_, dtype=float) * np.asarray(board_power_w, dtype=float) / 1000.0
+    return kwh

@@ -281,7 +281,10 @@ def memory_terms(x: Inputs) -> dict[str, np.ndarray]:
     out["buffers"] = out["buffers"] + runtime
     # The build's peak (the model and engine being made), 0 for an engine whose build never exceeds the step's.
     zero = np.zeros(len(x.engine))
-    build = by_engine(x.engine, lambda spec: {"build": spec.build_bytes(x) if spec.build_bytes else zero})["build"]
+    build = by_engine(
+        x.engine,
+        lambda spec: {"build": np.asarray(spec.build_bytes(x)) if spec.build_bytes else zero},
+    )["build"]
     out["build"] = np.asarray(build, dtype=float) * np.ones(len(x.engine)) + runtime
     # The part of the gradients held only while a step accumulates (EngineSpec.accumulated_bytes).
     kept = by_engine(

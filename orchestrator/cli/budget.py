@@ -335,7 +335,9 @@ def run_shortest(args: argparse.Namespace, console: Console) -> int:
             own = float(model.train_steps * model.global_batch_size * model.seq_length)
             # A model described by size has no training run of its own: compute-optimal, 20 tokens a parameter.
             budget = token_budget if args.tokens or model.name in conf_names else parse_token_budget("20x")
-            tokens = float(train_tokens(budget, own, num_parameters(model)))
+            run_tokens = train_tokens(budget, own, num_parameters(model))
+            assert run_tokens is not None  # parse_token_budget gives every absolute budget its value
+            tokens = float(run_tokens)
             for run in shortest_training(
                 model, gpu, network, tokens, args.loss, args.global_batch, efficiency, max_gpus
             ):

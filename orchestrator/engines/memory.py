@@ -8,7 +8,7 @@ of cells at once with this same arithmetic.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from numpy.typing import ArrayLike
@@ -59,7 +59,7 @@ ran beside the two the central peak already refuses (pythia-160m at default sett
 the same doubt twice."""
 
 
-def precision_bytes(precision: Any) -> Any:
+def precision_bytes(precision: ArrayLike) -> np.ndarray | float:
     """Bytes per parameter of the 16-bit copies (4 in fp32)."""
     out = np.where(np.asarray(precision, dtype=object) == "fp32", 4.0, 2.0)
     return scalar_or_array(out)
@@ -118,7 +118,7 @@ def allocator_overhead(
     regional_compile: ArrayLike = False,
     checkpointing: ArrayLike = False,
     expandable: ArrayLike = True,
-) -> Any:
+) -> np.ndarray | float:
     """Reserved over allocated bytes on a CUDA device: with expandable segments (the probe's default),
     :data:`ALLOCATOR_OVERHEAD_REGIONAL_COMPILE` where the cell compiles block by block, else
     :data:`EXPANDABLE_OVERHEAD_CHECKPOINTED` where it checkpoints, else :data:`EXPANDABLE_OVERHEAD`; without them,
@@ -145,7 +145,7 @@ def peak_bytes(
     regional_compile: ArrayLike = False,
     checkpointing: ArrayLike = False,
     expandable: ArrayLike = True,
-) -> Any:
+) -> np.ndarray | float:
     """The reserved peak per GPU: what is allocated (model states, buffers, activations) times the allocator's
     overhead (:func:`allocator_overhead`)."""
     allocated = np.asarray(fixed_bytes, dtype=float) + np.asarray(per_sequence_bytes, dtype=float) * np.asarray(
@@ -163,7 +163,7 @@ def sequences_that_fit(
     regional_compile: ArrayLike = False,
     checkpointing: ArrayLike = False,
     expandable: ArrayLike = True,
-) -> Any:
+) -> np.ndarray | float:
     """The most sequences per micro-batch whose :func:`peak_bytes` is within ``usable_bytes`` (0 if none; NaN
     where the usable memory is unknown)."""
     overhead = np.asarray(allocator_overhead(accelerator, regional_compile, checkpointing, expandable))
@@ -174,7 +174,7 @@ def sequences_that_fit(
     return scalar_or_array(np.where(np.isfinite(room), np.maximum(np.floor(room), 0.0), np.nan))
 
 
-def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:
+def largest_fitting_divisor(per_gpu_batch: ArrayLike, fitting: ArrayLike) -> np.ndarray | float:
     """The micro-batch ``auto`` ends at: the largest divisor of the per-GPU batch that is at most ``fitting``
     sequences, or 1 when none fits (every divisor is a candidate, as in the probe's search; not only powers of
     two). ``fitting`` NaN (unknown memory) gives the whole per-GPU batch."""
@@ -190,7 +190,9 @@ def largest_fitting_divisor(per_gpu_batch: Any, fitting: Any) -> Any:
     return scalar_or_array(out)
 
 
-def largest_unit(num_parameters: Any, vocab_matrix: Any, largest_weight: Any, num_layers: Any) -> Any:
+def largest_unit(
+    num_parameters: ArrayLike, vocab_matrix: ArrayLike, largest_weight: ArrayLike, num_layers: ArrayLike
+) -> np.ndarray | float:
     """Parameters of the largest unit the FSDP and mesh3d builds initialise whole on each rank
     (orchestrator/engines/materialising.py): a block (the parameters outside the input and
     output embeddings over the layers) or the largest weight (an embedding)."""

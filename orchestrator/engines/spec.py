@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 if TYPE_CHECKING:
     import numpy as np
@@ -75,11 +75,11 @@ class Links:
     bytes a rank sends of an all-reduce are ``2(n-1)/n`` of the buffer, of an all-gather or reduce-scatter
     ``(n-1)/n``). A collective of ``b`` such bytes takes ``latency + b / bandwidth``."""
 
-    intra_node: Any
+    intra_node: np.ndarray | float
     """Bus bandwidth between the GPUs of one node, per cell."""
-    inter_node: Any
+    inter_node: np.ndarray | float
     """Bus bandwidth across nodes (one GPU's share of its node's network)."""
-    host: Any
+    host: np.ndarray | float
     """One GPU's link to host memory, per cell."""
     cpu_adam_params_per_s_per_node: float
     """Parameters a node's CPUs update per second with Adam (offloaded optimizer steps)."""
@@ -138,7 +138,7 @@ class EngineSpec:
     check: Callable[[Config], list[Refusal]]
     """Refusals of a cell that names this engine, for its own options (the registry refuses the other engines'
     fields)."""
-    foreign: Callable[[EngineSpec, Any, Any], str]
+    foreign: Callable[[EngineSpec, object, object], str]
     """``foreign(owner, value, default)``: why ``owner``'s field, set to ``value`` under this engine, is refused
     (it belongs at ``default``), and what this engine uses instead."""
     label: Callable[[Mapping[str, Scalar]], str]
@@ -171,7 +171,7 @@ class EngineSpec:
     """Refusals of a cell whose global batch does not split as this engine splits it: over the GPUs
     (:func:`per_gpu_batch`, a data-parallel engine's), or over what shares a micro-step (mesh3d: its replicas ×
     pipeline micro-batches)."""
-    build_bytes: Callable[[CellArrays], Any] | None = None
+    build_bytes: Callable[[CellArrays], np.ndarray | float] | None = None
     """``build_bytes(x)``: bytes per GPU allocated at the peak of building the model and its engine, before the
     first step (the model's states only come later), for every cell of ``x``, element-wise. A cell fits only where
     both this and the step's peak do. None: the build never peaks above the step."""
