@@ -17,10 +17,16 @@ The engines' hooks stay outside the compiled code: FSDP2 wraps each compiled blo
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+
+if TYPE_CHECKING:
+    from torch import nn
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
-def compile_blocks(blocks: Iterable[Any]) -> None:
+def compile_blocks(blocks: Iterable[nn.Module]) -> None:
     """Compile each block in place (``nn.Module.compile``): one compiled code, shared by every block."""
     for block in blocks:
         block.compile()
@@ -35,19 +41,19 @@ def compile_loss(module: Any) -> None:
         module.loss_function = torch.compile(loss)
 
 
-def compiled_loss(loss: Callable[..., Any]) -> Callable[..., Any]:
+def compiled_loss(loss: Callable[P, R]) -> Callable[P, R]:
     """A loss computed outside the model (a pipeline's last stage) as a compiled region of its own."""
     import torch
 
     return torch.compile(loss)
 
 
-def compile_regions(module: Any, blocks: Iterable[Any]) -> None:
+def compile_regions(module: nn.Module, blocks: Iterable[nn.Module]) -> None:
     """Regional compilation of a transformers model: its blocks, then its loss."""
     compile_blocks(blocks)
     compile_loss(module)
 
 
-def compiled_regions(module: Any) -> bool:
+def compiled_regions(module: nn.Module) -> bool:
     """Whether any submodule of ``module`` was compiled in place (the record's ``compiled``)."""
     return any(getattr(m, "_compiled_call_impl", None) is not None for m in module.modules())

@@ -43,7 +43,7 @@ def module_seed(seed: int, name: str) -> int:
     return (int(seed) * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1)
 
 
-def build_meta(config: Config) -> tuple[Any, MetaModel]:
+def build_meta(config: Config) -> tuple[nn.Module, MetaModel]:
     """The cell's model on the meta device in fp32 (no storage), and what materialises it later."""
     import torch
 
@@ -52,7 +52,7 @@ def build_meta(config: Config) -> tuple[Any, MetaModel]:
     return module, MetaModel(module, list(family.blocks(module)))
 
 
-def materialised(config: Config, device: torch.device) -> Any:
+def materialised(config: Config, device: torch.device) -> nn.Module:
     """The cell's model unsplit on ``device``, initialised as every split of it is (the reference of a split)."""
     module, meta = build_meta(config)
     meta.materialise([module], device, config.probe.seed)
@@ -67,7 +67,7 @@ class MetaModel:
     outside every block that owns tensors (an embedding, the final norm, the output layer).
     """
 
-    def __init__(self, module: Any, blocks: list[Any]) -> None:
+    def __init__(self, module: nn.Module, blocks: list[nn.Module]) -> None:
         from transformers import PreTrainedModel
 
         self.template = copy.deepcopy(module)
@@ -95,11 +95,11 @@ class MetaModel:
         }  # fmt: skip
         """Each parameter tied to one named before it, with that first name: written under the first only."""
 
-    def adopt(self, module: Any, like: Any) -> None:
+    def adopt(self, module: nn.Module, like: nn.Module) -> None:
         """``module``, made after the split, takes the values of ``like``, a module of the model."""
         self.names[id(module)] = self.names[id(like)]
 
-    def materialise(self, roots: list[Any], device: torch.device, seed: int) -> None:
+    def materialise(self, roots: list[nn.Module], device: torch.device, seed: int) -> None:
         """Give ``roots`` (the model, or a rank's stages of it) storage on ``device`` and initialise every module
         that owns tensors as the unsplit model's is. Raises ValueError for a tensor-owning module not of the model."""
         import torch
@@ -107,7 +107,7 @@ class MetaModel:
 
         for root in roots:
             root.to_empty(device=device)
-        here: dict[str, list[Any]] = {}
+        here: dict[str, list[nn.Module]] = {}
         for root in roots:
             for m in root.modules():
                 if _direct_tensors(m) and id(m) not in self.names:
@@ -120,7 +120,7 @@ class MetaModel:
                 if unit in here:
                     self._initialise(unit, here, device, seed)
 
-    def _retie(self, here: dict[str, list[Any]]) -> None:
+    def _retie(self, here: dict[str, list[nn.Module]]) -> None:
         """Tie again what ``to_empty`` untied (it gives each module its own tensor), where both ends are here."""
         for alias, first in self.ties.items():
             (alias_module, alias_key), (first_module, first_key) = _split(alias), _split(first)
@@ -128,7 +128,7 @@ class MetaModel:
                 for source in here.get(first_module, [])[:1]:
                     module._parameters[alias_key] = source._parameters[first_key]
 
-    def _initialise(self, unit: str, here: dict[str, list[Any]], device: torch.device, seed: int) -> None:
+    def _initialise(self, unit: str, here: dict[str, list[nn.Module]], device: torch.device, seed: int) -> None:
         import torch
 
         block = unit in self.blocks

@@ -43,9 +43,11 @@ ARITHMETIC = {
     "analysis/predict/estimates.py": "tokens, steps, days, GPU-hours and costs of a cell or a column",
 }
 """Modules of arithmetic on a float or a numpy array (typed ``ArrayLike``, no ``Any``), with what they compute."""
-ANY_MOST = 155
+ANY_MOST = 103
 """``Any`` outside :data:`ARITHMETIC`: torch, transformers, pandas and matplotlib objects, JSON and YAML data.
-Lowered from 168 when ``engines.spec``'s link bandwidths, ``build_bytes`` and ``foreign`` were typed (6 uses)."""
+Lowered from 168 when ``engines.spec``'s link bandwidths, ``build_bytes`` and ``foreign`` were typed (6 uses), and
+from 155 when the engines' runtime modules (compiling, materialising, the three engines, mesh3d's parallelize and
+the engines' specs) were typed with torch's, DeepSpeed's and transformers' own types (52 uses)."""
 ARITHMETIC_ANY_MOST = 0
 """Lowered from 159 to 47 when the DeepSpeed, FSDP and mesh3d memory models (and
 ``engines.memory.scalar_or_array``) were typed ``ArrayLike`` in, ``np.ndarray | float`` out, and to 0 when

@@ -13,8 +13,9 @@ import contextlib
 import io
 import logging
 import sys
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, TypeVar
 
 from orchestrator.engines.base import UnsupportedError, free_device_memory
 from orchestrator.engines.compiling import compile_regions, compiled_regions
@@ -25,12 +26,14 @@ from orchestrator.models import enable_activation_checkpointing, family_module, 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    import deepspeed
     import torch
 
     from orchestrator.config.batch import BatchPlan
     from orchestrator.config.schema import Config
 
 DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+T = TypeVar("T")
 
 
 def check_precision_supported(precision: str) -> None:
@@ -74,8 +77,8 @@ def quiet_op_builds() -> None:
         setattr(module, name, _quiet(original))
 
 
-def _quiet(load: Any) -> Any:
-    def quiet_load() -> Any:
+def _quiet(load: Callable[[], T]) -> Callable[[], T]:
+    def quiet_load() -> T:
         said = io.StringIO()
         try:
             with contextlib.redirect_stdout(said):
@@ -95,7 +98,7 @@ class DeepSpeedEngine:
         self.config = config
         self.device = device
         self.rank = rank
-        self.engine: Any = None
+        self.engine: deepspeed.DeepSpeedEngine | None = None
         self.ds_config: DeepSpeedConfig | None = None
         self._num_parameters = 0
 
@@ -160,6 +163,7 @@ class DeepSpeedEngine:
 
     def resize(self, plan: BatchPlan) -> None:
         # Micro-batch first (DeepSpeed keeps the accumulation), then the global batch (it recomputes accumulation).
+        assert self.engine is not None, "build() makes the engine"
         self.engine.set_train_micro_batch_size(plan.micro_batch_size)
         self.engine.set_train_batch_size(plan.global_batch_size)
         if self.ds_config is not None:
@@ -169,6 +173,7 @@ class DeepSpeedEngine:
 
     def micro_step(self, batch: Mapping[str, torch.Tensor], boundary: bool) -> torch.Tensor:
         engine = self.engine
+        assert engine is not None, "build() makes the engine"
         engine.set_gradient_accumulation_boundary(boundary)
         loss: torch.Tensor = engine(**batch).loss
         engine.backward(loss)

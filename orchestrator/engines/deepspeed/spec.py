@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.values import Scalar
@@ -40,7 +40,7 @@ def check(cell: Config) -> list[Refusal]:
     return out
 
 
-def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
+def foreign(owner: EngineSpec, value: object, default: object) -> str:
     return (
         f"{value!r} is {owner.setting}; use method.engine={owner.name}, or leave it at {default!r} with DeepSpeed "
         "(which shards with method.zero_stage)"
@@ -64,7 +64,7 @@ def memory_terms(x: CellArrays) -> Terms:
     return memory_terms_of(x)
 
 
-def build_bytes(x: CellArrays) -> Any:
+def build_bytes(x: CellArrays) -> np.ndarray | float:
     from orchestrator.engines.deepspeed.memory import build_bytes_of
 
     return build_bytes_of(x)
@@ -76,7 +76,9 @@ def step_time_terms(x: CellArrays, accum: np.ndarray, links: Links) -> Terms:
     return terms(x, accum, links)
 
 
-def _whole(value: Any) -> int | None:
+def _whole(value: Scalar) -> int | None:
+    if value is None:
+        return None
     try:
         number = float(value)
     except (TypeError, ValueError):

@@ -17,7 +17,7 @@ Process group: NCCL on CUDA, gloo on the CPU (FSDP2's collectives run on gloo th
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
     import torch
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
 
     from orchestrator.config.batch import BatchPlan
     from orchestrator.config.schema import Config
@@ -44,8 +46,8 @@ class FsdpEngine:
         self.device = device
         self.rank = rank
         self.options: FsdpOptions = fsdp_options(config.method, config.num_gpus, config.num_nodes)
-        self.module: Any = None
-        self.optimizer: Any = None
+        self.module: nn.Module | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
         self.grad_accum_steps = 1
         self._num_parameters = 0
 
@@ -65,7 +67,7 @@ class FsdpEngine:
 
         family_module(self.config.model.family).build_model_config(self.config.model, self.config.method.attention)
 
-    def _mesh(self) -> Any:
+    def _mesh(self) -> DeviceMesh:
         from torch.distributed.device_mesh import init_device_mesh
 
         shape = self.options.mesh_shape
@@ -126,8 +128,12 @@ class FsdpEngine:
 
     def micro_step(self, batch: Mapping[str, torch.Tensor], boundary: bool) -> torch.Tensor:
         import torch
+        from torch.distributed.fsdp import FSDPModule
 
-        module = self.module
+        module, optimizer = self.module, self.optimizer
+        # (not None first: mypy narrows a Module, not an Optional one, to the FSDPModule fully_shard made of it)
+        assert module is not None and isinstance(module, FSDPModule), "build() shards the model"
+        assert optimizer is not None, "build() makes the optimizer"
         if self.config.method.fsdp_accumulation == "unsharded":
             module.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
         loss: torch.Tensor = module(**batch).loss
@@ -135,8 +141,8 @@ class FsdpEngine:
         (loss / self.grad_accum_steps).backward()  # type: ignore[no-untyped-call]
         if boundary:
             torch.nn.utils.clip_grad_norm_(module.parameters(), GRADIENT_CLIPPING)
-            self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
         return loss
 
     def release(self) -> None:

@@ -4,7 +4,7 @@ and step-time terms are (:mod:`orchestrator.engines.spec` says what each part is
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.refusal import Refusal
 from orchestrator.config.schema import MethodConfig
@@ -52,7 +52,7 @@ def check(cell: Config) -> list[Refusal]:
     return out
 
 
-def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
+def foreign(owner: EngineSpec, value: object, default: object) -> str:
     return (
         f"{value!r} is {owner.setting}; with method.engine=fsdp leave it at {default!r} and shard with "
         f"method.fsdp_sharding ({', '.join(SHARDINGS)}) and offload with method.fsdp_offload=true"
@@ -86,7 +86,7 @@ def accumulated_bytes(x: CellArrays) -> np.ndarray:
     return accumulated_bytes_of(x)
 
 
-def build_bytes(x: CellArrays) -> Any:
+def build_bytes(x: CellArrays) -> np.ndarray | float:
     from orchestrator.engines.fsdp.memory import build_bytes_of
 
     return build_bytes_of(x)

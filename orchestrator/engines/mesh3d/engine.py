@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import time
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.schema import compile_scope_of
 from orchestrator.engines.base import ADAM_BETAS, ADAM_EPS, GRADIENT_CLIPPING, WEIGHT_DECAY, free_device_memory
@@ -48,10 +48,17 @@ from orchestrator.models import enable_activation_checkpointing, family_module
 from orchestrator.models.probe_data import DATA_BATCHES, seed_of
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
+    from torch.distributed import ProcessGroup
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
 
     from orchestrator.config.batch import BatchPlan
     from orchestrator.config.schema import Config
+    from orchestrator.engines.mesh3d.parallelize import Stage
 
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
 DATA_DIMS: tuple[tuple[str, ...], ...] = (("dp",), ("dp_replicate", "dp_shard"))
@@ -66,13 +73,13 @@ class Mesh3dEngine:
         self.device = device
         self.rank = rank
         self.layout: Mesh3dLayout = layout_of(config.method, config.num_gpus)
-        self.mesh: Any = None
-        self.stages: list[Any] = []
-        self.schedule: Any = None
-        self.optimizer: Any = None
-        self.tokens: list[Any] = []
+        self.mesh: DeviceMesh | None = None
+        self.stages: list[tuple[int, Stage]] = []
+        self.schedule: PipelineScheduleSingle | PipelineScheduleMulti | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.tokens: list[torch.Tensor] = []
         self.grad_accum_steps = 1
-        self.next_token_loss: Any = next_token_loss
+        self.next_token_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = next_token_loss
         self.steps = 0
         self._num_parameters = 0
         self.busy_s = 0.0
@@ -114,6 +121,7 @@ class Mesh3dEngine:
         from orchestrator.engines.mesh3d.parallelize import (
             apply_fsdp,
             apply_tensor_parallel,
+            model_parts,
             selective_checkpointing,
             split_stages,
         )
@@ -137,6 +145,7 @@ class Mesh3dEngine:
         module.train()
         pp_rank, _, _ = self.coordinates()
         stages = split_stages(module, lay, pp_rank, cfg.model.num_layers, end_weight(cfg.model))
+        embed, _, _, head, _ = model_parts(module)
         mixed = method.precision != "fp32"
         mp_policy = MixedPrecisionPolicy(
             param_dtype=torch.bfloat16 if mixed else None, reduce_dtype=torch.float32 if mixed else None
@@ -149,8 +158,8 @@ class Mesh3dEngine:
             if method.compile:
                 compile_blocks(stage.layers)
             apply_fsdp(stage, self.mesh[DATA_DIMS[self.mesh.ndim - 3]], mp_policy, pipelined=lay.pp > 1)
-            if stage.head is not None and stage.head is not module.get_output_embeddings():
-                meta.adopt(stage.head, module.get_input_embeddings())  # the last stage's copy of a tied layer
+            if stage.head is not None and stage.head is not head:
+                meta.adopt(stage.head, embed)  # the last stage's copy of a tied layer
         meta.materialise([stage for _, stage in stages], self.device, cfg.probe.seed)
         self.stages = stages
         # The sharded logits' loss is loss_parallel's own operators: left to eager.
@@ -195,21 +204,21 @@ class Mesh3dEngine:
         loss: torch.Tensor = self.next_token_loss(logits, tokens)
         return loss / self.grad_accum_steps
 
-    def _schedule(self) -> Any:
+    def _schedule(self) -> PipelineScheduleSingle | PipelineScheduleMulti:
         from orchestrator.engines.mesh3d.parallelize import build_schedule
 
-        stages, schedule = build_schedule(self.stages, self.layout, self.mesh.get_group("pp"), self.device, self._loss)
+        stages, schedule = build_schedule(self.stages, self.layout, self._pp_group(), self.device, self._loss)
         for stage in stages:
             self._time_chunks(stage)
         return schedule
 
-    def _time_chunks(self, stage: Any) -> None:
+    def _time_chunks(self, stage: PipelineStage) -> None:
         """Count the time ``stage`` computes (its forward and backward chunks, and the weight gradients a
         zero-bubble schedule computes apart) into :attr:`busy_s`."""
         for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
             inner = getattr(stage, name)
 
-            def timed(*args: Any, _inner: Any = inner, **kwargs: Any) -> Any:
+            def timed(*args: object, _inner: Callable[..., object] = inner, **kwargs: object) -> object:
                 began = time.perf_counter()
                 try:
                     return _inner(*args, **kwargs)
@@ -226,7 +235,10 @@ class Mesh3dEngine:
         tokens = self.tokens[self.steps % len(self.tokens)]
         self.steps += 1
         if self.layout.pp == 1:
+            from torch.distributed.fsdp import FSDPModule
+
             ((_, stage),) = self.stages
+            assert isinstance(stage, FSDPModule), "build() shards the stage (apply_fsdp)"
             stage.set_requires_gradient_sync(boundary)  # reduce only at the accumulation boundary
             with loss_context(self.config.method.tp_loss_parallel):
                 loss = self._loss(stage(tokens), tokens)
@@ -237,7 +249,7 @@ class Mesh3dEngine:
         if boundary:
             self._optimizer_step()
             if self.layout.pp > 1:  # the last stage has the loss: every rank reports it
-                torch.distributed.broadcast(loss, src=self._last_stage_rank(), group=self.mesh.get_group("pp"))
+                torch.distributed.broadcast(loss, src=self._last_stage_rank(), group=self._pp_group())
         return loss
 
     def _pipeline_step(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -250,6 +262,7 @@ class Mesh3dEngine:
         losses: list[torch.Tensor] = []
         began = time.perf_counter()
         args = (tokens,) if first else ()
+        assert self.schedule is not None, "resize() makes the schedule of a pipeline"
         with loss_context(self.config.method.tp_loss_parallel):
             self.schedule.step(*args, target=tokens if last else None, losses=losses if last else None)
         self.schedule_s += time.perf_counter() - began
@@ -260,13 +273,19 @@ class Mesh3dEngine:
     def _last_stage_rank(self) -> int:
         import torch.distributed as dist
 
-        return dist.get_global_rank(self.mesh.get_group("pp"), self.layout.pp - 1)
+        return dist.get_global_rank(self._pp_group(), self.layout.pp - 1)
+
+    def _pp_group(self) -> ProcessGroup:
+        """The pipeline's process group, of the mesh ``build`` made."""
+        assert self.mesh is not None, "build() makes the mesh"
+        return self.mesh.get_group("pp")
 
     def _optimizer_step(self) -> None:
         from orchestrator.engines.mesh3d.parallelize import clip_grad_norm
 
         params = [p for _, stage in self.stages for p in stage.parameters()]
-        clip_grad_norm(params, GRADIENT_CLIPPING, self.mesh.get_group("pp") if self.layout.pp > 1 else None)
+        clip_grad_norm(params, GRADIENT_CLIPPING, self._pp_group() if self.layout.pp > 1 else None)
+        assert self.optimizer is not None, "build() makes the optimizer"
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
 

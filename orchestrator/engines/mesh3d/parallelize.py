@@ -9,7 +9,7 @@ so one class serves them all; a family without them is refused when the engine b
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any
 
@@ -17,8 +17,13 @@ import torch
 from torch import nn
 
 if TYPE_CHECKING:
+    from torch.distributed import ProcessGroup
     from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    from torch.distributed.pipelining import PipelineStage
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti, PipelineScheduleSingle
     from torch.distributed.tensor.parallel import ParallelStyle
+    from transformers import PreTrainedConfig
 
     from orchestrator.engines.mesh3d.config import Mesh3dLayout
     from orchestrator.models import CheckpointContexts
@@ -28,7 +33,7 @@ class Stage(nn.Module):
     """One pipeline stage of a decoder-only transformers model (all of it when there is one stage)."""
 
     def __init__(
-        self, config: Any, embed: nn.Module | None, layers: list[nn.Module], norm: nn.Module | None,
+        self, config: PreTrainedConfig, embed: nn.Module | None, layers: list[nn.Module], norm: nn.Module | None,
         head: nn.Module | None, rotary: nn.Module,
     ) -> None:  # fmt: skip
         super().__init__()
@@ -63,7 +68,9 @@ class Stage(nn.Module):
         return h
 
 
-def _parts(module: Any) -> tuple[Any, list[nn.Module], nn.Module, Any, nn.Module]:
+def model_parts(module: Any) -> tuple[Any, list[nn.Module], nn.Module, Any, nn.Module]:
+    """The input embedding, decoder layers, final norm, output layer and rotary embedding of a family's transformers
+    model; a ValueError where it has no ``base_model.layers``, final norm or ``rotary_emb``."""
     base = getattr(module, "base_model", None)
     layers = getattr(base, "layers", None)
     norm = getattr(base, "norm", None) or getattr(base, "final_layer_norm", None)
@@ -84,7 +91,7 @@ def split_stages(
     vocabulary matrices in layers). A model whose output layer shares the input
     embedding's matrix gets a copy of it on the last stage, as Megatron-LM keeps one on each end of the pipeline
     (Megatron also all-reduces the two copies' gradients; this probe leaves that one reduction out)."""
-    embed, layers, norm, head, rotary = _parts(module)
+    embed, layers, norm, head, rotary = model_parts(module)
     split = layout.stage_layers(num_layers, end_weight)
     last = layout.num_stages - 1
     out = []
@@ -107,9 +114,9 @@ def split_stages(
 
 
 def build_schedule(
-    stages: list[tuple[int, nn.Module]], layout: Mesh3dLayout, group: Any, device: torch.device,
+    stages: Sequence[tuple[int, nn.Module]], layout: Mesh3dLayout, group: ProcessGroup, device: torch.device,
     loss_fn: Callable[..., torch.Tensor],
-) -> tuple[list[Any], Any]:  # fmt: skip
+) -> tuple[list[PipelineStage], PipelineScheduleSingle | PipelineScheduleMulti]:  # fmt: skip
     """This rank's ``PipelineStage`` of each of ``stages`` (index, module) over the pipeline ``group``, and the schedule
     of the layout's ``pp_schedule`` that runs them, ``loss_fn`` on the last stage's output."""
     from torch.distributed.pipelining import PipelineStage, schedules
@@ -217,7 +224,7 @@ def selective_checkpointing() -> CheckpointContexts:
     return partial(create_selective_checkpoint_contexts, policy)
 
 
-def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: bool) -> None:
+def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: MixedPrecisionPolicy, pipelined: bool) -> None:
     """FSDP2 over the data-parallel replicas: each layer, then the stage. With a pipeline nothing is resharded
     between micro-batches (each would gather the stage again), as torchtitan does. A 2-D ``dp_mesh`` (replicas ×
     shards, ``method.dp_replicate``) is HSDP: sharded over its second dimension, replicated over its first."""
@@ -228,7 +235,7 @@ def apply_fsdp(stage: Stage, dp_mesh: DeviceMesh, mp_policy: Any, pipelined: boo
     fully_shard(stage, mesh=dp_mesh, mp_policy=mp_policy, reshard_after_forward=False)
 
 
-def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: Any | None) -> torch.Tensor:
+def clip_grad_norm(params: list[nn.Parameter], max_norm: float, pp_group: ProcessGroup | None) -> torch.Tensor:
     """Clip the gradients of every rank's share to a global norm of ``max_norm``: the norm of each group of
     DTensor gradients on one mesh (tensor and data shards reduced by DTensor), summed over the pipeline stages."""
     import torch.distributed as dist

@@ -4,7 +4,7 @@ their refusals, its label, and where its memory and step-time terms are (:mod:`o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.config.values import Scalar
 from orchestrator.engines.mesh3d.config import batch_refusals, refusals
@@ -22,14 +22,16 @@ FIELDS = (
 )  # fmt: skip
 
 
-def foreign(owner: EngineSpec, value: Any, default: Any) -> str:
+def foreign(owner: EngineSpec, value: object, default: object) -> str:
     return (
         f"{value!r} is {owner.setting}; with method.engine=mesh3d leave it at {default!r}: mesh3d shards the "
         "data-parallel replicas with FSDP2 (full) and splits the model with method.tp and method.pp"
     )
 
 
-def _int(value: Any, default: int) -> int:
+def _int(value: Scalar, default: int) -> int:
+    if value is None:
+        return default
     try:
         return int(value)
     except (TypeError, ValueError):
@@ -67,7 +69,7 @@ def accumulated_bytes(x: CellArrays) -> np.ndarray:
     return accumulated_bytes_of(x)
 
 
-def build_bytes(x: CellArrays) -> Any:
+def build_bytes(x: CellArrays) -> np.ndarray | float:
     from orchestrator.engines.mesh3d.memory import build_bytes_of
 
     return build_bytes_of(x)
