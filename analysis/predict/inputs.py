@@ -27,18 +27,20 @@ from orchestrator.cells import row as rows
 from orchestrator.cells.row import method_column, method_defaults, method_kinds
 from orchestrator.config.domains import problems as domain_problems
 from orchestrator.config.schema import Config, MethodConfig, ModelConfig
-from orchestrator.config.values import Container, Row
+from orchestrator.config.values import ConfigValue, Container, Row, Scalar
 from orchestrator.engines.memory import CPU_RUNTIME_GIB, GIB, activation_bytes_per_sequence, recomputes_layers
 from orchestrator.engines.registry import by_engine
 from orchestrator.models import config_errors, family_module
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from orchestrator.engines.spec import EngineSpec
 
 DEFAULT_FAMILY = ModelConfig.family
 
 
-def flat_cell(cell: Config | Mapping[str, Any]) -> Row:
+def flat_cell(cell: Config | Mapping[str, ConfigValue] | DictConfig) -> Row:
     """A cell (typed, or its config as in ``cell.yaml``, or an OmegaConf config) as one row of the cells table:
     :func:`orchestrator.cells.row.row`, the row every table of cells takes. A config is typed as the report types
     a record's (:func:`analysis.sweeps.catalog.stored_cell`): by ``to_config``, leniently where it is damaged or
@@ -130,7 +132,7 @@ def family_efficiency(model: ModelConfig | None) -> float:
     return float(own) if own else float("nan")
 
 
-def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
+def inputs_from_columns(columns: Mapping[str, Iterable[object]], length: int) -> Inputs:
     """Arrays from table columns (Series or lists); anything missing or malformed becomes NaN or the default."""
 
     def num(name: str, default: float = np.nan) -> np.ndarray:
@@ -141,13 +143,13 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
         out = pd.to_numeric(series, errors="coerce").to_numpy(dtype=float, na_value=np.nan)
         return np.where(np.isnan(out), default, out)
 
-    def text(name: str, default: str | None) -> np.ndarray:
+    def text(name: str, default: Scalar) -> np.ndarray:
         values = columns.get(name)
         if values is None:
             return np.full(length, default, dtype=object)
         return np.array([v if isinstance(v, str) and v else default for v in _listed(values)], dtype=object)
 
-    def raw(name: str) -> list[Any]:
+    def raw(name: str) -> list[object]:
         values = columns.get(name)
         return [None] * length if values is None else _listed(values)
 
@@ -159,13 +161,13 @@ def inputs_from_columns(columns: Mapping[str, Any], length: int) -> Inputs:
             [bool(v) if isinstance(v, (bool, np.bool_, int)) else default for v in _listed(values)], dtype=bool
         )
 
-    def value(name: str, default: Any) -> np.ndarray:
+    def value(name: str, default: Scalar) -> np.ndarray:
         out = np.empty(length, dtype=object)
         for row, v in enumerate(raw(name)):
             out[row] = default if _missing(v) else v
         return out
 
-    def typed(kind: str, name: str, default: Any) -> np.ndarray:
+    def typed(kind: str, name: str, default: Scalar) -> np.ndarray:
         if kind in ("int", "float"):
             return num(name, np.nan if default is None else float(default))
         if kind == "str":
@@ -358,7 +360,7 @@ def _listed(values: Iterable[object]) -> list[object]:
     return values.tolist() if isinstance(values, pd.Series) else list(values)
 
 
-def _missing(value: Any) -> bool:
+def _missing(value: object) -> bool:
     return value is None or (isinstance(value, float) and np.isnan(value)) or value is pd.NA
 
 
@@ -383,6 +385,6 @@ def _by_distinct(
     return list(out)
 
 
-def _plain(value: Hashable) -> Any:
+def _plain(value: Hashable) -> Hashable:
     # numpy scalars from the index, as plain Python values for the dataclasses.
     return value.item() if isinstance(value, np.generic) else value

@@ -28,7 +28,7 @@ import os
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import TypeAlias
 
 import pandas as pd
 
@@ -37,7 +37,7 @@ from analysis.sweeps.columns import as_int, as_name, as_number
 from orchestrator.cells.row import figure_columns, setting_columns
 from orchestrator.config.choices import MEASURING_PROBE_KINDS
 from orchestrator.config.schema import ProbeConfig
-from orchestrator.config.values import Row
+from orchestrator.config.values import ConfigValue, Container, Row, Scalar
 from orchestrator.engines.allocator import recorded_expandable
 from orchestrator.store import states as vocab
 from orchestrator.store.adaptive_state import BadAdaptiveState, read_grid
@@ -120,7 +120,7 @@ def read_skipped(paths: SweepPaths, problems: list[str]) -> list[dict[str, str |
     return out
 
 
-def scheduler_job_id(environment: Mapping[str, Any]) -> str | None:
+def scheduler_job_id(environment: Mapping[str, object]) -> str | None:
     """The job's id as ``gpudays status`` and ``squeue`` show it: ``ARRAY_TASK`` (``9_0``) for an array task, else
     the plain job id. SLURM_JOB_ID alone (``18``) names an array task by a number nobody sees elsewhere."""
     array, task = as_name(environment.get("slurm_array_job_id")), as_name(environment.get("slurm_array_task_id"))
@@ -132,11 +132,11 @@ def scheduler_job_id(environment: Mapping[str, Any]) -> str | None:
 def flatten_cell(
     cell_id: str,
     sweep: str,
-    config: Mapping[str, Any],
+    config: Mapping[str, ConfigValue],
     record: Record | None,
     catalog: Catalog,
     problems: list[str],
-) -> dict[str, object]:
+) -> Row:
     """One table row from a cell's stored config and (optional) record; appends what was wrong to ``problems``.
 
     The cell's own columns are :func:`orchestrator.cells.row.row`'s, of the typed cell (:meth:`Catalog.cell`); the
@@ -144,11 +144,11 @@ def flatten_cell(
     cell, cell_problems = catalog.cell(config, record.settings if record else {})
     where = f"cell {cell_id} (sweep {sweep})"
     problems.extend(f"{where}: {problem}" for problem in cell_problems)
-    row: dict[str, object] = {"sweep": sweep, "cell_id": cell_id}
+    row: Row = {"sweep": sweep, "cell_id": cell_id}
     row.update(setting_columns(cell))
 
     metrics = Metrics()
-    environment: Mapping[str, Any] = {}
+    environment: Mapping[str, object] = {}
     if record is not None:
         row["status"] = record.status.value
         row["reason"] = as_name(record.reason)
@@ -170,7 +170,7 @@ def flatten_cell(
     shared = environment.get("shared_node")
     row["shared_node"] = shared if isinstance(shared, bool) else None
     if shared is True:
-        others = [*(environment.get("node_jobs_at_start") or []), *(environment.get("node_jobs_at_end") or [])]
+        others = [*_listed(environment.get("node_jobs_at_start")), *_listed(environment.get("node_jobs_at_end"))]
         problems.append(
             f"{where}: measured on a node shared with other jobs ({', '.join(dict.fromkeys(map(str, others)))}); "
             "its timing may be theirs too (cluster.exclusive)"
@@ -192,13 +192,23 @@ def flatten_cell(
     return row
 
 
+def _listed(value: object) -> Iterable[object]:
+    """The entries of an environment's list (``node_jobs_at_start``), none where it is empty or null; a TypeError
+    where it is no collection, as unpacking it raised."""
+    if not value:
+        return ()
+    if not isinstance(value, Iterable):
+        raise TypeError(f"Value after * must be an iterable, not {type(value).__name__}")
+    return value
+
+
 HOST_LOAD_COLUMNS = ("host_load_avg_1m", "host_cpus_given", "host_other_cpu_use")
 """The host while the cell was timed (a record's ``host_load``, ``orchestrator.job.host_load``): the larger of the
 1-minute load averages at the start and end of the timed steps, the cores the rank was given, and the share of
 those cores' time other processes took (0-1)."""
 
 
-def host_load_columns(load: Mapping[str, Any]) -> dict[str, object]:
+def host_load_columns(load: Mapping[str, object]) -> Row:
     """:data:`HOST_LOAD_COLUMNS` of a record's ``host_load`` (empty where the record has none)."""
     averages = [as_number(load.get(key)) for key in ("load_avg_1m_start", "load_avg_1m_end")]
     return {
@@ -208,7 +218,7 @@ def host_load_columns(load: Mapping[str, Any]) -> dict[str, object]:
     }
 
 
-def _cell_config(cell_dir: str, record: Record | None, problems: list[str], where: str) -> Mapping[str, Any]:
+def _cell_config(cell_dir: str, record: Record | None, problems: list[str], where: str) -> Container:
     if record is not None and record.config:
         return record.config
     try:
@@ -228,7 +238,7 @@ def _cell_dirs(cells_dir: Path) -> list[tuple[str, str]]:
     return sorted(entries)
 
 
-def measures(config: Mapping[str, Any]) -> bool:
+def measures(config: Mapping[str, ConfigValue]) -> bool:
     """Whether a record of this stored config is a measurement: its probe's kind is a training probe's (a config
     that names none is, as the schema's default kind); ``sleep`` and ``fail`` measure nothing."""
     probe = config.get("probe")
@@ -239,7 +249,7 @@ def measures(config: Mapping[str, Any]) -> bool:
 Rank: TypeAlias = tuple[int, int, int, str, int]
 
 
-def _rank(row: Mapping[str, Any], measured: bool, has_record: bool, order: int) -> Rank:
+def _rank(row: Mapping[str, Scalar], measured: bool, has_record: bool, order: int) -> Rank:
     """Which of two rows for the same cell wins: a measurement's record over any other (a plumbing check's, or
     none), then ok over not ok, a record over none, then the newest."""
     ok = int(row.get("status") == "ok")
@@ -276,7 +286,7 @@ def load_cells(
 def _load_cells(sweep_dirs: Iterable[Path], states: Mapping[str, str] | None, catalog: Catalog | None) -> LoadedCells:
     catalog = catalog if catalog is not None else Catalog.load()
     problems: list[str] = []
-    best: dict[str, tuple[Rank, dict[str, object], list[str]]] = {}
+    best: dict[str, tuple[Rank, Row, list[str]]] = {}
     seen: set[Path] = set()
     skipped: list[dict[str, str | None]] = []
     for order, sweep_dir in enumerate(sweep_dirs):
@@ -337,7 +347,7 @@ def _unmeasured_cells(
     written: set[str],
     catalog: Catalog,
     order: int,
-    best: dict[str, tuple[Rank, dict[str, object], list[str]]],
+    best: dict[str, tuple[Rank, Row, list[str]]],
     problems: list[str],
 ) -> int:
     """Rows of an adaptive sweep's cells that no round chose (status :data:`UNMEASURED`, no problem: predicted

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
     import torch
+    from transformers import PreTrainedConfig
 
     from orchestrator.config.schema import GpuConfig, MethodConfig, ModelConfig
 
@@ -85,12 +86,17 @@ class Family(Protocol):
         """Elements of the largest single weight (what ZeRO-3 gathers at once)."""
         ...
 
-    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+    def build_model_config(self, model: ModelConfig, attention: str) -> PreTrainedConfig:
         """The library's config of the model."""
         ...
 
     def build_model(
-        self, model: ModelConfig, attention: str, dtype: torch.dtype, device: torch.device, init_context: Any = None
+        self,
+        model: ModelConfig,
+        attention: str,
+        dtype: torch.dtype,
+        device: torch.device,
+        init_context: AbstractContextManager[object] | None = None,
     ) -> torch.nn.Module:
         """The randomly initialised module."""
         ...
@@ -262,7 +268,7 @@ def enable_activation_checkpointing(module: Any, context_fn: CheckpointContexts 
     ``module`` is a transformers PreTrainedModel of any family here. ``context_fn``: ``torch.utils.checkpoint``'s,
     where only some of a layer's operators are recomputed (selective checkpointing); None recomputes all of them.
     """
-    kwargs: dict[str, object] = {"use_reentrant": False}
+    kwargs: dict[str, bool | CheckpointContexts] = {"use_reentrant": False}
     if context_fn is not None:
         kwargs["context_fn"] = context_fn
     if hasattr(module, "activation_checkpointing_enable"):  # transformers >= 5

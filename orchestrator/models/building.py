@@ -16,9 +16,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import torch
+    from transformers import PreTrainedConfig
 
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 
 def where(model: ModelConfig) -> str:
@@ -38,7 +42,7 @@ class Builder:
 
     config_class: str
     causal_lm_class: str
-    config_kwargs: Callable[[ModelConfig], dict[str, object]]
+    config_kwargs: Callable[[ModelConfig], Container]
     refusals: Callable[[ModelConfig], dict[str, str]]
     has_attention: bool = True
     """False for a model without attention (ConvNeXt): ``method.attention`` is then not passed to the library."""
@@ -60,14 +64,14 @@ class Builder:
         """
         return {key: f"{where(model)}: {problem}" for key, problem in self.refusals(model).items()}
 
-    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+    def build_model_config(self, model: ModelConfig, attention: str) -> PreTrainedConfig:
         """The transformers config of the cell's model; a ValueError naming the model when the shape is refused."""
         errors = self.architecture_errors(model)
         if errors:
             raise ValueError(next(iter(errors.values())))
         import transformers
 
-        config = getattr(transformers, self.config_class)(**self.config_kwargs(model))
+        config: PreTrainedConfig = getattr(transformers, self.config_class)(**self.config_kwargs(model))
         if self.has_attention:
             config._attn_implementation = attention
         return config
@@ -78,7 +82,7 @@ class Builder:
         attention: str,
         dtype: torch.dtype,
         device: torch.device,
-        init_context: Any = None,
+        init_context: AbstractContextManager[object] | None = None,
     ) -> torch.nn.Module:
         """A randomly initialised causal LM of the cell's model, nothing downloaded, built where it will run.
 
@@ -111,7 +115,7 @@ def checkpointable(layer: Any) -> None:
     layer.gradient_checkpointing = False
     forward = layer.forward
 
-    def checkpointed(*args: Any, **kwargs: Any) -> Any:
+    def checkpointed(*args: object, **kwargs: object) -> object:
         if layer.gradient_checkpointing and layer.training:
             return layer._gradient_checkpointing_func(forward, *args, **kwargs)
         return forward(*args, **kwargs)

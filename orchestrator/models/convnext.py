@@ -23,6 +23,7 @@ from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import MethodConfig, ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-6
 """LayerNorm epsilon of the released ConvNeXt models."""
@@ -139,14 +140,14 @@ def blocks(module: Any) -> list[Any]:
     return list(encoder.stages)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """ConvNextConfig's arguments: the stages, ConvNeXt-T's stochastic depth, layer scale and epsilon."""
     return {
         "num_channels": images.CHANNELS,
         "patch_size": stem(model),
         "num_stages": len(stage_depths(model)),
-        "hidden_sizes": widths(model),
-        "depths": stage_depths(model),
+        "hidden_sizes": list(widths(model)),
+        "depths": list(stage_depths(model)),
         "hidden_act": "gelu",
         "layer_norm_eps": model.norm_eps if model.norm_eps is not None else NORM_EPS,
         "layer_scale_init_value": LAYER_SCALE_INIT,

@@ -17,6 +17,7 @@ from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 ROPE_THETA = 10_000.0
 """Rotary base of every Pythia model (``rotary_emb_base`` in EleutherAI/pythia models/*.yml)."""
@@ -137,7 +138,7 @@ def largest_weight_elements(model: ModelConfig) -> int:
     return max(model.vocab_size * h, h * intermediate_size(model), 3 * h * h)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """GPTNeoXConfig's arguments for the cell's model: untied embeddings, parallel residual, partial rotary."""
     return {
         "vocab_size": model.vocab_size,

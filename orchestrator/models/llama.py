@@ -19,6 +19,7 @@ from orchestrator.models.building import Builder, unread_fields, where
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 ROPE_THETA = 10_000.0
 """Rotary base when a model file gives none (transformers' LlamaConfig default)."""
@@ -180,7 +181,7 @@ def refusals(model: ModelConfig) -> dict[str, str]:
     return problems
 
 
-def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, object]:
+def common_config_kwargs(model: ModelConfig, norm_eps: float) -> Container:
     """The keyword arguments every transformers Llama-like config takes (shared with qwen3 and olmo2).
 
     ``norm_eps`` is the family's RMSNorm epsilon, used where the model file gives none.
@@ -210,7 +211,7 @@ def common_config_kwargs(model: ModelConfig, norm_eps: float) -> dict[str, objec
     }
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """LlamaConfig's arguments for the cell's model: the common ones and an MLP without biases."""
     return common_config_kwargs(model, NORM_EPS) | {"mlp_bias": False}
 

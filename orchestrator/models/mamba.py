@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 EXPAND = 2
 STATE_SIZE = 16
@@ -134,7 +135,7 @@ def implementation(module: torch.nn.Module) -> dict[str, str]:
     return {"mamba_scan": "fused" if fused else "reference"}
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """MambaConfig's arguments: every released model's block constants, tied embeddings, the fp32 residual."""
     return {
         "vocab_size": model.vocab_size,

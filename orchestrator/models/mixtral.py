@@ -17,6 +17,7 @@ from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-5
 """RMSNorm epsilon of Mixtral-8x7B-v0.1's config.json."""
@@ -39,7 +40,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
     return moe.activation_bytes_per_token_per_layer(model, attention, checkpointing, qk_norm=False, renormalised=True)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """MixtralConfig's arguments: ``llama``'s, the experts, no sliding window, the load-balancing loss in the loss."""
     out = llama.common_config_kwargs(model, NORM_EPS)
     return out | {

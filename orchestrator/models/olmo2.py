@@ -16,6 +16,7 @@ from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (``layer_norm_eps`` of OLMo2-1B-stage1.yaml)."""
@@ -58,7 +59,7 @@ largest_weight_elements = llama.largest_weight_elements
 logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """Olmo2Config's arguments: ``llama``'s with OLMo 2's norm epsilon. Olmo2Config has no head_dim argument of its
     own; its attention reads the attribute when it is there."""
     return llama.common_config_kwargs(model, NORM_EPS)

@@ -17,6 +17,7 @@ from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-5
 """RMSNorm epsilon of OLMoE-1B-7B's config.json."""
@@ -41,7 +42,7 @@ def activation_bytes_per_token_per_layer(model: ModelConfig, attention: str, che
 logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """OlmoeConfig's arguments: ``llama``'s, the experts, and the load-balancing loss in the training loss."""
     out = llama.common_config_kwargs(model, NORM_EPS)
     return out | {

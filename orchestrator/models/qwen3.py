@@ -15,6 +15,7 @@ from orchestrator.models.building import Builder
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-6
 """RMSNorm epsilon when a model file gives none (every Qwen3 config.json has 1e-6)."""
@@ -47,7 +48,7 @@ largest_weight_elements = llama.largest_weight_elements
 logit_bytes_per_token = llama.logit_bytes_per_token
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """Qwen3Config's arguments: ``llama``'s with Qwen3's norm epsilon and no sliding window (as in every published
     Qwen3 model)."""
     return llama.common_config_kwargs(model, NORM_EPS) | {"use_sliding_window": False}

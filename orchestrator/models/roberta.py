@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     import torch
 
     from orchestrator.config.schema import ModelConfig
+    from orchestrator.config.values import Container
 
 MASK_RATE = 0.15
 """Share of tokens masked and predicted (Devlin et al. 2019; RoBERTa keeps it, Liu et al. 2019 section 2.4)."""
@@ -138,7 +139,7 @@ def blocks(module: torch.nn.Module) -> list[torch.nn.Module]:
     return list(encoder.layer)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """RobertaConfig's arguments: RoBERTa's dropout, positions and one token type, no pooler (MLM only)."""
     return {
         "vocab_size": model.vocab_size,

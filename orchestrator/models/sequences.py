@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
     import torch
+    from transformers import PreTrainedConfig
 
     from orchestrator.config.schema import MethodConfig, ModelConfig
     from orchestrator.models.building import Builder
@@ -162,12 +165,17 @@ class SequenceFamily:
         """Shapes the library's module cannot build, by the key to fix (the builder's)."""
         return self.BUILDER.architecture_errors(model)
 
-    def build_model_config(self, model: ModelConfig, attention: str) -> Any:
+    def build_model_config(self, model: ModelConfig, attention: str) -> PreTrainedConfig:
         """The library's config of the model (the builder's)."""
         return self.BUILDER.build_model_config(model, attention)
 
     def build_model(
-        self, model: ModelConfig, attention: str, dtype: torch.dtype, device: torch.device, init_context: Any = None
+        self,
+        model: ModelConfig,
+        attention: str,
+        dtype: torch.dtype,
+        device: torch.device,
+        init_context: AbstractContextManager[object] | None = None,
     ) -> torch.nn.Module:
         """The randomly initialised module (the builder's)."""
         return self.BUILDER.build_model(model, attention, dtype, device, init_context)

@@ -22,6 +22,7 @@ from orchestrator.models.building import Builder, unread_fields
 
 if TYPE_CHECKING:
     from orchestrator.config.schema import MethodConfig, ModelConfig
+    from orchestrator.config.values import Container
 
 NORM_EPS = 1e-6
 """LayerNorm epsilon of DeiT and timm's ViTs (``partial(nn.LayerNorm, eps=1e-6)``)."""
@@ -130,7 +131,7 @@ def blocks(module: object) -> list[object]:
     return list(layers)
 
 
-def config_kwargs(model: ModelConfig) -> dict[str, object]:
+def config_kwargs(model: ModelConfig) -> Container:
     """ViTConfig's arguments: DeiT's LayerNorm epsilon, no dropout (DeiT trains without), the class-token head."""
     return {
         "hidden_size": model.hidden_size,

@@ -22,7 +22,8 @@ import typing
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import GenericAlias
+from typing import Any, TypeGuard
 
 from orchestrator.config.schema import Config, to_config
 from orchestrator.config.values import Container, Row
@@ -201,9 +202,9 @@ class Metrics:
         readers that take names from elsewhere (a list of columns); code that knows the metric reads it."""
         return getattr(self, name) if name in METRIC_KINDS else None
 
-    def to_json(self) -> dict[str, object]:
+    def to_json(self) -> Container:
         """The metrics as ``record.json`` holds them (see the class docstring for the keys left out)."""
-        out: dict[str, object] = {}
+        out: Container = {}
         for name, anchor in _WRITTEN_WITH.items():
             value = getattr(self, name)
             if value is None and (anchor is None or getattr(self, anchor) is None):
@@ -223,7 +224,7 @@ class Metrics:
         return cls(**values)
 
 
-METRIC_KINDS: dict[str, object] = {
+METRIC_KINDS: dict[str, type | GenericAlias] = {
     f.name: next(a for a in typing.get_args(typing.get_type_hints(Metrics)[f.name]) if a is not type(None))
     for f in fields(Metrics)
 }
@@ -233,7 +234,7 @@ CHECKED_METRICS: tuple[str, ...] = tuple(f.name for f in fields(Metrics) if f.me
 _WRITTEN_WITH: dict[str, str | None] = {f.name: f.metadata[_WITH] for f in fields(Metrics)}
 
 
-def _as_kind(kind: object, value: object) -> object:
+def _as_kind(kind: type | GenericAlias, value: object) -> object:
     """``value`` as a metric of ``kind``, or None where it is not one."""
     if kind is int:
         return _whole(value)
@@ -344,18 +345,18 @@ def read_record(path: Path, cell_id: str | None = None) -> Record | BadRecord | 
     return record_from_json(data, cell_id)
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _optional(data: Mapping[str, Any], key: str, kind: type, what: str) -> str | None:
+def _optional(data: Mapping[str, object], key: str, kind: type, what: str) -> str | None:
     value = data.get(key)
     if value is None or isinstance(value, kind):
         return None
     return f"record field {key!r} is a {type(value).__name__}, expected {what}"
 
 
-def record_from_json(data: Any, cell_id: str | None = None) -> Record | BadRecord:
+def record_from_json(data: object, cell_id: str | None = None) -> Record | BadRecord:
     """Check a parsed ``record.json`` and build the Record (every check ``read_record`` makes after parsing)."""
     if not isinstance(data, dict):
         return BadRecord(f"record holds a JSON {type(data).__name__}, expected an object")

@@ -43,17 +43,24 @@ ARITHMETIC = {
     "analysis/predict/estimates.py": "tokens, steps, days, GPU-hours and costs of a cell or a column",
 }
 """Modules of arithmetic on a float or a numpy array (typed ``ArrayLike``, no ``Any``), with what they compute."""
-ANY_MOST = 103
+ANY_MOST = 77
 """``Any`` outside :data:`ARITHMETIC`: torch, transformers, pandas and matplotlib objects, JSON and YAML data.
-Lowered from 168 when ``engines.spec``'s link bandwidths, ``build_bytes`` and ``foreign`` were typed (6 uses), and
-from 155 when the engines' runtime modules (compiling, materialising, the three engines, mesh3d's parallelize and
-the engines' specs) were typed with torch's, DeepSpeed's and transformers' own types (52 uses)."""
+Lowered from 168 when ``engines.spec``'s link bandwidths, ``build_bytes`` and ``foreign`` were typed (6 uses), from
+155 when the engines' runtime modules (compiling, materialising, the three engines, mesh3d's parallelize and the
+engines' specs) were typed with torch's, DeepSpeed's and transformers' own types (52 uses), and from 103 when the
+record's reader, the sweeps' table rows, the predictor's inputs and the model builders took ``object``, ``Row``,
+``Container``, ``ConfigValue`` and transformers' ``PreTrainedConfig`` (26 uses)."""
 ARITHMETIC_ANY_MOST = 0
 """Lowered from 159 to 47 when the DeepSpeed, FSDP and mesh3d memory models (and
 ``engines.memory.scalar_or_array``) were typed ``ArrayLike`` in, ``np.ndarray | float`` out, and to 0 when
 engines/memory.py's (13) and analysis/predict/estimates.py's (34) were typed the same way."""
-MAPPING_ANY_MOST = 32
-DICT_OBJECT_MOST = 47
+MAPPING_ANY_MOST = 9
+"""Lowered from 32 (19 were left) when a record's fields as read, its environment and host load, the sweeps' table
+rows, the stored configs and the predictor's columns took their values' types (``object``, ``Scalar``,
+``ConfigValue``, a column's ``Iterable[object]``) or became ``Container`` (10 uses)."""
+DICT_OBJECT_MOST = 22
+"""Lowered from 47 (43 were left) when the sweeps' table rows became ``Row``, a record's metrics and the families'
+transformers config arguments ``Container``, and the metrics' kinds ``type | GenericAlias`` (21 uses)."""
 
 MAPPING_ANY = re.compile(r"Mapping\[str,\s*Any\]")
 DICT_OBJECT = re.compile(r"dict\[str,\s*object\]")
