@@ -192,14 +192,12 @@ def flatten_cell(
     return row
 
 
-def _listed(value: object) -> Iterable[object]:
-    """The entries of an environment's list (``node_jobs_at_start``), none where it is empty or null; a TypeError
-    where it is no collection, as unpacking it raised."""
-    if not value:
-        return ()
-    if not isinstance(value, Iterable):
-        raise TypeError(f"Value after * must be an iterable, not {type(value).__name__}")
-    return value
+def _listed(value: object) -> list[object]:
+    """The entries of an environment's list (``node_jobs_at_start``): none where it is null or empty, and a damaged
+    record's single value (a number, a string, a mapping) as one entry, to be named rather than end the report."""
+    if isinstance(value, (list, tuple)):
+        return list(value)
+    return [] if value is None or value == "" else [value]
 
 
 HOST_LOAD_COLUMNS = ("host_load_avg_1m", "host_cpus_given", "host_other_cpu_use")

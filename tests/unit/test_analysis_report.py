@@ -331,3 +331,15 @@ def test_a_cell_measured_on_a_shared_node_is_flagged(tmp_path: Path, catalog: Ca
     assert "shared with other jobs" in (sweep / "report.md").read_text()
     (hidden,) = [p for p in report.problems if "hides other users' jobs" in p]
     assert "hid" in hidden and "unknown" in hidden and pd.isna(table.loc["hid", "shared_node"])
+
+
+def test_a_damaged_list_of_a_nodes_jobs_is_named_not_a_crash(tmp_path: Path, catalog: Catalog) -> None:
+    sweep = tmp_path / "damaged"
+    config = synthetic.cell_config("pythia-tiny", "cpu", 1, catalog=catalog)
+    for cell_id, start in (("number", 5), ("text", "43 carol")):
+        rec = synthetic.record(cell_id, config, "ok", synthetic.metrics(config, 0.2, 4, 20.0))
+        rec.environment.update(node_jobs_at_start=start, node_jobs_at_end={"44": "dave"}, shared_node=True)
+        synthetic.write_cell(sweep, cell_id, config, rec)
+    report = write_report([sweep], plots=False)
+    flags = sorted(p for p in report.problems if "shared with other jobs" in p)
+    assert len(flags) == 2 and "(5, {'44': 'dave'})" in flags[0] and "(43 carol, {'44': 'dave'})" in flags[1]
