@@ -342,12 +342,13 @@ def frontier(cells: pd.DataFrame) -> pd.DataFrame:
 
 
 def normalise_dtypes(frame: pd.DataFrame) -> pd.DataFrame:
-    """Whole numbers as nullable integers and flags as nullable booleans, so the CSV reads ``2``, not ``2.0``."""
+    """Whole numbers as nullable integers and flags as nullable booleans, so the CSV reads ``2``, not ``2.0``; a
+    value no 64-bit integer holds (a damaged record's ``-1e308``) is left empty, as a fraction is."""
     out = frame.copy()
     for name in INT_COLUMNS:
         if name in out.columns:
             values = pd.to_numeric(out[name], errors="coerce")
-            whole = values.where(values.isna() | (values == values.round()))
+            whole = values.where(values.isna() | ((values == values.round()) & (values.abs() < 2.0**62)))
             out[name] = whole.round().astype("Int64")
     for name in BOOL_COLUMNS:
         if name in out.columns and out[name].dtype != "boolean":

@@ -343,3 +343,14 @@ def test_a_damaged_list_of_a_nodes_jobs_is_named_not_a_crash(tmp_path: Path, cat
     report = write_report([sweep], plots=False)
     flags = sorted(p for p in report.problems if "shared with other jobs" in p)
     assert len(flags) == 2 and "(5, {'44': 'dave'})" in flags[0] and "(43 carol, {'44': 'dave'})" in flags[1]
+
+
+def test_a_count_no_integer_holds_is_left_empty_not_a_crash(tmp_path: Path, catalog: Catalog) -> None:
+    sweep = tmp_path / "huge"
+    config = synthetic.cell_config("pythia-tiny", "cpu", 1, catalog=catalog)
+    for cell_id, steps in (("fine", 20), ("huge", -1e308)):
+        metrics = dataclasses.replace(synthetic.metrics(config, 0.2, 4, 20.0), steps_timed=steps)
+        synthetic.write_cell(sweep, cell_id, config, synthetic.record(cell_id, config, "ok", metrics))
+    write_report([sweep], plots=False)
+    table = pd.read_csv(sweep / "cells.csv").set_index("cell_id")
+    assert table.loc["fine", "steps_timed"] == 20 and pd.isna(table.loc["huge", "steps_timed"])
