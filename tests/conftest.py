@@ -35,33 +35,15 @@ SLURM_TESTS = {f"tests/integration/{path.name}": _slurm_tests(path) for path in 
 uses."""
 
 
-SECOND_SLURM_LANE = frozenset(
-    f"tests/integration/{name}.py"
-    for name in ("test_lifecycle", "test_slurm_mesh3d", "test_soak", "test_cluster", "test_slurm_sweep",
-                 "test_slurm_fsdp", "test_adaptive_sweep")
-)  # fmt: skip
-"""The SLURM test files of the lane ``slurm-2``; every other file's SLURM tests are ``slurm-1``. Each lane runs on a
-worker and a local cluster of its own, so the two never share a cluster; the split halves the SLURM tests' time
-(in CI about 500 s each: ``slurm-1`` has the crash, fault and site tests, mostly sleeping cells, ``slurm-2`` the
-lifecycle, soak and engine tests)."""
-
-
 def lane(nodeid: str) -> str | None:
-    """The lane an integration test runs in, one test at a time: ``slurm-1`` or ``slurm-2`` (on this worker's
-    local cluster, :data:`SECOND_SLURM_LANE`) or ``local`` (DeepSpeed and FSDP on this machine's CPU, and local
-    sweeps); None for a unit test, which may run anywhere, beside anything."""
+    """The lane an integration test runs in, one test at a time: ``slurm`` (on this worker's local cluster) or
+    ``local`` (DeepSpeed and FSDP on this machine's CPU, and local sweeps); None for a unit test, which may run
+    anywhere, beside anything."""
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/integration/"):
         return None
     marked = SLURM_TESTS.get(path, set())
-    if "*" not in marked and name.split("[", 1)[0] not in marked:
-        return "local"
-    return "slurm-2" if path in SECOND_SLURM_LANE else "slurm-1"
-
-
-def on_slurm(lane_name: str | None) -> bool:
-    """Whether a lane runs on a local SLURM cluster."""
-    return lane_name is not None and lane_name.startswith("slurm")
+    return "slurm" if "*" in marked or name.split("[", 1)[0] in marked else "local"
 
 
 SHARED_COMPOSITIONS = {
@@ -74,38 +56,37 @@ the second plans it from the compositions the first kept (:func:`compositions_ke
 
 def scope(nodeid: str) -> str:
     """What one xdist worker runs whole: a lane, or a unit test file (so that its module fixtures, some of which
-    compose dozens of configs, are made once rather than on every worker), or the files that compose the same
+    compose dozens of configs, are made once rather than on both workers), or the files that compose the same
     configs (:data:`SHARED_COMPOSITIONS`)."""
     path = nodeid.split("::", 1)[0]
     return lane(nodeid) or SHARED_COMPOSITIONS.get(path, path)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In each SLURM lane, the tests that run no DeepSpeed (not marked ``deepspeed``) go first, each file's in its
-    order; the lane keeps its places in the collection, so the lanes still go out first.
+    """In the ``slurm`` lane, the tests that run no DeepSpeed (not marked ``deepspeed``) go first, each file's in
+    its order; the lane keeps its places in the collection, so the lanes still go out first.
 
     DeepSpeed compiles its CPU ops at first use, once per environment (a minute or more on a busy machine, under a
     lock that every other user of the op waits on). On a fresh checkout both lanes' first tests ran DeepSpeed and
-    both waited for that build; now the local lane's first test builds it while the SLURM lanes run their tests
-    of sleeping cells (faults, limits, crashes, lifecycles), and their DeepSpeed tests find it built."""
-    for name in {lane(item.nodeid) for item in items if on_slurm(lane(item.nodeid))}:
-        places = [i for i, item in enumerate(items) if lane(item.nodeid) == name]
-        ordered = sorted((items[i] for i in places), key=lambda item: item.get_closest_marker("deepspeed") is not None)
-        for i, item in zip(places, ordered, strict=True):
-            items[i] = item
+    both waited for that build; now the local lane's first test builds it while the SLURM lane runs its tests
+    of sleeping cells (faults, limits, crashes), and its DeepSpeed tests find it built."""
+    places = [i for i, item in enumerate(items) if lane(item.nodeid) == "slurm"]
+    ordered = sorted((items[i] for i in places), key=lambda item: item.get_closest_marker("deepspeed") is not None)
+    for i, item in zip(places, ordered, strict=True):
+        items[i] = item
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """With ``-n 3``: each lane whole on one worker, its tests one after another; each unit test file whole on
-    any (:func:`scope`).
+    """With ``-n 2``: each lane whole on one worker, its tests one after another; each unit test file whole on
+    either (:func:`scope`).
 
     Scopes go out in the order they are collected, not xdist's largest first: tests/integration is collected
-    before tests/unit, so the three lanes, the suite's longest scopes, start at once on the three workers, and
-    the unit test files fill in behind them, on the worker that ends its lane first.
+    before tests/unit, so the two lanes, the suite's longest scopes, start at once on the two workers, and
+    the unit test files fill in behind them.
 
     xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,
-    and pytest 9.2 builds node ids without it, so grouped tests spread over the workers.
+    and pytest 9.2 builds node ids without it, so grouped tests spread over both workers.
     """
     from xdist.scheduler import LoadScopeScheduling
 

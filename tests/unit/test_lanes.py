@@ -1,12 +1,11 @@
-"""The suite's three lanes on three xdist workers (tests/conftest.py): SLURM tests never beside each other on one
-cluster."""
+"""The suite's two lanes on two xdist workers (tests/conftest.py): SLURM tests never beside each other."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from tests.conftest import SECOND_SLURM_LANE, SLURM_TESTS, lane, on_slurm, scope
+from tests.conftest import SLURM_TESTS, lane, scope
 
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
@@ -19,9 +18,8 @@ def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
                 uses = "slurm_cluster" in [a.arg for a in node.args.args]
                 marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
                 whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
-                got = lane(f"tests/integration/{path.name}::{node.name}[a@b]")
-                assert on_slurm(got) == (whole or uses or marked), (path.name, node.name)
-                assert got in ("slurm-1", "slurm-2", "local"), got
+                expected = "slurm" if whole or uses or marked else "local"
+                assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
     assert {"*"} == SLURM_TESTS["tests/integration/test_soak.py"] == SLURM_TESTS["tests/integration/test_faults.py"]
 
 
@@ -29,16 +27,7 @@ def test_a_files_local_tests_leave_the_slurm_lane() -> None:
     # One file, an adaptive sweep on this machine and one on the cluster: only the second waits for SLURM's turn.
     adaptive = "tests/integration/test_adaptive_sweep.py::test_an_adaptive_sweep_"
     assert lane(adaptive + "here_runs_its_rounds_to_the_end") == "local"
-    assert lane(adaptive + "on_slurm_submits_a_round_and_resume_goes_on") == "slurm-2"
-
-
-def test_the_slurm_tests_split_into_two_lanes_by_file_and_each_lane_has_tests() -> None:
-    files = {path for path, names in SLURM_TESTS.items() if names}
-    assert SECOND_SLURM_LANE <= files, "every file of the second lane has SLURM tests"
-    first = files - SECOND_SLURM_LANE
-    assert first and SECOND_SLURM_LANE
-    assert lane("tests/integration/test_faults.py::test_a") == "slurm-1"
-    assert lane("tests/integration/test_soak.py::test_a") == "slurm-2"
+    assert lane(adaptive + "on_slurm_submits_a_round_and_resume_goes_on") == "slurm"
 
 
 def test_unit_tests_belong_to_no_lane() -> None:
@@ -62,7 +51,7 @@ def test_a_unit_test_file_runs_whole_on_one_worker_and_a_lane_whole_on_one() -> 
     )
 
 
-def test_each_slurm_lanes_deepspeed_tests_go_last_and_the_lanes_keep_their_places() -> None:
+def test_the_slurm_lanes_deepspeed_tests_go_last_and_the_lanes_keep_their_places() -> None:
     from dataclasses import dataclass
 
     from tests.conftest import pytest_collection_modifyitems
@@ -88,14 +77,12 @@ def test_each_slurm_lanes_deepspeed_tests_go_last_and_the_lanes_keep_their_place
     ]
     before = list(items)
     pytest_collection_modifyitems(None, items)  # type: ignore[arg-type]
-    # Each SLURM lane apart: slurm-2's DeepSpeed test (adaptive) goes behind its cluster and lifecycle tests, into
-    # slurm-2's last place; slurm-1's one test (faults) keeps its place.
     assert [i.nodeid.split("::")[1] for i in items] == [
         "test_an_adaptive_sweep_here_runs_its_rounds_to_the_end",
         "test_a",
         "test_c",
-        "test_b",
         "test_an_adaptive_sweep_on_slurm_submits_a_round_and_resume_goes_on",
+        "test_b",
         "test_d",
     ]
     assert [lane(i.nodeid) for i in items] == [lane(i.nodeid) for i in before]
