@@ -74,7 +74,8 @@ def figure_columns(cell: Config) -> Row:
     out["cluster_inter_node_gbits_s"] = as_number(cell.cluster.inter_node_gbits_s)
     out["cluster_goodput"] = as_number(cell.cluster.goodput)
     out["probe_memory_limit_gib"] = as_number(cell.probe.memory_limit_gib)
-    conf = allocator_conf(cell.cluster.env, str(cell.gpu.accelerator))
+    env = cell.cluster.env  # a damaged record's, typed leniently, may hold anything
+    conf = allocator_conf(env if isinstance(env, Mapping) else None, str(cell.gpu.accelerator))
     out["allocator_expandable_segments"] = None if conf is None else expandable_segments(conf)
     return out
 

@@ -354,3 +354,14 @@ def test_a_count_no_integer_holds_is_left_empty_not_a_crash(tmp_path: Path, cata
     write_report([sweep], plots=False)
     table = pd.read_csv(sweep / "cells.csv").set_index("cell_id")
     assert table.loc["fine", "steps_timed"] == 20 and pd.isna(table.loc["huge", "steps_timed"])
+
+
+def test_a_cluster_env_that_is_no_mapping_is_read_as_none_not_a_crash(tmp_path: Path, catalog: Catalog) -> None:
+    sweep = tmp_path / "env"
+    config = synthetic.cell_config("pythia-tiny", "cpu", 1, catalog=catalog)
+    damaged = {**config, "cluster": {**config["cluster"], "env": "PYTORCH_CUDA_ALLOC_CONF=x"}}
+    rec = synthetic.record("damaged", damaged, "ok", synthetic.metrics(config, 0.2, 4, 20.0))
+    synthetic.write_cell(sweep, "damaged", damaged, rec)
+    write_report([sweep], plots=False)
+    table = pd.read_csv(sweep / "cells.csv").set_index("cell_id")
+    assert table.loc["damaged", "status"] == "ok"
