@@ -31,19 +31,36 @@ def _slurm_tests(path: Path) -> set[str]:
 
 
 SLURM_TESTS = {f"tests/integration/{path.name}": _slurm_tests(path) for path in INTEGRATION.glob("test_*.py")}
-"""Integration tests that use SLURM, by file: they share one local cluster, and one kills a node another's job
-uses."""
+"""Integration tests that use SLURM, by file: a lane's tests share one local cluster, and one kills a node another's
+job uses."""
+
+
+SECOND_SLURM_LANE = frozenset(("tests/integration/test_lifecycle.py", "tests/integration/test_slurm_states.py"))
+"""The SLURM test files of the lane ``slurm-2``; every other file's SLURM tests are the lane ``slurm``.
+
+With one SLURM lane it was the suite's critical path (about 906 s of a 918 s run, the local lane and the unit tests
+done at 706 s), and its last 200 s mostly waited on sleeping cells and time limits while the other worker idled.
+``slurm-2`` (about 150 s of cells that sleep: lifecycles, holds, cancels, pending reasons, no DeepSpeed) goes out
+after the two lanes, so the worker that ends the local lane first takes it, on a local cluster of its own, and the
+unit test files fill in behind both."""
 
 
 def lane(nodeid: str) -> str | None:
-    """The lane an integration test runs in, one test at a time: ``slurm`` (on this worker's local cluster) or
-    ``local`` (DeepSpeed and FSDP on this machine's CPU, and local sweeps); None for a unit test, which may run
-    anywhere, beside anything."""
+    """The lane an integration test runs in, one test at a time: ``slurm`` or ``slurm-2`` (on this worker's local
+    cluster, :data:`SECOND_SLURM_LANE`) or ``local`` (DeepSpeed and FSDP on this machine's CPU, and local sweeps);
+    None for a unit test, which may run anywhere, beside anything."""
     path, _, name = nodeid.partition("::")
     if not path.startswith("tests/integration/"):
         return None
     marked = SLURM_TESTS.get(path, set())
-    return "slurm" if "*" in marked or name.split("[", 1)[0] in marked else "local"
+    if "*" not in marked and name.split("[", 1)[0] not in marked:
+        return "local"
+    return "slurm-2" if path in SECOND_SLURM_LANE else "slurm"
+
+
+def on_slurm(lane_name: str | None) -> bool:
+    """Whether a lane runs on a local SLURM cluster."""
+    return lane_name is not None and lane_name.startswith("slurm")
 
 
 SHARED_COMPOSITIONS = {
@@ -63,17 +80,19 @@ def scope(nodeid: str) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In the ``slurm`` lane, the tests that run no DeepSpeed (not marked ``deepspeed``) go first, each file's in
-    its order; the lane keeps its places in the collection, so the lanes still go out first.
+    """In each SLURM lane, the tests that run no DeepSpeed (not marked ``deepspeed``) go first, each file's in its
+    order; the lanes keep their places in the collection, so ``slurm`` and ``local`` still go out first and
+    ``slurm-2`` (collected after both begin) third.
 
     DeepSpeed compiles its CPU ops at first use, once per environment (a minute or more on a busy machine, under a
     lock that every other user of the op waits on). On a fresh checkout both lanes' first tests ran DeepSpeed and
     both waited for that build; now the local lane's first test builds it while the SLURM lane runs its tests
     of sleeping cells (faults, limits, crashes), and its DeepSpeed tests find it built."""
-    places = [i for i, item in enumerate(items) if lane(item.nodeid) == "slurm"]
-    ordered = sorted((items[i] for i in places), key=lambda item: item.get_closest_marker("deepspeed") is not None)
-    for i, item in zip(places, ordered, strict=True):
-        items[i] = item
+    for name in ("slurm", "slurm-2"):
+        places = [i for i, item in enumerate(items) if lane(item.nodeid) == name]
+        ordered = sorted((items[i] for i in places), key=lambda item: item.get_closest_marker("deepspeed") is not None)
+        for i, item in zip(places, ordered, strict=True):
+            items[i] = item
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -82,8 +101,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     either (:func:`scope`).
 
     Scopes go out in the order they are collected, not xdist's largest first: tests/integration is collected
-    before tests/unit, so the two lanes, the suite's longest scopes, start at once on the two workers, and
-    the unit test files fill in behind them.
+    before tests/unit, so the two longest lanes, ``slurm`` and ``local``, start at once on the two workers; the
+    worker that nears the end of its lane first takes ``slurm-2`` (xdist hands a worker its next scope when two
+    or fewer of its tests are left), and the unit test files fill in behind.
 
     xdist's own ``loadgroup`` cannot do this here: it reads the group from a suffix it adds to a test's node id,
     and pytest 9.2 builds node ids without it, so grouped tests spread over both workers.
