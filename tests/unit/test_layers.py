@@ -12,6 +12,7 @@ orchestrator.store import states`` is ``orchestrator.store.states``). Imports by
 from __future__ import annotations
 
 import ast
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -118,15 +119,15 @@ def imports_of(module: str, source: str, is_package: bool = False) -> Iterator[I
                 yield found
 
 
-def _all_imports() -> list[Import]:
+@functools.cache
+def all_imports() -> list[Import]:
+    """Every import in the two packages, read once, when a test first asks (not at collection, where both xdist
+    workers would parse every module for the one that runs these tests)."""
     return [
         imp
         for module, path in MODULES.items()
         for imp in imports_of(module, path.read_text(encoding="utf-8"), path.name == "__init__.py")
     ]
-
-
-IMPORTS = _all_imports()
 
 
 def package_of(module: str) -> str | None:
@@ -158,14 +159,14 @@ def test_every_module_has_a_package() -> None:
 def test_no_import_crosses_the_rule() -> None:
     crossing = [
         f"{imp.where()}: {imp.importer} ({package_of(imp.importer)}) imports {imp.imported} ({package_of(imp.imported)})"
-        for imp in IMPORTS
+        for imp in all_imports()
         if not allowed(imp.importer, imp.imported)
     ]
     assert not crossing, "imports the package rule does not allow:\n  " + "\n  ".join(crossing)
 
 
 def test_every_allowed_exception_is_still_there() -> None:
-    present = {(imp.importer, imp.imported) for imp in IMPORTS}
+    present = {(imp.importer, imp.imported) for imp in all_imports()}
     gone = [f"{a} -> {b}" for a, b in ALLOWED if (a, b) not in present]
     assert not gone, f"no longer imported; remove from ALLOWED: {', '.join(gone)}"
 
@@ -279,14 +280,14 @@ def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 def test_no_import_cycle() -> None:
     edges: dict[str, set[str]] = {m: set() for m in MODULES}
-    for imp in IMPORTS:
+    for imp in all_imports():
         edges[imp.importer].add(imp.imported)
     said = []
     for component in _cycles(edges):
         members = set(component)
         lines = [
             f"    {imp.where()}: {imp.importer} imports {imp.imported}"
-            for imp in IMPORTS
+            for imp in all_imports()
             if imp.importer in members and imp.imported in members
         ]
         said.append(f"  {' <-> '.join(component)}:\n" + "\n".join(lines))
