@@ -5,6 +5,7 @@ leaves out what it cannot check."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import pytest
 
@@ -33,20 +34,31 @@ def record(
     return Record(cell_id, RecordStatus.OK, config=to_container(cfg), metrics=metrics, environment=environment)
 
 
-DP = cell("method.engine=mesh3d")
-PP = cell("method.engine=mesh3d", "method.pp=2", "method.pp_microbatches=4")
+@functools.cache
+def data_parallel() -> Config:
+    """The mesh3d cell without model parallelism, planned when a test first asks (not at collection)."""
+    return cell("method.engine=mesh3d")
+
+
+@functools.cache
+def pipelined() -> Config:
+    return cell("method.engine=mesh3d", "method.pp=2", "method.pp_microbatches=4")
 
 
 def test_calibrated_on_the_data_parallel_cell_it_predicts_that_cell_back() -> None:
-    dp = record(DP, "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
-    pp = record(PP, "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
+    dp = record(data_parallel(), "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
+    pp = record(pipelined(), "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
     assert achieved_tflops([dp, pp]) == 0.002  # the cell without model parallelism only
     by_id = {c.cell_id: c for c in check([dp, pp])}
     assert by_id["dp"].predicted_memory_gib == pytest.approx(0.09)  # the offset is fitted on it
     # its step: the hardware FLOPs of the step at the achieved rate, FSDP2's communication over 4 ranks and the
     # micro-steps' fixed cost, as the predictor predicts the cell
     est = by_id["dp"].estimate
-    flops = DP.model.global_batch_size * DP.model.seq_length * flops_per_token(DP.model)
+    flops = (
+        data_parallel().model.global_batch_size
+        * data_parallel().model.seq_length
+        * flops_per_token(data_parallel().model)
+    )
     assert est.compute_s == pytest.approx(flops / 4 / 0.002e12)
     assert est.communication_s > 0.0 and est.overhead_s > 0.0
     assert by_id["dp"].predicted_step_s == pytest.approx(est.compute_s + est.communication_s + est.overhead_s)
@@ -60,9 +72,11 @@ def test_calibrated_on_the_data_parallel_cell_it_predicts_that_cell_back() -> No
 
 def test_other_engines_and_unmeasured_cells_are_not_checked() -> None:
     fsdp = record(cell("method.engine=fsdp"), "fsdp", 0.3, 0.09, 0.002, 4)
-    failed = dataclasses.replace(record(DP, "failed", 0.3, 0.09, 0.002, 4), status=RecordStatus.FAILED)
+    failed = dataclasses.replace(record(data_parallel(), "failed", 0.3, 0.09, 0.002, 4), status=RecordStatus.FAILED)
     assert check([fsdp, failed]) == []
-    assert check([record(PP, "pp", 0.4, 0.1, 0.0015, 2)]) == []  # the CPU has no peak and nothing calibrates it
+    assert (
+        check([record(pipelined(), "pp", 0.4, 0.1, 0.0015, 2)]) == []
+    )  # the CPU has no peak and nothing calibrates it
 
 
 def test_a_cells_layout_is_its_mesh_and_schedule() -> None:
@@ -81,9 +95,9 @@ def test_the_report_writes_layouts_csv_where_mesh3d_cells_were_measured(tmp_path
     from analysis.report.writer import write_report
 
     sweep = tmp_path / "sweep"
-    dp = record(DP, "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
-    pp = record(PP, "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
-    for r, cfg in ((dp, DP), (pp, PP)):
+    dp = record(data_parallel(), "dp", step_s=0.30, memory_gib=0.09, tflops=0.002, micro=4)
+    pp = record(pipelined(), "pp", step_s=0.40, memory_gib=0.10, tflops=0.0015, micro=2, bubble_measured=0.3)
+    for r, cfg in ((dp, data_parallel()), (pp, pipelined())):
         synthetic.write_cell(sweep, r.cell_id, to_container(cfg), dataclasses.replace(r, sweep=sweep.name))
     report = write_report([sweep], plots=False)
     layouts = sweep / "layouts.csv"
@@ -114,7 +128,9 @@ def test_planners_from_a_sweep_of_3d_layouts_cost_them_at_the_calibrated_rate(tm
         synthetic.write_cell(sweep, r.cell_id, to_container(cfg), dataclasses.replace(r, sweep=sweep.name))
     efficiency, source = layout_efficiency([dp, tp])["a100-80gb"]
     assert efficiency == pytest.approx(0.25) and source.startswith("mesh3d calibration (2 cell(s)")
-    assert layout_efficiency([record(DP, "cpu", 0.3, 0.09, 0.002, 4)]) == {}  # no peak, nothing to calibrate
+    assert (
+        layout_efficiency([record(data_parallel(), "cpu", 0.3, 0.09, 0.002, 4)]) == {}
+    )  # no peak, nothing to calibrate
 
     import pandas as pd
 

@@ -3,14 +3,20 @@ dropped where it is printed; what else they print, and a failed build, are kept.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import pytest
 
 from orchestrator.engines.deepspeed.engine import quiet_op_builds
 
-ds_torch = pytest.importorskip("deepspeed.comm.torch")
+
+@pytest.fixture
+def ds_torch() -> ModuleType:
+    """DeepSpeed's torch backend, imported by the tests that patch it (not at collection, on both xdist workers)."""
+    return pytest.importorskip("deepspeed.comm.torch")
 
 
-def test_the_op_build_line_is_dropped_and_the_rest_kept(monkeypatch, capsys) -> None:
+def test_the_op_build_line_is_dropped_and_the_rest_kept(ds_torch, monkeypatch, capsys) -> None:
     def build_shm_op() -> str:
         print("[WARNING] a compiler warning")
         print("DeepSpeed shm_comm_op built successfully")
@@ -23,7 +29,7 @@ def test_the_op_build_line_is_dropped_and_the_rest_kept(monkeypatch, capsys) -> 
     assert capsys.readouterr().out == "[WARNING] a compiler warning\n"
 
 
-def test_a_failed_build_still_raises_with_what_it_printed(monkeypatch, capsys) -> None:
+def test_a_failed_build_still_raises_with_what_it_printed(ds_torch, monkeypatch, capsys) -> None:
     def build_shm_op() -> None:
         print("ninja: build stopped")
         raise RuntimeError("Error building extension 'shm_comm_op'")
