@@ -96,11 +96,9 @@ def test_the_predictor_splits_a_mesh3d_batch_and_its_activations_as_the_engine_d
 
 
 def test_data_parallel_alone_on_mesh3d_is_offered_where_it_is_fastest() -> None:
-    # Llama 2 7B's shape on 1,024 A100s: FSDP2 sharded inside a node and replicated across the 128 (HSDP) beats
-    # every tensor or pipeline split and the plan's own FSDP cell; it is offered, not left out with the rest.
-    shape = ["model=llama-2-70b", "model.num_layers=32", "model.hidden_size=4096", "model.num_heads=32",
-             "model.num_kv_heads=32", "model.intermediate_size=11008", "model.num_parameters=null"]  # fmt: skip
-    fsdp = cell(*shape, *LARGE, "method.engine=fsdp")
+    # Llama 2 7B on 1,024 A100s: FSDP2 sharded inside a node and replicated across the 128 (HSDP) beats every
+    # tensor or pipeline split and the plan's own FSDP cell; it is offered, not left out with the rest.
+    fsdp = cell("model=llama-2-7b", *LARGE, "method.engine=fsdp")
     dp = prediction(fsdp)
     offered = near_offers(fsdp, None)
     assert offered, "the fastest layout is data-parallel: it is offered"

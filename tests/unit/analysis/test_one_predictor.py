@@ -15,10 +15,7 @@ from analysis.predict.predictor import plan as predict_plan
 from orchestrator.config.schema import Config
 from orchestrator.planning.plan import plan
 
-LLAMA2_7B = (
-    "model=llama-2-70b", "model.num_layers=32", "model.hidden_size=4096", "model.num_heads=32",
-    "model.num_kv_heads=32", "model.intermediate_size=11008", "model.num_parameters=null", "model.train_steps=1000",
-)  # fmt: skip
+LLAMA2_7B = ("model=llama-2-7b", "model.train_steps=1000")
 
 
 def planned(*overrides: str) -> Config:

@@ -1,4 +1,4 @@
-"""Llama family (SmolLM2, Llama 3.2): the formulas against the transformers module they describe."""
+"""Llama family (SmolLM2, Llama 3.2, Llama 2): the formulas against the transformers module they describe."""
 
 from __future__ import annotations
 
@@ -15,7 +15,8 @@ from orchestrator.models import enable_activation_checkpointing, llama
 
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 MODELS = [
-    "smollm2-tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b", "llama-2-70b",
+    "smollm2-tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b", "llama-2-7b",
+    "llama-2-13b", "llama-2-70b",
 ]  # fmt: skip
 
 PUBLISHED = {
@@ -29,6 +30,8 @@ PUBLISHED = {
     # Llama 2 names it 70B; its Hugging Face checkpoint holds 137,953,296,384 bytes of fp16 weights
     # (model.safetensors.index.json's total_size), 68,976,648,192 parameters.
     "llama-2-70b": (68.98e9, 0.01e9),
+    "llama-2-7b": (7e9, 1e9),  # Llama 2, Table 1: the model's name, one significant figure
+    "llama-2-13b": (13e9, 1e9),  # Llama 2, Table 1: the model's name, two significant figures
 }
 
 
