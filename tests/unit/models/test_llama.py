@@ -1,4 +1,4 @@
-"""Llama family (SmolLM2, Llama 3.2, Llama 2): the formulas against the transformers module they describe."""
+"""Llama family (SmolLM2, Llama 3.2, Llama 2, Llama 3.1): the formulas against the transformers module they describe."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from orchestrator.models import enable_activation_checkpointing, llama
 CONF_DIR = Path(__file__).resolve().parents[3] / "conf"
 MODELS = [
     "smollm2-tiny", "smollm2-135m", "smollm2-360m", "smollm2-1.7b", "llama-3.2-1b", "llama-3.2-3b", "llama-2-7b",
-    "llama-2-13b", "llama-2-70b",
+    "llama-2-13b", "llama-2-70b", "llama-3.1-8b", "llama-3.1-70b", "llama-3.1-405b",
 ]  # fmt: skip
 
 PUBLISHED = {
@@ -32,6 +32,9 @@ PUBLISHED = {
     "llama-2-70b": (68.98e9, 0.01e9),
     "llama-2-7b": (7e9, 1e9),  # Llama 2, Table 1: the model's name, one significant figure
     "llama-2-13b": (13e9, 1e9),  # Llama 2, Table 1: the model's name, two significant figures
+    "llama-3.1-8b": (8e9, 1e9),  # Llama 3.1 model card: 8B
+    "llama-3.1-70b": (70e9, 1e9),  # Llama 3.1 model card: 70B
+    "llama-3.1-405b": (405e9, 1e9),  # the Herd paper: 405B
 }
 
 
