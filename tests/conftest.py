@@ -58,11 +58,6 @@ def lane(nodeid: str) -> str | None:
     return "slurm-2" if path in SECOND_SLURM_LANE else "slurm"
 
 
-def on_slurm(lane_name: str | None) -> bool:
-    """Whether a lane runs on a local SLURM cluster."""
-    return lane_name is not None and lane_name.startswith("slurm")
-
-
 SHARED_COMPOSITIONS = {
     "tests/unit/test_domains.py": "every shipped model on 8 A100s",
     "tests/unit/analysis/test_predictor_models.py": "every shipped model on 8 A100s",

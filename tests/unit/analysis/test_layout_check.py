@@ -54,11 +54,8 @@ def test_calibrated_on_the_data_parallel_cell_it_predicts_that_cell_back() -> No
     # its step: the hardware FLOPs of the step at the achieved rate, FSDP2's communication over 4 ranks and the
     # micro-steps' fixed cost, as the predictor predicts the cell
     est = by_id["dp"].estimate
-    flops = (
-        data_parallel().model.global_batch_size
-        * data_parallel().model.seq_length
-        * flops_per_token(data_parallel().model)
-    )
+    model = data_parallel().model
+    flops = model.global_batch_size * model.seq_length * flops_per_token(model)
     assert est.compute_s == pytest.approx(flops / 4 / 0.002e12)
     assert est.communication_s > 0.0 and est.overhead_s > 0.0
     assert by_id["dp"].predicted_step_s == pytest.approx(est.compute_s + est.communication_s + est.overhead_s)
@@ -74,9 +71,8 @@ def test_other_engines_and_unmeasured_cells_are_not_checked() -> None:
     fsdp = record(cell("method.engine=fsdp"), "fsdp", 0.3, 0.09, 0.002, 4)
     failed = dataclasses.replace(record(data_parallel(), "failed", 0.3, 0.09, 0.002, 4), status=RecordStatus.FAILED)
     assert check([fsdp, failed]) == []
-    assert (
-        check([record(pipelined(), "pp", 0.4, 0.1, 0.0015, 2)]) == []
-    )  # the CPU has no peak and nothing calibrates it
+    # the CPU has no peak and nothing calibrates it
+    assert check([record(pipelined(), "pp", 0.4, 0.1, 0.0015, 2)]) == []
 
 
 def test_a_cells_layout_is_its_mesh_and_schedule() -> None:
@@ -128,9 +124,8 @@ def test_planners_from_a_sweep_of_3d_layouts_cost_them_at_the_calibrated_rate(tm
         synthetic.write_cell(sweep, r.cell_id, to_container(cfg), dataclasses.replace(r, sweep=sweep.name))
     efficiency, source = layout_efficiency([dp, tp])["a100-80gb"]
     assert efficiency == pytest.approx(0.25) and source.startswith("mesh3d calibration (2 cell(s)")
-    assert (
-        layout_efficiency([record(data_parallel(), "cpu", 0.3, 0.09, 0.002, 4)]) == {}
-    )  # no peak, nothing to calibrate
+    # no peak, nothing to calibrate
+    assert layout_efficiency([record(data_parallel(), "cpu", 0.3, 0.09, 0.002, 4)]) == {}
 
     import pandas as pd
 
