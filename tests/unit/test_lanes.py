@@ -4,6 +4,7 @@ each SLURM lane on a cluster of its own."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Iterator
 from pathlib import Path
 
 from tests.conftest import SECOND_SLURM_LANE, SLURM_TESTS, lane, scope
@@ -11,17 +12,22 @@ from tests.conftest import SECOND_SLURM_LANE, SLURM_TESTS, lane, scope
 INTEGRATION = Path(__file__).resolve().parents[1] / "integration"
 
 
+def functions_of(path: Path) -> Iterator[ast.FunctionDef]:
+    """The test functions of an integration test file, in their order."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            yield node
+
+
 def test_every_test_that_uses_the_cluster_is_in_the_slurm_lane() -> None:
     for path in INTEGRATION.glob("test_*.py"):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                uses = "slurm_cluster" in [a.arg for a in node.args.args]
-                marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
-                whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
-                slurm = "slurm-2" if f"tests/integration/{path.name}" in SECOND_SLURM_LANE else "slurm"
-                expected = slurm if whole or uses or marked else "local"
-                assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
+        for node in functions_of(path):
+            uses = "slurm_cluster" in [a.arg for a in node.args.args]
+            marked = any("mark.slurm" in ast.unparse(d) for d in node.decorator_list)
+            whole = "*" in SLURM_TESTS[f"tests/integration/{path.name}"]
+            slurm = "slurm-2" if f"tests/integration/{path.name}" in SECOND_SLURM_LANE else "slurm"
+            expected = slurm if whole or uses or marked else "local"
+            assert lane(f"tests/integration/{path.name}::{node.name}[a@b]") == expected, (path.name, node.name)
     assert {"*"} == SLURM_TESTS["tests/integration/test_soak.py"] == SLURM_TESTS["tests/integration/test_faults.py"]
 
 
@@ -35,10 +41,8 @@ def test_the_second_slurm_lane_is_whole_files_of_sleeping_cells_collected_after_
         assert "deepspeed" not in (INTEGRATION.parents[1] / name).read_text(), name
     first = {}
     for i, path in enumerate(files):
-        tree = ast.parse(path.read_text())
-        for node in tree.body:
-            if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
-                first.setdefault(lane(f"tests/integration/{path.name}::{node.name}"), i)
+        for node in functions_of(path):
+            first.setdefault(lane(f"tests/integration/{path.name}::{node.name}"), i)
     assert set(first) == {"slurm", "slurm-2", "local"}
     assert first["slurm-2"] > max(first["slurm"], first["local"])
 
