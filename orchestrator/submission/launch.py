@@ -35,6 +35,7 @@ import yaml
 from orchestrator.cells import cell as cells
 from orchestrator.config.places import SBATCH_TEMPLATES_DIR as TEMPLATES_DIR
 from orchestrator.config.schema import Config, to_container
+from orchestrator.config.values import Container
 from orchestrator.job.entry import SIGNAL_DELAY_S, CellJob
 from orchestrator.slurm import commands as slurm
 from orchestrator.slurm.options import sbatch_options
@@ -201,9 +202,9 @@ def export_none(res: Resources, environ: Mapping[str, str] | None = None) -> str
     return EXPORT_NOTE.format(where=where)
 
 
-def slurm_parameters(res: Resources) -> dict[str, Any]:
+def slurm_parameters(res: Resources) -> Container:
     """Parameters for submitit's SlurmExecutor."""
-    params: dict[str, Any] = {
+    params: Container = {
         "job_name": res.job_name,
         "time": res.time_limit_min,
         "nodes": res.nodes,

@@ -15,13 +15,13 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 import psutil
 import submitit
 
 from orchestrator.cells import cell as cells
 from orchestrator.config.schema import Config
+from orchestrator.config.values import Container
 from orchestrator.job.entry import CellJob
 from orchestrator.store.attempts import Attempt, append_attempt, next_attempt, read_attempts, take_back, write_intents
 from orchestrator.store.durable import refused_write
@@ -99,7 +99,7 @@ def cuda_device_count(environ: Mapping[str, str] | None = None, devices_glob: st
     return int(torch.cuda.device_count())
 
 
-def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> dict[str, Any]:
+def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> Container:
     """Parameters for submitit's LocalExecutor: one process per rank; a CUDA cell's ranks see its GPUs.
 
     submitit sets ``CUDA_VISIBLE_DEVICES`` of the job to the first ``gpus_per_node`` entries of ``visible_gpus``
@@ -108,7 +108,7 @@ def local_parameters(res: Resources, environ: dict[str, str] | None = None) -> d
     Devices named by UUID cannot go through ``visible_gpus`` (integers only): they are exported by a setup line,
     which submitit runs in the shell that starts the job, after its own setting.
     """
-    params: dict[str, Any] = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
+    params: Container = {"timeout_min": res.time_limit_min, "tasks_per_node": res.tasks_per_node}
     if res.accelerator != "cuda":
         return params
     devices = local_gpus(res.tasks_per_node, environ)

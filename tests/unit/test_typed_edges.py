@@ -25,14 +25,12 @@ UNTYPED = "dict[str, Any]"
 EDGES = {
     "orchestrator/store/record.py": "a record's JSON metrics, checked one by one, into Metrics(**values)",
     "orchestrator/config/schema.py": "a composed YAML/OmegaConf mapping into Config(**values)",
-    "orchestrator/submission/launch.py": "submitit's SLURM executor parameters",
-    "orchestrator/submission/local.py": "submitit's local executor parameters",
     "orchestrator/cluster/processes.py": "the local cluster's daemon list, JSON",
     "orchestrator/cluster/daemons.py": "the local cluster's daemon list, JSON",
     "analysis/sweeps/columns.py": "a pandas row's columns into a config dataclass",
     "orchestrator/engines/materialising.py": "transformers' models by module name (their _init_weights is untyped)",
 }
-MOST = 10
+MOST = 6
 
 ARITHMETIC = {
     "orchestrator/engines/memory.py": "bytes and fitting micro-batches of a cell or a column",
